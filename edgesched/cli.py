@@ -1,0 +1,5 @@
+"""The edgesched command line (typer). Placeholder until the CLI lands."""
+
+
+def main() -> None:
+    raise SystemExit(0)
