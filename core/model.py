@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 SECONDS_PER_DAY = 86_400.0
+#: Task priorities are integers in [0, MAX_PRIORITY]; higher wins.
+MAX_PRIORITY = 999
 
 
 class Arch(StrEnum):
@@ -207,6 +209,8 @@ class Task:
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("task id must not be empty")
+        if not 0 <= self.priority <= MAX_PRIORITY:
+            raise ValueError(f"task {self.id}: priority must be in [0, {MAX_PRIORITY}]")
         if self.duration_s is not None and self.duration_s < 0:
             raise ValueError(f"task {self.id}: duration_s must be >= 0")
 

@@ -1,0 +1,101 @@
+"""Columnar (numpy) view of the nodes for one scheduling cycle.
+
+The scheduler builds one :class:`NodeTable` from the cluster view at the start of a cycle and
+updates its ``used`` matrix as it decides, so filter and score plugins run as vector
+operations over every node at once instead of a Python loop per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from edgesched.core.model import Arch, Node, NodeState, Placement, Resources, ServerClass, Task
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+
+#: Column order of the resource matrices.
+RESOURCE_COLUMNS = ("cpu", "mem_gib", "accel", "iops_k")
+ARCH_CODES = {arch: i for i, arch in enumerate(Arch)}
+CLASS_CODES = {cls: i for i, cls in enumerate(ServerClass)}
+STATE_CODES = {state: i for i, state in enumerate(NodeState)}
+
+
+def resource_vector(r: Resources) -> FloatArray:
+    return np.array([r.cpu, r.mem_gib, float(r.accel), r.iops_k], dtype=np.float64)
+
+
+def natural_class(task: Task) -> ServerClass:
+    """The server class a task belongs on when it has a choice (keeps scarce hardware free)."""
+    if task.demand.accel > 0:
+        return ServerClass.AI_ACCELERATOR
+    if task.demand.iops_k > 0:
+        return ServerClass.STORAGE_DENSE
+    return ServerClass.GENERAL
+
+
+@dataclass(slots=True)
+class NodeTable:
+    """Node attributes as aligned numpy columns; row ``i`` is ``nodes[i]``."""
+
+    nodes: tuple[Node, ...]
+    index: dict[str, int]
+    capacity: FloatArray  # (n, 4)
+    used: FloatArray  # (n, 4), updated during the cycle
+    arch: IntArray
+    server_class: IntArray
+    state: IntArray
+    efficiency: FloatArray
+    perf: FloatArray
+
+    @classmethod
+    def build(cls, nodes: Sequence[Node], placements: Iterable[Placement]) -> NodeTable:
+        ordered = tuple(sorted(nodes, key=lambda n: n.id))
+        index = {node.id: i for i, node in enumerate(ordered)}
+        if len(index) != len(ordered):
+            raise ValueError("node ids must be unique")
+        n = len(ordered)
+        capacity = np.zeros((n, len(RESOURCE_COLUMNS)), dtype=np.float64)
+        for i, node in enumerate(ordered):
+            capacity[i] = resource_vector(node.capacity)
+        used = np.zeros_like(capacity)
+        for p in placements:
+            row = index.get(p.node_id)
+            if row is not None:
+                used[row] += resource_vector(p.task.demand)
+        return cls(
+            nodes=ordered,
+            index=index,
+            capacity=capacity,
+            used=used,
+            arch=np.array([ARCH_CODES[n.arch] for n in ordered], dtype=np.int64),
+            server_class=np.array([CLASS_CODES[n.server_class] for n in ordered], dtype=np.int64),
+            state=np.array([STATE_CODES[n.state] for n in ordered], dtype=np.int64),
+            efficiency=np.array([n.efficiency for n in ordered], dtype=np.float64),
+            perf=np.array([n.perf for n in ordered], dtype=np.float64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def active_mask(self) -> BoolArray:
+        mask: BoolArray = self.state == STATE_CODES[NodeState.ACTIVE]
+        return mask
+
+    def cpu_utilization(self) -> FloatArray:
+        util: FloatArray = self.used[:, 0] / self.capacity[:, 0]
+        return util
+
+    def add(self, row: int, demand: Resources) -> None:
+        self.used[row] += resource_vector(demand)
+
+    def remove(self, row: int, demand: Resources) -> None:
+        self.used[row] = np.maximum(self.used[row] - resource_vector(demand), 0.0)
+
+    def set_state(self, row: int, state: NodeState) -> None:
+        self.state[row] = STATE_CODES[state]

@@ -1,0 +1,479 @@
+"""The scheduling core: one pure function from (cluster view, pending tasks, policy) to decisions.
+
+A cycle runs these stages, in order, over a columnar node table:
+
+1. **queue**: pending tasks sorted by the mode's order (priority then age, or age first);
+2. **filter → score → select** for each task (plugins in :mod:`edgesched.core.plugins`);
+3. **preempt** when nothing fits: evict tasks of lower *effective* priority on the node where
+   the fewest, least important victims free enough room;
+4. **power** (energy mode): wake parked nodes for work that could not be placed and for the
+   forecast demand, consolidate migratable work off lightly used nodes, and park idle nodes
+   beyond the headroom the forecast asks for;
+5. **pin** (optional): per-core affinity plans for the nodes whose task set changed.
+
+Effective priority: a task's own priority, plus :data:`TIDAL_BOOST` while its workload class is
+within the share the current tidal window guarantees it. So a window hands its class the right
+to reclaim capacity from classes running above their own share, and preemption never evicts a
+task of higher or equal effective priority. Outside any window effective priority equals
+priority.
+
+Central runs this over the fleet, an edge node over itself; the simulator over simulated nodes.
+No I/O, no clock: ``view.now`` is the only time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgesched.core.model import (
+    MAX_PRIORITY,
+    Decision,
+    DecisionKind,
+    Node,
+    NodeState,
+    Placement,
+    ServerClass,
+    Task,
+)
+from edgesched.core.nodetable import (
+    CLASS_CODES,
+    STATE_CODES,
+    BoolArray,
+    FloatArray,
+    NodeTable,
+    resource_vector,
+)
+from edgesched.core.plugins import SCORES, explain, resources_fit, static_mask
+from edgesched.core.policy import PolicyConfig
+
+#: Added to a task's priority while its class is within its tidal guarantee.
+TIDAL_BOOST = MAX_PRIORITY + 1
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What the scheduler knows at ``now``: the nodes, what runs where, and the forecast.
+
+    ``forecast_cpu`` is the peak CPU demand (cores) expected over the forecast horizon
+    (15 minutes); the energy mode keeps that much capacity awake, plus headroom.
+    """
+
+    nodes: tuple[Node, ...]
+    placements: tuple[Placement, ...] = ()
+    now: float = 0.0
+    forecast_cpu: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleResult:
+    """The cycle's decisions, in order, and the tasks left waiting with the reason why."""
+
+    decisions: tuple[Decision, ...]
+    waiting: Mapping[str, str] = field(default_factory=dict)
+
+    def of_kind(self, kind: DecisionKind) -> list[Decision]:
+        return [d for d in self.decisions if d.kind is kind]
+
+
+@dataclass(slots=True)
+class _Cycle:
+    """Mutable working state of one cycle; never escapes :func:`schedule`."""
+
+    policy: PolicyConfig
+    now: float
+    table: NodeTable
+    on_node: list[list[Placement]]
+    usage: dict[str, float]
+    guarantee: dict[str, float]
+    decisions: list[Decision] = field(default_factory=list)
+    touched: set[int] = field(default_factory=set)
+    static_cache: dict[tuple[object, ...], BoolArray] = field(default_factory=dict)
+
+    # --- tidal -----------------------------------------------------------------------------
+
+    def in_share(self, workload: str, extra_cpu: float = 0.0) -> bool:
+        cap = self.guarantee.get(workload)
+        return cap is not None and self.usage.get(workload, 0.0) + extra_cpu <= cap + _EPS
+
+    def effective_priority(self, task: Task, adding: bool) -> int:
+        extra = task.demand.cpu if adding else 0.0
+        boost = TIDAL_BOOST if self.in_share(task.workload, extra) else 0
+        return task.priority + boost
+
+    # --- bookkeeping -----------------------------------------------------------------------
+
+    def static(self, task: Task, demand: FloatArray) -> BoolArray:
+        key = (task.archs, tuple(sorted(task.images)), task.server_classes)
+        mask = self.static_cache.get(key)
+        if mask is None:
+            mask = static_mask(self.table, task, demand)
+            self.static_cache[key] = mask
+        return mask
+
+    def bind(self, row: int, task: Task) -> None:
+        self.table.add(row, task.demand)
+        self.on_node[row].append(Placement(task, self.table.nodes[row].id, self.now))
+        self.usage[task.workload] = self.usage.get(task.workload, 0.0) + task.demand.cpu
+        self.touched.add(row)
+
+    def unbind(self, row: int, placement: Placement) -> None:
+        self.table.remove(row, placement.task.demand)
+        self.on_node[row].remove(placement)
+        task = placement.task
+        self.usage[task.workload] = max(self.usage.get(task.workload, 0.0) - task.demand.cpu, 0)
+        self.touched.add(row)
+
+    def awake_cpu(self) -> float:
+        awake = self.table.state != STATE_CODES[NodeState.PARKED]
+        return float(self.table.capacity[awake, 0].sum())
+
+    def used_cpu(self) -> float:
+        return float(self.table.used[:, 0].sum())
+
+
+def _queue_key(policy: PolicyConfig) -> Callable[[Task], tuple[float, float, str]]:
+    if policy.fifo:
+        return lambda t: (t.submitted_at, -t.priority, t.id)
+    return lambda t: (-t.priority, t.submitted_at, t.id)
+
+
+def _weighted_score(
+    cycle: _Cycle, task: Task, demand: FloatArray
+) -> tuple[FloatArray, dict[str, FloatArray]]:
+    weights = cycle.policy.effective_weights
+    parts = {name: SCORES[name].fn(cycle.table, task, demand) for name in sorted(weights)}
+    total = np.zeros(len(cycle.table), dtype=np.float64)
+    for name, values in parts.items():
+        total += weights[name] * values
+    total /= max(sum(weights.values()), _EPS)
+    return total, parts
+
+
+def _place(cycle: _Cycle, task: Task) -> bool:
+    table = cycle.table
+    demand = resource_vector(task.demand)
+    feasible = table.active_mask() & cycle.static(task, demand) & resources_fit(table, task, demand)
+    if not feasible.any():
+        return False
+    total, parts = _weighted_score(cycle, task, demand)
+    candidates = np.flatnonzero(feasible)
+    row = int(candidates[int(np.argmax(total[candidates]))])
+    node = table.nodes[row]
+    scores = {name: float(values[row]) for name, values in parts.items()}
+    scores["total"] = float(total[row])
+    cycle.bind(row, task)
+    cycle.decisions.append(
+        Decision(
+            DecisionKind.PLACE,
+            node.id,
+            f"{cycle.policy.mode.value}: best of {len(candidates)} feasible nodes",
+            cycle.now,
+            task_id=task.id,
+            image=task.image_for(node.arch),
+            scores=scores,
+        )
+    )
+    return True
+
+
+def _victims_on(
+    cycle: _Cycle, row: int, task: Task, demand: FloatArray, prio: int
+) -> tuple[tuple[int, int, float], list[Placement]] | None:
+    """The cheapest set of evictions on node ``row`` that makes ``task`` fit, or None."""
+    table = cycle.table
+    need = table.used[row] + demand - table.capacity[row]
+    if np.all(need <= _EPS):
+        return (0, 0, 0.0), []
+    preemptor_boosted = prio > MAX_PRIORITY
+    evictable: list[tuple[int, float, str, Placement]] = []
+    for placement in cycle.on_node[row]:
+        victim = placement.task
+        if not victim.preemptible:
+            continue
+        vprio = cycle.effective_priority(victim, adding=False)
+        if vprio >= prio:
+            continue
+        if not cycle.policy.priority_preemption and not (
+            preemptor_boosted and vprio <= MAX_PRIORITY
+        ):
+            continue  # without priority preemption only tidal reclaim may evict
+        evictable.append((vprio, -placement.started_at, victim.id, placement))
+    evictable.sort(key=lambda e: e[:3])
+    chosen: list[Placement] = []
+    freed = np.zeros_like(demand)
+    worst = -1
+    for vprio, _, _, placement in evictable:
+        if len(chosen) >= cycle.policy.max_preemptions_per_task:
+            return None
+        chosen.append(placement)
+        freed += resource_vector(placement.task.demand)
+        worst = max(worst, vprio)
+        if np.all(need - freed <= _EPS):
+            cost = (worst, len(chosen), float(sum(p.task.demand.cpu for p in chosen)))
+            return cost, chosen
+    return None
+
+
+def _preempt(cycle: _Cycle, task: Task) -> bool:
+    prio = cycle.effective_priority(task, adding=True)
+    if not cycle.policy.priority_preemption and prio <= MAX_PRIORITY:
+        return False
+    table = cycle.table
+    demand = resource_vector(task.demand)
+    fits_empty: BoolArray = np.all(demand <= table.capacity + _EPS, axis=1)
+    candidates = np.flatnonzero(table.active_mask() & cycle.static(task, demand) & fits_empty)
+    best: tuple[tuple[int, int, float], int, list[Placement]] | None = None
+    for candidate in candidates.tolist():
+        found = _victims_on(cycle, candidate, task, demand, prio)
+        if found is not None and (best is None or (found[0], candidate) < (best[0], best[1])):
+            best = (found[0], candidate, found[1])
+    if best is None:
+        return False
+    _, row, victims = best
+    node_id = table.nodes[row].id
+    for placement in victims:
+        vprio = cycle.effective_priority(placement.task, adding=False)
+        cycle.unbind(row, placement)
+        cycle.decisions.append(
+            Decision(
+                DecisionKind.PREEMPT,
+                node_id,
+                f"preempted for {task.id} (effective priority {vprio} < {prio})",
+                cycle.now,
+                task_id=placement.task.id,
+                scores={"victim_priority": float(vprio), "preemptor_priority": float(prio)},
+            )
+        )
+    cycle.bind(row, task)
+    cycle.decisions.append(
+        Decision(
+            DecisionKind.PLACE,
+            node_id,
+            f"placed by preempting {len(victims)} task(s) of lower effective priority",
+            cycle.now,
+            task_id=task.id,
+            image=task.image_for(table.nodes[row].arch),
+            scores={"effective_priority": float(prio), "victims": float(len(victims))},
+        )
+    )
+    return True
+
+
+# --- power: wake, consolidate, park ---------------------------------------------------------
+
+
+def _wake(cycle: _Cycle, row: int, reason: str, scores: Mapping[str, float]) -> None:
+    cycle.table.set_state(row, NodeState.WAKING)
+    cycle.decisions.append(
+        Decision(
+            DecisionKind.WAKE, cycle.table.nodes[row].id, reason, cycle.now, scores=dict(scores)
+        )
+    )
+
+
+def _wake_order(cycle: _Cycle) -> list[int]:
+    """Parked rows, most efficient first (general-purpose servers before scarce ones)."""
+    table = cycle.table
+    parked = np.flatnonzero(table.state == STATE_CODES[NodeState.PARKED])
+    general = CLASS_CODES[ServerClass.GENERAL]
+    return sorted(
+        (int(r) for r in parked),
+        key=lambda r: (table.server_class[r] != general, -table.efficiency[r], r),
+    )
+
+
+def _wake_for_waiting(cycle: _Cycle, waiting: Sequence[Task]) -> None:
+    """Wake parked nodes that could host tasks nothing awake can take."""
+    table = cycle.table
+    waking = table.state == STATE_CODES[NodeState.WAKING]
+    reserved = table.used.copy()  # capacity promised on waking nodes this cycle
+    for task in waiting:
+        demand = resource_vector(task.demand)
+        static = cycle.static(task, demand)
+        fits = np.all(reserved + demand <= table.capacity + _EPS, axis=1)
+        incoming = np.flatnonzero(waking & static & fits)
+        if len(incoming):
+            reserved[int(incoming[0])] += demand
+            continue
+        for row in _wake_order(cycle):
+            if static[row] and bool(fits[row]):
+                _wake(
+                    cycle,
+                    row,
+                    f"wake for waiting task {task.id}",
+                    {"efficiency": float(table.efficiency[row])},
+                )
+                waking[row] = True
+                reserved[row] += demand
+                break
+
+
+def _headroom_target(cycle: _Cycle, forecast_cpu: float | None) -> float:
+    demand = max(forecast_cpu or 0.0, cycle.used_cpu())
+    return demand * (1.0 + cycle.policy.spare_cpu_fraction) + cycle.policy.min_spare_cpu
+
+
+def _wake_for_forecast(cycle: _Cycle, target: float) -> None:
+    awake = cycle.awake_cpu()
+    for row in _wake_order(cycle):
+        if awake >= target:
+            return
+        _wake(
+            cycle,
+            row,
+            f"forecast needs {target:.0f} cores awake, {awake:.0f} are",
+            {"target_cpu": target, "awake_cpu": awake},
+        )
+        awake += float(cycle.table.capacity[row, 0])
+
+
+def _consolidate(cycle: _Cycle, target: float) -> None:
+    """Move migratable work off lightly used nodes so they can be parked."""
+    table = cycle.table
+    budget = cycle.policy.max_migrations_per_cycle
+    if budget == 0:
+        return
+    util = table.cpu_utilization()
+    active = table.active_mask()
+    sources = [
+        int(r)
+        for r in np.flatnonzero(active & (util > 0) & (util < cycle.policy.consolidate_below))
+        if all(p.task.migratable for p in cycle.on_node[int(r)])
+    ]
+    sources.sort(key=lambda r: (util[r], table.efficiency[r], r))
+    draining: set[int] = set(sources)
+    awake = cycle.awake_cpu()
+    for src in sources:
+        moves = list(cycle.on_node[src])
+        if len(moves) > budget or awake - table.capacity[src, 0] < target:
+            continue
+        plan: list[tuple[Placement, int]] = []
+        extra = np.zeros_like(table.used)
+        for placement in moves:
+            demand = resource_vector(placement.task.demand)
+            ok = active & cycle.static(placement.task, demand)
+            ok &= np.all(table.used + extra + demand <= table.capacity + _EPS, axis=1)
+            ok[list(draining)] = False
+            rows = np.flatnonzero(ok)
+            if not len(rows):
+                break
+            fill = (table.used[rows, 0] + extra[rows, 0]) / table.capacity[rows, 0]
+            score = fill + 0.5 * table.efficiency[rows] / max(float(table.efficiency.max()), _EPS)
+            dst = int(rows[int(np.argmax(score))])
+            extra[dst] += demand
+            plan.append((placement, dst))
+        if len(plan) != len(moves):
+            continue
+        for placement, dst in plan:
+            cycle.unbind(src, placement)
+            cycle.bind(dst, placement.task)
+            cycle.decisions.append(
+                Decision(
+                    DecisionKind.MIGRATE,
+                    table.nodes[dst].id,
+                    f"consolidate: drain {table.nodes[src].id} at {util[src]:.0%} CPU to park it",
+                    cycle.now,
+                    task_id=placement.task.id,
+                    from_node=table.nodes[src].id,
+                    scores={"source_util": float(util[src])},
+                )
+            )
+        budget -= len(plan)
+        draining.discard(src)
+        awake -= float(table.capacity[src, 0])
+
+
+def _park(cycle: _Cycle, target: float) -> None:
+    table = cycle.table
+    awake = cycle.awake_cpu()
+    idle_after = cycle.policy.park_idle_after_s
+    candidates: list[int] = []
+    for r in np.flatnonzero(table.active_mask()).tolist():
+        node = table.nodes[r]
+        if cycle.on_node[r] or r in cycle.touched:
+            continue
+        if node.idle_since is None or cycle.now - node.idle_since < idle_after:
+            continue
+        candidates.append(r)
+    candidates.sort(key=lambda r: (table.efficiency[r], r))
+    for row in candidates:
+        cap = float(table.capacity[row, 0])
+        if awake - cap < target:
+            continue
+        table.set_state(row, NodeState.PARKED)
+        awake -= cap
+        cycle.decisions.append(
+            Decision(
+                DecisionKind.PARK,
+                table.nodes[row].id,
+                f"idle; {awake:.0f} cores stay awake for a forecast need of {target:.0f}",
+                cycle.now,
+                scores={"efficiency": float(table.efficiency[row]), "target_cpu": target},
+            )
+        )
+
+
+# --- entry point ----------------------------------------------------------------------------
+
+
+def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -> ScheduleResult:
+    """Decide for one cycle. Pure: the same arguments always give the same result."""
+    table = NodeTable.build(view.nodes, view.placements)
+    on_node: list[list[Placement]] = [[] for _ in range(len(table))]
+    usage: dict[str, float] = defaultdict(float)
+    for placement in sorted(view.placements, key=lambda p: (p.node_id, p.task.id)):
+        row = table.index.get(placement.node_id)
+        if row is not None:
+            on_node[row].append(placement)
+            usage[placement.task.workload] += placement.task.demand.cpu
+    fleet_cpu = float(table.capacity[:, 0].sum())
+    shares = policy.tidal.shares_at(view.now)
+    cycle = _Cycle(
+        policy=policy,
+        now=view.now,
+        table=table,
+        on_node=on_node,
+        usage=dict(usage),
+        guarantee={name: share * fleet_cpu for name, share in shares.items()},
+    )
+    if not policy.parks_nodes:
+        for row in _wake_order(cycle):
+            _wake(cycle, row, f"mode {policy.mode.value} keeps every node awake", {})
+
+    waiting: dict[str, str] = {}
+    waiting_tasks: list[Task] = []
+    seen: set[str] = set()
+    for task in sorted(pending, key=_queue_key(policy)):
+        if task.id in seen:
+            raise ValueError(f"task {task.id} is pending twice")
+        seen.add(task.id)
+        if _place(cycle, task) or _preempt(cycle, task):
+            continue
+        waiting[task.id] = explain(table, task, resource_vector(task.demand))
+        waiting_tasks.append(task)
+
+    if policy.parks_nodes:
+        _wake_for_waiting(cycle, waiting_tasks)
+        target = _headroom_target(cycle, view.forecast_cpu)
+        _wake_for_forecast(cycle, target)
+        _consolidate(cycle, target)
+        _park(cycle, target)
+    return ScheduleResult(tuple(cycle.decisions), waiting)
+
+
+class Scheduler:
+    """A scheduler bound to a policy; switch modes at run time with :meth:`with_policy`."""
+
+    def __init__(self, policy: PolicyConfig | None = None) -> None:
+        self.policy = policy or PolicyConfig()
+
+    def with_policy(self, policy: PolicyConfig) -> Scheduler:
+        return Scheduler(policy)
+
+    def schedule(self, view: ClusterView, pending: Sequence[Task]) -> ScheduleResult:
+        return schedule(view, pending, self.policy)
