@@ -60,14 +60,21 @@ class NodeTable:
         if len(index) != len(ordered):
             raise ValueError("node ids must be unique")
         n = len(ordered)
-        capacity = np.zeros((n, len(RESOURCE_COLUMNS)), dtype=np.float64)
+        # Column-major: plugins work column by column over every node.
+        capacity = np.zeros((n, len(RESOURCE_COLUMNS)), dtype=np.float64, order="F")
         for i, node in enumerate(ordered):
             capacity[i] = resource_vector(node.capacity)
-        used = np.zeros_like(capacity)
+        used = np.zeros_like(capacity, order="F")
+        rows: list[int] = []
+        demands: list[tuple[float, float, float, float]] = []
         for p in placements:
             row = index.get(p.node_id)
             if row is not None:
-                used[row] += resource_vector(p.task.demand)
+                d = p.task.demand
+                rows.append(row)
+                demands.append((d.cpu, d.mem_gib, float(d.accel), d.iops_k))
+        if rows:
+            np.add.at(used, np.array(rows), np.array(demands, dtype=np.float64))
         return cls(
             nodes=ordered,
             index=index,

@@ -65,32 +65,41 @@ def server_class_allowed(table: NodeTable, task: Task, demand: FloatArray) -> Bo
 
 
 def resources_fit(table: NodeTable, task: Task, demand: FloatArray) -> BoolArray:
-    mask: BoolArray = np.all(table.used + demand <= table.capacity + _EPS, axis=1)
+    used, cap = table.used, table.capacity
+    mask: BoolArray = used[:, 0] + demand[0] <= cap[:, 0] + _EPS
+    for k in _asked(demand)[1:]:
+        mask &= used[:, k] + demand[k] <= cap[:, k] + _EPS
     return mask
 
 
 # --- scores --------------------------------------------------------------------------------
 
 
-def _fractions_after(table: NodeTable, demand: FloatArray) -> FloatArray:
-    """Per node, per resource the task asks for: allocated fraction after placing it."""
-    asked = demand > 0
-    asked[0] = True  # CPU always counts
-    cap = table.capacity[:, asked]
-    frac: FloatArray = (table.used[:, asked] + demand[asked]) / np.maximum(cap, _EPS)
-    return np.clip(frac, 0.0, 1.0)
+def _asked(demand: FloatArray) -> list[int]:
+    """Resource columns the task asks for; CPU always counts."""
+    return [0] + [k for k in range(1, len(demand)) if demand[k] > 0]
+
+
+def _mean_fraction_after(table: NodeTable, demand: FloatArray) -> FloatArray:
+    """Per node: mean over the resources the task asks for of the allocated fraction after it."""
+    columns = _asked(demand)
+    total = np.zeros(len(table), dtype=np.float64)
+    for k in columns:
+        frac = (table.used[:, k] + demand[k]) / np.maximum(table.capacity[:, k], _EPS)
+        total += np.clip(frac, 0.0, 1.0)
+    mean: FloatArray = total / len(columns)
+    return mean
 
 
 def least_allocated(table: NodeTable, task: Task, demand: FloatArray) -> FloatArray:
     """Prefer the emptiest nodes (spreading), on requested resources like kube-scheduler."""
-    score: FloatArray = 1.0 - _fractions_after(table, demand).mean(axis=1)
+    score: FloatArray = 1.0 - _mean_fraction_after(table, demand)
     return score
 
 
 def most_allocated(table: NodeTable, task: Task, demand: FloatArray) -> FloatArray:
     """Prefer the fullest nodes that still fit (bin packing, consolidation)."""
-    score: FloatArray = _fractions_after(table, demand).mean(axis=1)
-    return score
+    return _mean_fraction_after(table, demand)
 
 
 def balanced_allocation(table: NodeTable, task: Task, demand: FloatArray) -> FloatArray:

@@ -155,7 +155,8 @@ def test_tidal_share_is_a_guarantee_not_a_licence() -> None:
 
 def test_energy_mode_parks_idle_nodes_beyond_headroom_least_efficient_first() -> None:
     lean = PowerModel(idle_w=50, peak_w=150)
-    nodes = tuple(node(f"n{i}", idle_since=0.0) for i in range(4)) + (
+    nodes = (
+        *(node(f"n{i}", idle_since=0.0) for i in range(4)),
         node("lean", power=lean, idle_since=0.0),
     )
     policy = PolicyConfig(mode=PolicyMode.ENERGY, min_spare_cpu=8, park_idle_after_s=60)
@@ -231,7 +232,7 @@ def clusters(draw: st.DrawFn) -> tuple[ClusterView, list[Task], PolicyConfig]:
             )
         )
     workloads = ["a", "b", "c"]
-    placements = []
+    placements: list[Placement] = []
     for i in range(draw(st.integers(0, 10))):
         host = draw(st.sampled_from(nodes))
         t = Task(

@@ -1,0 +1,189 @@
+"""The campus experiment: every strategy over the same scenario, and the targets they are held to.
+
+Builds the strategy set (three baselines, our three modes, and tidal allocation on top of the
+energy and priority modes), runs them over one seeded scenario, adds the per-core affinity
+experiment on a 48-core ARM node, and checks the figures against the source article's targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from edgesched.core.affinity import arm48_experiment
+from edgesched.core.model import Task
+from edgesched.core.policy import PolicyConfig, PolicyMode
+from edgesched.core.simulator import ScenarioLike, SimReport, simulate
+from edgesched.core.strategies import (
+    CoreStrategy,
+    FirstFit,
+    Strategy,
+    kubernetes_like,
+    partition_fleet,
+)
+from edgesched.core.tidal import TidalProfile
+
+BASELINES = ("static-partition", "k8s-spread", "first-fit")
+TARGET_STRATEGY = "tidal+energy"
+
+
+def build_strategies(
+    scenario: ScenarioLike,
+    tidal: TidalProfile,
+    base: PolicyConfig | None = None,
+    only: Sequence[str] | None = None,
+) -> list[Strategy]:
+    """Baselines first, then ours. ``base`` carries config overrides (weights, park timing)."""
+    base = base or PolicyConfig()
+    peaks: dict[str, float] = {}
+    for name, cls in scenario.classes.items():
+        curve: Sequence[float] = getattr(cls, "demand_curve", (1.0,))
+        peaks[name] = max(curve)
+    samples: dict[str, Task] = {}
+    for task in scenario.tasks:
+        samples.setdefault(task.workload, task)
+    peaks = {w: p for w, p in peaks.items() if w in samples}
+
+    def ours(name: str, mode: PolicyMode, profile: TidalProfile) -> CoreStrategy:
+        policy = PolicyConfig(
+            mode=mode,
+            tidal=profile,
+            weights=base.weights,
+            preemption=base.preemption,
+            park_idle_after_s=base.park_idle_after_s,
+            spare_cpu_fraction=base.spare_cpu_fraction,
+            min_spare_cpu=base.min_spare_cpu,
+            max_migrations_per_cycle=base.max_migrations_per_cycle,
+            consolidate_below=base.consolidate_below,
+            max_preemptions_per_task=base.max_preemptions_per_task,
+        )
+        return CoreStrategy(name, policy)
+
+    none = TidalProfile()
+    makers: dict[str, Callable[[], Strategy]] = {
+        "static-partition": lambda: partition_fleet(scenario.nodes, peaks, samples),
+        "k8s-spread": kubernetes_like,
+        "first-fit": FirstFit,
+        "priority": lambda: ours("priority", PolicyMode.PRIORITY, none),
+        "balance": lambda: ours("balance", PolicyMode.BALANCE, none),
+        "energy": lambda: ours("energy", PolicyMode.ENERGY, none),
+        "tidal+priority": lambda: ours("tidal+priority", PolicyMode.PRIORITY, tidal),
+        TARGET_STRATEGY: lambda: ours(TARGET_STRATEGY, PolicyMode.ENERGY, tidal),
+    }
+    names = list(only) if only else list(makers)
+    unknown = [n for n in names if n not in makers]
+    if unknown:
+        raise ValueError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(makers)}")
+    return [makers[n]() for n in names]
+
+
+def strategy_names() -> tuple[str, ...]:
+    return (
+        "static-partition",
+        "k8s-spread",
+        "first-fit",
+        "priority",
+        "balance",
+        "energy",
+        "tidal+priority",
+        TARGET_STRATEGY,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    value: float
+    goal: str
+    met: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExperimentResult:
+    reports: tuple[SimReport, ...]
+    affinity: Mapping[str, float]
+    targets: tuple[Target, ...] = field(default_factory=tuple)
+
+    def report(self, name: str) -> SimReport | None:
+        return next((r for r in self.reports if r.strategy == name), None)
+
+
+def top_class(scenario: ScenarioLike) -> str:
+    return max(scenario.classes.values(), key=lambda c: c.priority).name
+
+
+def check_targets(
+    scenario: ScenarioLike, reports: Sequence[SimReport], affinity: Mapping[str, float]
+) -> tuple[Target, ...]:
+    """The source article's figures as targets (only those whose strategies ran)."""
+    by = {r.strategy: r for r in reports}
+    targets: list[Target] = []
+    ours, static = by.get(TARGET_STRATEGY), by.get("static-partition")
+    if ours is not None:
+        targets.append(
+            Target(
+                "utilization (awake capacity), tidal+energy",
+                ours.utilization_awake,
+                ">= 0.78",
+                ours.utilization_awake >= 0.78,
+            )
+        )
+        top = top_class(scenario)
+        misses = ours.classes[top].slo_misses if top in ours.classes else 0
+        targets.append(Target(f"SLO misses of {top}, tidal+energy", misses, "== 0", misses == 0))
+        if static is not None and static.energy_cost > 0:
+            saving = 1 - ours.energy_cost / static.energy_cost
+            targets.append(
+                Target("energy cost saving vs static partition", saving, ">= 0.23", saving >= 0.23)
+            )
+    if static is not None:
+        targets.append(
+            Target(
+                "static partition utilization (article: about 0.42)",
+                static.utilization_awake,
+                "about 0.42 (reference)",
+                True,
+            )
+        )
+    if affinity:
+        targets.append(
+            Target(
+                "per-core std, affinity planner, 48-core ARM",
+                affinity["planned_std"],
+                "<= 0.09",
+                affinity["planned_std"] <= 0.09,
+            )
+        )
+        targets.append(
+            Target(
+                "per-core std, naive placement, same load",
+                affinity["naive_std"],
+                ">= 0.25 (reference)",
+                affinity["naive_std"] >= 0.25,
+            )
+        )
+    return tuple(targets)
+
+
+def run_experiment(
+    scenario: ScenarioLike,
+    tidal: TidalProfile,
+    *,
+    base: PolicyConfig | None = None,
+    only: Sequence[str] | None = None,
+    affinity_load: float = 0.7,
+    seed: int = 0,
+    progress: Callable[[str, float], None] | None = None,
+) -> ExperimentResult:
+    reports = []
+    for strategy in build_strategies(scenario, tidal, base, only):
+        cb = None
+        if progress is not None:
+            name = strategy.name
+
+            def cb(t: float, name: str = name) -> None:
+                progress(name, t)
+
+        reports.append(simulate(scenario, strategy, progress=cb))
+    affinity = {k: float(v) for k, v in arm48_experiment(affinity_load, seed).items()}
+    return ExperimentResult(tuple(reports), affinity, check_targets(scenario, reports, affinity))

@@ -1,0 +1,380 @@
+"""Discrete-event simulator: drives a placement strategy with simulated nodes and a simulated clock.
+
+Events are task arrivals, task completions, nodes finishing their wake-up, and a periodic
+power-management tick. Scheduling cycles are batched: after anything that could let a waiting
+task start, one cycle runs ``batch_s`` later (so arrivals within the same second share a cycle,
+as in a real scheduler loop). The strategy sees exactly what a live tier would show the core:
+nodes with their power state, what runs where, the pending queue and a 15-minute forecast.
+
+Accounting, integrated exactly between events:
+
+* utilization of awake capacity: used CPU / CPU of nodes that are not parked;
+* fleet utilization: used CPU / all CPU;
+* energy: each awake node draws ``idle + (peak - idle) * u`` with ``u`` the larger of its CPU
+  and accelerator allocation, a waking node draws its idle power, a parked one ``parked_w``;
+  cost multiplies by the tariff of the hour;
+* SLO: a task whose wait before its (last) start exceeds its class's ``slo_wait_s``, or that
+  never starts, is a miss; a preempted task goes back to the queue and restarts from scratch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+
+from edgesched.core.forecast import DemandHistory, Ewma, SeasonalNaive, peak_next
+from edgesched.core.model import SECONDS_PER_DAY, DecisionKind, Node, NodeState, Placement, Task
+from edgesched.core.scheduler import ClusterView
+from edgesched.core.strategies import Strategy
+
+_ARRIVAL, _FINISH, _WAKE_DONE, _CYCLE, _TICK = range(5)
+
+
+class WorkloadClassLike(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def slo_wait_s(self) -> float: ...
+
+
+class TariffLike(Protocol):
+    def price_at(self, t: float) -> float: ...
+
+
+class ScenarioLike(Protocol):
+    @property
+    def nodes(self) -> tuple[Node, ...]: ...
+    @property
+    def tasks(self) -> tuple[Task, ...]: ...
+    @property
+    def classes(self) -> Mapping[str, WorkloadClassLike]: ...
+    @property
+    def tariff(self) -> TariffLike: ...
+    @property
+    def days(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClassStats:
+    submitted: int
+    started: int
+    completed: int
+    slo_misses: int
+    preempted: int
+    wait_p50_s: float
+    wait_p99_s: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class SimReport:
+    strategy: str
+    horizon_s: float
+    utilization_awake: float
+    utilization_fleet: float
+    energy_kwh: float
+    energy_cost: float
+    completed: int
+    work_core_h: float
+    preemptions: int
+    migrations: int
+    parks: int
+    wakes: int
+    cycles: int
+    classes: Mapping[str, ClassStats]
+    series: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+    @property
+    def slo_misses(self) -> int:
+        return sum(c.slo_misses for c in self.classes.values())
+
+    def to_dict(self, with_series: bool = False) -> dict[str, object]:
+        out: dict[str, object] = {
+            "strategy": self.strategy,
+            "horizon_h": self.horizon_s / 3600,
+            "utilization_awake": round(self.utilization_awake, 4),
+            "utilization_fleet": round(self.utilization_fleet, 4),
+            "energy_kwh": round(self.energy_kwh, 2),
+            "energy_cost": round(self.energy_cost, 2),
+            "completed": self.completed,
+            "work_core_h": round(self.work_core_h, 1),
+            "slo_misses": self.slo_misses,
+            "preemptions": self.preemptions,
+            "migrations": self.migrations,
+            "parks": self.parks,
+            "wakes": self.wakes,
+            "cycles": self.cycles,
+            "classes": {k: v.to_dict() for k, v in sorted(self.classes.items())},
+        }
+        if with_series:
+            out["series"] = {k: list(v) for k, v in self.series.items()}
+        return out
+
+
+@dataclass(slots=True)
+class _Run:
+    """Mutable simulation state for one strategy."""
+
+    nodes: dict[str, Node]
+    order: list[str]
+    running: dict[str, tuple[Placement, float]]  # task id -> (placement, finish time)
+    pending: dict[str, Task]
+    first_submit: dict[str, float]
+    epoch: dict[str, int]
+    waits: dict[str, list[float]]
+    started: dict[str, int]
+    completed: dict[str, int]
+    preempted: dict[str, int]
+    missed: dict[str, int]
+    counted_start: set[str] = field(default_factory=set)
+
+
+def simulate(
+    scenario: ScenarioLike,
+    strategy: Strategy,
+    *,
+    batch_s: float = 1.0,
+    tick_s: float = 60.0,
+    sample_s: float = 300.0,
+    forecast: bool = True,
+    progress: Callable[[float], None] | None = None,
+) -> SimReport:
+    """Run ``strategy`` over ``scenario`` and account for what it did."""
+    horizon = scenario.days * SECONDS_PER_DAY
+    nodes = sorted(scenario.nodes, key=lambda n: n.id)
+    idx = {n.id: i for i, n in enumerate(nodes)}
+    cap_cpu = np.array([n.capacity.cpu for n in nodes])
+    cap_acc = np.array([max(n.capacity.accel, 1) for n in nodes], dtype=np.float64)
+    idle_w = np.array([n.power.idle_w for n in nodes])
+    peak_w = np.array([n.power.peak_w for n in nodes])
+    parked_w = np.array([n.power.parked_w for n in nodes])
+    used_cpu = np.zeros(len(nodes))
+    used_acc = np.zeros(len(nodes))
+    tasks_on = np.zeros(len(nodes), dtype=np.int64)
+    awake = np.ones(len(nodes), dtype=bool)
+    active = np.ones(len(nodes), dtype=bool)
+
+    classes = scenario.classes
+    names = sorted(classes)
+    run = _Run(
+        nodes={n.id: replace(n, state=NodeState.ACTIVE, idle_since=0.0) for n in nodes},
+        order=[n.id for n in nodes],
+        running={},
+        pending={},
+        first_submit={},
+        epoch={},
+        waits={w: [] for w in names},
+        started=dict.fromkeys(names, 0),
+        completed=dict.fromkeys(names, 0),
+        preempted=dict.fromkeys(names, 0),
+        missed=dict.fromkeys(names, 0),
+    )
+    seq = itertools.count()
+    events: list[tuple[float, int, int, str]] = []
+    for task in scenario.tasks:
+        if task.submitted_at < horizon:
+            heapq.heappush(events, (task.submitted_at, next(seq), _ARRIVAL, task.id))
+    by_id = {t.id: t for t in scenario.tasks}
+    t_tick = 0.0
+    while t_tick < horizon:
+        heapq.heappush(events, (t_tick, next(seq), _TICK, ""))
+        t_tick += tick_s
+
+    fleet_cpu = float(cap_cpu.sum())
+    energy_j = cost = used_int = awake_int = work = 0.0
+    counts = dict.fromkeys(("preempt", "migrate", "park", "wake", "cycles"), 0)
+    history: list[float] = []
+    series: dict[str, list[float]] = {"t": [], "util_awake": [], "power_kw": [], "used_cpu": []}
+    next_sample = 0.0
+    cycle_at: float | None = None
+    fc_ewma, fc_seasonal = Ewma(), SeasonalNaive()
+    now = 0.0
+
+    def power_now() -> float:
+        util = np.maximum(used_cpu / cap_cpu, used_acc / cap_acc)
+        p = np.where(active, idle_w + (peak_w - idle_w) * np.clip(util, 0, 1), idle_w)
+        return float(np.where(awake, p, parked_w).sum())
+
+    def advance(to: float) -> None:
+        nonlocal energy_j, cost, used_int, awake_int, now, next_sample
+        while next_sample <= to and next_sample < horizon:
+            used_total = float(used_cpu.sum())
+            history.append(used_total)
+            series["t"].append(next_sample / 3600)
+            awake_cpu = float(cap_cpu[awake].sum())
+            series["util_awake"].append(used_total / awake_cpu if awake_cpu else 0.0)
+            series["power_kw"].append(power_now() / 1000)
+            series["used_cpu"].append(used_total)
+            next_sample += sample_s
+        dt = to - now
+        if dt > 0:
+            p = power_now()
+            energy_j += p * dt
+            cost += p * dt / 3.6e6 * scenario.tariff.price_at(now)
+            used_int += float(used_cpu.sum()) * dt
+            awake_int += float(cap_cpu[awake].sum()) * dt
+        now = to
+        if progress is not None:
+            progress(now)
+
+    def set_util(node_id: str, task: Task, sign: int) -> None:
+        row = idx[node_id]
+        used_cpu[row] = max(used_cpu[row] + sign * task.demand.cpu, 0.0)
+        used_acc[row] = max(used_acc[row] + sign * task.demand.accel, 0.0)
+        tasks_on[row] += sign
+        node = run.nodes[node_id]
+        empty = tasks_on[row] == 0
+        if empty and node.idle_since is None:
+            run.nodes[node_id] = replace(node, idle_since=now)
+        elif not empty and node.idle_since is not None:
+            run.nodes[node_id] = replace(node, idle_since=None)
+
+    def request_cycle() -> None:
+        nonlocal cycle_at
+        if cycle_at is None:
+            cycle_at = now + batch_s
+            heapq.heappush(events, (cycle_at, next(seq), _CYCLE, ""))
+
+    def forecast_cpu() -> float | None:
+        if not forecast or not history:
+            return None
+        hist = DemandHistory(sample_s, tuple(history), len(history) * sample_s)
+        peak = peak_next(fc_ewma, hist)
+        if len(history) * sample_s >= SECONDS_PER_DAY:
+            peak = max(peak, peak_next(fc_seasonal, hist))
+        return peak
+
+    def run_cycle() -> None:
+        counts["cycles"] += 1
+        view = ClusterView(
+            tuple(run.nodes[i] for i in run.order),
+            tuple(p for p, _ in run.running.values()),
+            now,
+            forecast_cpu(),
+        )
+        pending = list(run.pending.values())
+        result = strategy.decide(view, pending)
+        for d in result.decisions:
+            if d.kind is DecisionKind.PREEMPT:
+                placement, _ = run.running.pop(d.task_id or "")
+                set_util(placement.node_id, placement.task, -1)
+                run.epoch[placement.task.id] = run.epoch.get(placement.task.id, 0) + 1
+                run.pending[placement.task.id] = placement.task
+                run.preempted[placement.task.workload] += 1
+                counts["preempt"] += 1
+            elif d.kind is DecisionKind.PLACE:
+                task = run.pending.pop(d.task_id or "")
+                duration = task.duration_s if task.duration_s is not None else horizon
+                run.running[task.id] = (Placement(task, d.node_id, now), now + duration)
+                set_util(d.node_id, task, +1)
+                ep = run.epoch.get(task.id, 0)
+                heapq.heappush(events, (now + duration, next(seq), _FINISH, f"{task.id}#{ep}"))
+                wait = now - run.first_submit[task.id]
+                if task.id not in run.counted_start:
+                    run.counted_start.add(task.id)
+                    run.started[task.workload] += 1
+                    run.waits[task.workload].append(wait)
+                    if wait > classes[task.workload].slo_wait_s:
+                        run.missed[task.workload] += 1
+            elif d.kind is DecisionKind.MIGRATE:
+                placement, finish = run.running[d.task_id or ""]
+                set_util(placement.node_id, placement.task, -1)
+                run.running[placement.task.id] = (replace(placement, node_id=d.node_id), finish)
+                set_util(d.node_id, placement.task, +1)
+                counts["migrate"] += 1
+            elif d.kind is DecisionKind.PARK:
+                awake[idx[d.node_id]] = False
+                active[idx[d.node_id]] = False
+                run.nodes[d.node_id] = replace(run.nodes[d.node_id], state=NodeState.PARKED)
+                counts["park"] += 1
+            elif d.kind is DecisionKind.WAKE:
+                awake[idx[d.node_id]] = True
+                counts["wake"] += 1
+                node = run.nodes[d.node_id]
+                ready = now + node.power.wake_latency_s
+                run.nodes[d.node_id] = replace(node, state=NodeState.WAKING, ready_at=ready)
+                heapq.heappush(events, (ready, next(seq), _WAKE_DONE, d.node_id))
+
+    while events:
+        t, _, kind, key = heapq.heappop(events)
+        if t >= horizon:
+            break
+        advance(t)
+        if kind == _ARRIVAL:
+            task = by_id[key]
+            run.pending[task.id] = task
+            run.first_submit[task.id] = t
+            request_cycle()
+        elif kind == _FINISH:
+            task_id, _, ep = key.rpartition("#")
+            entry = run.running.get(task_id)
+            if entry is None or run.epoch.get(task_id, 0) != int(ep):
+                continue  # preempted since; a newer finish event stands
+            placement, _ = run.running.pop(task_id)
+            set_util(placement.node_id, placement.task, -1)
+            run.completed[placement.task.workload] += 1
+            work += placement.task.demand.cpu * (placement.task.duration_s or 0.0)
+            if run.pending:
+                request_cycle()
+        elif kind == _WAKE_DONE:
+            node = run.nodes[key]
+            if node.state is NodeState.WAKING:
+                run.nodes[key] = replace(node, state=NodeState.ACTIVE, idle_since=t)
+                active[idx[key]] = True
+                request_cycle()
+        elif kind == _CYCLE:
+            cycle_at = None
+            run_cycle()
+        elif kind == _TICK:
+            run_cycle()
+    advance(horizon)
+
+    for task_id, task in run.pending.items():
+        if task_id not in run.counted_start:
+            run.missed[task.workload] += 1
+    stats = {}
+    submitted = Counter(t.workload for t in scenario.tasks if t.submitted_at < horizon)
+    for w in names:
+        waits = np.array(run.waits[w]) if run.waits[w] else np.zeros(1)
+        stats[w] = ClassStats(
+            submitted=submitted[w],
+            started=run.started[w],
+            completed=run.completed[w],
+            slo_misses=run.missed[w],
+            preempted=run.preempted[w],
+            wait_p50_s=float(np.percentile(waits, 50)),
+            wait_p99_s=float(np.percentile(waits, 99)),
+        )
+    return SimReport(
+        strategy=strategy.name,
+        horizon_s=horizon,
+        utilization_awake=used_int / awake_int if awake_int else 0.0,
+        utilization_fleet=used_int / (fleet_cpu * horizon),
+        energy_kwh=energy_j / 3.6e6,
+        energy_cost=cost,
+        completed=sum(run.completed.values()),
+        work_core_h=work / 3600,
+        preemptions=counts["preempt"],
+        migrations=counts["migrate"],
+        parks=counts["park"],
+        wakes=counts["wake"],
+        cycles=counts["cycles"],
+        classes=stats,
+        series={k: tuple(v) for k, v in series.items()},
+    )
+
+
+def run_all(
+    scenario: ScenarioLike, strategies: Sequence[Strategy], **kwargs: object
+) -> list[SimReport]:
+    return [simulate(scenario, s, **kwargs) for s in strategies]  # type: ignore[arg-type]

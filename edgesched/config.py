@@ -1,0 +1,521 @@
+"""TOML configuration: load, validate and turn into the core's frozen config objects.
+
+Every problem raises :class:`ConfigError` whose message starts with the dotted key path of the
+offending value (``policy.tidal.windows[2].shares.face-recognition: ...``), so a typo or an
+out-of-range number is found without reading code. Unknown keys are errors everywhere.
+
+Each section is one small ``_parse_<section>(table)`` function over a :class:`_Table`, which
+checks key names and value types; a new section is a dataclass, a parse function and one line
+in :func:`parse_config`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import json
+import math
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from pathlib import Path
+from typing import TypeVar
+
+from edgesched.core.plugins import SCORES
+from edgesched.core.policy import PolicyConfig, PolicyMode
+from edgesched.core.tidal import (
+    TidalProfile,
+    TidalWindow,
+    campus_profile,
+    format_clock,
+    parse_clock,
+)
+
+T = TypeVar("T")
+E = TypeVar("E", bound=StrEnum)
+
+#: Score plugin names a ``[policy.weights]`` table may set.
+KNOWN_WEIGHTS: frozenset[str] = frozenset(SCORES)
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class ConfigError(ValueError):
+    """A config problem; ``str(err)`` is ``"<key path>: <problem>"``.
+
+    ``key`` is the dotted path of the offending value (or the file for file-level problems),
+    ``source`` the file (or ``"<config>"``) the data came from.
+    """
+
+    def __init__(self, key: str, problem: str, source: str = "<config>") -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+        self.source = source
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """The simulator's knobs: scenario name, seed, length, load scale and scheduling cycle.
+
+    ``affinity_load`` is the utilisation up to which the simulator packs work on its preferred
+    nodes before spilling over.
+    """
+
+    scenario: str = "campus"
+    seed: int = 0
+    days: float = 1.0
+    scale: float = 1.0
+    step_s: float = 10.0
+    affinity_load: float = 0.7
+
+    def __post_init__(self) -> None:
+        if not self.scenario:
+            raise ValueError("scenario must not be empty")
+        if self.seed < 0:
+            raise ValueError("seed must be >= 0")
+        for name in ("days", "scale", "step_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {value}")
+        if not 0 <= self.affinity_load <= 1:
+            raise ValueError(f"affinity_load must be in [0, 1], got {self.affinity_load}")
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeschedConfig:
+    """The whole configuration, one field per top-level TOML table."""
+
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
+
+
+def builtin_profiles() -> dict[str, TidalProfile]:
+    """Tidal profiles a config can name with ``policy.tidal.profile``."""
+    return {"campus": campus_profile(), "none": TidalProfile()}
+
+
+def load_config(path: Path) -> EdgeschedConfig:
+    """Read and validate the TOML file at ``path``."""
+    source = str(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(source, "no such file", source) from None
+    except OSError as e:
+        raise ConfigError(source, f"cannot read: {e.strerror or e}", source) from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(source, f"not valid UTF-8: {e.reason} at byte {e.start}", source) from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(source, f"not valid TOML: {e}", source) from e
+    return parse_config(data, source)
+
+
+def parse_config(data: Mapping[str, object], source: str = "<config>") -> EdgeschedConfig:
+    """Validate already-parsed TOML ``data`` (``source`` names it in errors)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(source, f"expected a table, got {_type_name(data)}", source)
+    root = _Table(data, "", source)
+    root.check_keys("policy", "sim")
+    return EdgeschedConfig(
+        policy=_parse_policy(root.table("policy")),
+        sim=_parse_sim(root.table("sim")),
+    )
+
+
+# --- sections ----------------------------------------------------------------------------------
+
+
+def _parse_policy(t: _Table) -> PolicyConfig:
+    d = PolicyConfig()
+    t.check_keys(
+        "mode",
+        "preemption",
+        "park_idle_after_s",
+        "spare_cpu_fraction",
+        "min_spare_cpu",
+        "max_migrations_per_cycle",
+        "consolidate_below",
+        "max_preemptions_per_task",
+        "weights",
+        "tidal",
+    )
+    mode = t.choice("mode", d.mode)
+    tidal = _parse_tidal(t.table("tidal"))
+    weights = _parse_weights(t.table("weights"))
+    preemption = t.boolean("preemption", d.preemption)
+    park_idle_after_s = t.number("park_idle_after_s", d.park_idle_after_s, low=0)
+    spare_cpu_fraction = t.number("spare_cpu_fraction", d.spare_cpu_fraction, 0, 10)
+    min_spare_cpu = t.number("min_spare_cpu", d.min_spare_cpu, low=0)
+    max_migrations = t.integer("max_migrations_per_cycle", d.max_migrations_per_cycle, low=0)
+    consolidate_below = t.number("consolidate_below", d.consolidate_below, 0, 1)
+    max_preemptions = t.integer("max_preemptions_per_task", d.max_preemptions_per_task, low=0)
+    return t.build(
+        lambda: PolicyConfig(
+            mode=mode,
+            tidal=tidal,
+            weights=weights,
+            preemption=preemption,
+            park_idle_after_s=park_idle_after_s,
+            spare_cpu_fraction=spare_cpu_fraction,
+            min_spare_cpu=min_spare_cpu,
+            max_migrations_per_cycle=max_migrations,
+            consolidate_below=consolidate_below,
+            max_preemptions_per_task=max_preemptions,
+        )
+    )
+
+
+def _parse_weights(t: _Table) -> dict[str, float]:
+    t.check_keys(*sorted(KNOWN_WEIGHTS))
+    return {name: t.number(name, 0.0, low=0) for name in t.data}
+
+
+def _parse_tidal(t: _Table) -> TidalProfile:
+    t.check_keys("profile", "name", "windows")
+    if "profile" in t.data and "windows" in t.data:
+        raise ConfigError(t.path, "set either profile or windows, not both", t.source)
+    if "windows" not in t.data:
+        if "name" in t.data:
+            raise t.error("name", "only valid together with windows")
+        profiles = builtin_profiles()
+        name = t.string("profile", "none")
+        if name not in profiles:
+            raise t.error("profile", f"unknown profile {name!r} (built-in: {_listing(profiles)})")
+        return profiles[name]
+    windows = tuple(_parse_window(w) for w in t.tables("windows"))
+    seen: set[str] = set()
+    for i, w in enumerate(windows):
+        if w.name in seen:
+            path = f"{t.child('windows')}[{i}].name"
+            raise ConfigError(path, f"duplicate window name {w.name!r}", t.source)
+        seen.add(w.name)
+    return TidalProfile(name=t.string("name", "custom"), windows=windows)
+
+
+def _parse_window(t: _Table) -> TidalWindow:
+    t.check_keys("name", "start", "end", "shares", "rotate", "rotate_share", "slice_minutes")
+    name = t.string("name")
+    start_s = t.clock("start")
+    end_s = t.clock("end")
+    shares_table = t.table("shares")
+    shares = {k: shares_table.number(k, 0.0, 0, 1) for k in shares_table.data}
+    rotate = t.strings("rotate")
+    if not rotate:
+        for key in ("rotate_share", "slice_minutes"):
+            if key in t.data:
+                raise t.error(key, "only valid together with a non-empty rotate")
+    elif "rotate_share" not in t.data:
+        raise t.error("rotate_share", "missing (required when rotate is set)")
+    rotate_share = t.number("rotate_share", 0.0, 0, 1)
+    slice_minutes = t.number("slice_minutes", 30.0, low=0, low_open=True)
+    total = sum(shares.values()) + rotate_share
+    if total > 1 + 1e-9:
+        extra = " (with rotate_share)" if rotate_share else ""
+        raise t.error("shares", f"add up to {total:g}{extra}, more than 1")
+    return t.build(
+        lambda: TidalWindow(
+            name=name,
+            start_s=start_s,
+            end_s=end_s,
+            shares=shares,
+            rotate=rotate,
+            rotate_share=rotate_share,
+            slice_s=60.0 * slice_minutes,
+        )
+    )
+
+
+def _parse_sim(t: _Table) -> SimConfig:
+    d = SimConfig()
+    t.check_keys(*(f.name for f in fields(SimConfig)))
+    scenario = t.string("scenario", d.scenario)
+    seed = t.integer("seed", d.seed, low=0)
+    days = t.number("days", d.days, low=0, low_open=True)
+    scale = t.number("scale", d.scale, low=0, low_open=True)
+    step_s = t.number("step_s", d.step_s, low=0, low_open=True)
+    affinity_load = t.number("affinity_load", d.affinity_load, 0, 1)
+    return t.build(lambda: SimConfig(scenario, seed, days, scale, step_s, affinity_load))
+
+
+# --- the example config ------------------------------------------------------------------------
+
+
+def default_config_toml() -> str:
+    """A commented example config: the defaults, with energy mode and the campus profile."""
+    p = PolicyConfig()
+    s = SimConfig()
+    gates = builtin_profiles()["campus"].windows[0]
+    lines = [
+        "# edgesched configuration. Every key is optional; the values below are the defaults",
+        '# except mode (default "priority") and the tidal profile (default "none").',
+        "",
+        "[policy]",
+        _line("mode", PolicyMode.ENERGY.value, " | ".join(m.value for m in PolicyMode)),
+        _line("preemption", p.preemption, "higher priorities may evict lower ones"),
+        _line("park_idle_after_s", p.park_idle_after_s, "park a node idle this long (energy)"),
+        _line("spare_cpu_fraction", p.spare_cpu_fraction, "awake headroom over forecast demand"),
+        _line("min_spare_cpu", p.min_spare_cpu, "... but at least this many cores"),
+        _line("max_migrations_per_cycle", p.max_migrations_per_cycle, "consolidation moves"),
+        _line("consolidate_below", p.consolidate_below, "drain nodes used less than this"),
+        _line("max_preemptions_per_task", p.max_preemptions_per_task),
+        "",
+        "# Overrides of the mode's score plugin weights, any of:",
+        f"# {_listing(KNOWN_WEIGHTS)}.",
+        "[policy.weights]",
+        _line("energy_efficiency", 2.0, commented=True),
+        "",
+        "[policy.tidal]",
+        f"# A built-in profile ({_listing(builtin_profiles())}) or your own windows, not both.",
+        _line("profile", "campus"),
+        _line("name", "my-campus", "names a profile made of windows", commented=True),
+        "#",
+        "# [[policy.tidal.windows]]",
+        _line("name", gates.name, commented=True),
+        _line(
+            "start",
+            format_clock(gates.start_s),
+            "HH:MM; end < start wraps midnight",
+            commented=True,
+        ),
+        _line("end", format_clock(gates.end_s), commented=True),
+        f"{'# shares = { face-recognition = 0.7 }':<42} # guaranteed fraction of fleet CPU",
+        '# rotate = ["ai-training", "video-analytics"]  # optional: take turns holding ...',
+        _line("rotate_share", 0.3, "... this extra share", commented=True),
+        _line("slice_minutes", 30, "... for this long each", commented=True),
+        "",
+        "[sim]",
+        _line("scenario", s.scenario),
+        _line("seed", s.seed),
+        _line("days", s.days),
+        _line("scale", s.scale, "multiplies the scenario's load"),
+        _line("step_s", s.step_s, "scheduling cycle"),
+        _line("affinity_load", s.affinity_load),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _line(key: str, value: object, comment: str = "", *, commented: bool = False) -> str:
+    """``key = value`` with ``comment`` aligned; ``commented`` comments the line out."""
+    text = f"{'# ' if commented else ''}{key} = {_toml_value(value)}"
+    return f"{text:<42} # {comment}" if comment else text
+
+
+# --- typed access to one table -----------------------------------------------------------------
+
+
+class _Missing:
+    """Marks a key that is absent from its table."""
+
+
+_MISSING = _Missing()
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """One TOML table and its dotted path; typed getters raise ConfigError naming the key."""
+
+    data: Mapping[str, object]
+    path: str
+    source: str
+
+    def child(self, key: str) -> str:
+        quoted = key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+        return f"{self.path}.{quoted}" if self.path else quoted
+
+    def error(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(self.child(key), problem, self.source)
+
+    def check_keys(self, *allowed: str) -> None:
+        for key in self.data:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"expected {_listing(allowed)}"
+                raise self.error(key, f"unknown key ({hint})")
+
+    def build(self, factory: Callable[[], T]) -> T:
+        """``factory()``, with a core dataclass's ValueError re-raised on this table's path."""
+        try:
+            return factory()
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(self.path or self.source, str(e), self.source) from e
+
+    def _get(self, key: str) -> object:
+        return self.data.get(key, _MISSING)
+
+    def _wrong(self, key: str, expected: str, value: object) -> ConfigError:
+        return self.error(key, f"expected {expected}, got {_describe(value)}")
+
+    def table(self, key: str) -> _Table:
+        """The sub-table ``key`` (empty when absent)."""
+        value = self._get(key)
+        if value is _MISSING:
+            return _Table({}, self.child(key), self.source)
+        if not isinstance(value, Mapping):
+            raise self._wrong(key, "a table", value)
+        return _Table(value, self.child(key), self.source)
+
+    def tables(self, key: str) -> list[_Table]:
+        """The array of tables ``key`` (empty when absent)."""
+        value = self._get(key)
+        if value is _MISSING:
+            return []
+        if not isinstance(value, list):
+            raise self._wrong(key, "an array of tables", value)
+        out: list[_Table] = []
+        for i, item in enumerate(value):
+            path = f"{self.child(key)}[{i}]"
+            if not isinstance(item, Mapping):
+                raise ConfigError(path, f"expected a table, got {_describe(item)}", self.source)
+            out.append(_Table(item, path, self.source))
+        return out
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        """The array of non-empty strings ``key`` (empty when absent)."""
+        value = self._get(key)
+        if value is _MISSING:
+            return ()
+        if not isinstance(value, list):
+            raise self._wrong(key, "an array of strings", value)
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item:
+                raise ConfigError(
+                    f"{self.child(key)}[{i}]",
+                    f"expected a non-empty string, got {_describe(item)}",
+                    self.source,
+                )
+        return tuple(value)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, bool):
+            raise self._wrong(key, "a boolean (true or false)", value)
+        return value
+
+    def string(self, key: str, default: str | None = None) -> str:
+        """A non-empty string; required when ``default`` is None."""
+        value = self._get(key)
+        if value is _MISSING:
+            if default is None:
+                raise self.error(key, "missing (required)")
+            return default
+        if not isinstance(value, str):
+            raise self._wrong(key, "a string", value)
+        if not value:
+            raise self.error(key, "must not be empty")
+        return value
+
+    def choice(self, key: str, default: E) -> E:
+        """A string naming a member of ``default``'s enum."""
+        enum = type(default)
+        value = self.string(key, default.value)
+        try:
+            return enum(value)
+        except ValueError:
+            names = ", ".join(m.value for m in enum)
+            raise self.error(key, f"must be one of {names}, got {value!r}") from None
+
+    def integer(self, key: str, default: int, *, low: int | None = None) -> int:
+        value = self._get(key)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self._wrong(key, "an integer", value)
+        if low is not None and value < low:
+            raise self.error(key, f"must be >= {low}, got {value!r}")
+        return value
+
+    def number(
+        self,
+        key: str,
+        default: float,
+        low: float | None = None,
+        high: float | None = None,
+        *,
+        low_open: bool = False,
+    ) -> float:
+        """An integer or float (not a bool), finite and within ``[low, high]``.
+
+        With ``low_open`` the lower bound is exclusive.
+        """
+        value = self._get(key)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise self._wrong(key, "a number", value)
+        number = float(value)
+        if not math.isfinite(number):
+            raise self.error(key, f"must be a finite number, got {value!r}")
+        if low is not None and high is not None and not low <= number <= high:
+            raise self.error(key, f"must be between {low:g} and {high:g}, got {value!r}")
+        if low is not None and (number <= low if low_open else number < low):
+            raise self.error(key, f"must be {'>' if low_open else '>='} {low:g}, got {value!r}")
+        if high is not None and number > high:
+            raise self.error(key, f"must be <= {high:g}, got {value!r}")
+        return number
+
+    def clock(self, key: str) -> float:
+        """A required time of day: ``"HH:MM"``, ``"HH:MM:SS"`` or a TOML local time."""
+        value = self._get(key)
+        if value is _MISSING:
+            raise self.error(key, "missing (required)")
+        if isinstance(value, dt.time):
+            return float(value.hour * 3600 + value.minute * 60 + value.second)
+        if not isinstance(value, str):
+            raise self._wrong(key, 'a time of day like "07:30"', value)
+        try:
+            return parse_clock(value)
+        except ValueError as e:
+            raise self.error(key, str(e)) from None
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _type_name(value: object) -> str:
+    """The TOML name of a parsed value's type."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, dt.datetime):
+        return "datetime"
+    for kind, name in (
+        (int, "integer"),
+        (float, "float"),
+        (str, "string"),
+        (list, "array"),
+        (Mapping, "table"),
+        (dt.date, "date"),
+        (dt.time, "time"),
+    ):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _describe(value: object) -> str:
+    """``"integer 3"``, ``"string 'x'"``, ``"a table"``: what a bad value was."""
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, Mapping):
+        return "a table"
+    return f"{_type_name(value)} {_toml_value(value)}"
+
+
+def _toml_value(value: object) -> str:
+    """A TOML literal for a scalar."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value) if isinstance(value, int | float) else str(value)
+
+
+def _listing(names: Iterable[str]) -> str:
+    return ", ".join(sorted(names))

@@ -1,0 +1,107 @@
+"""Rendering simulation results for people: a rich table, JSON, and a PNG of the day.
+
+Effects live here (terminal, files); the numbers come from :mod:`edgesched.core.experiment`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from edgesched.core.experiment import ExperimentResult
+
+
+def to_json(result: ExperimentResult, meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **meta,
+        "strategies": [r.to_dict() for r in result.reports],
+        "affinity_arm48": {k: round(v, 4) for k, v in result.affinity.items()},
+        "targets": [
+            {"name": t.name, "value": round(t.value, 4), "goal": t.goal, "met": t.met}
+            for t in result.targets
+        ],
+    }
+
+
+def print_tables(result: ExperimentResult, console: Console, top_class: str) -> None:
+    table = Table(title="Campus day: strategies compared (same seed, same arrivals)")
+    for col in (
+        "strategy",
+        "util awake",
+        "util fleet",
+        "energy kWh",
+        "cost",
+        "done",
+        "work core-h",
+        "SLO miss",
+        f"miss {top_class}",
+        "preempt",
+        "migr",
+        "park",
+    ):
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in result.reports:
+        top = r.classes.get(top_class)
+        table.add_row(
+            r.strategy,
+            f"{r.utilization_awake:.1%}",
+            f"{r.utilization_fleet:.1%}",
+            f"{r.energy_kwh:,.0f}",
+            f"{r.energy_cost:,.2f}",
+            f"{r.completed:,}",
+            f"{r.work_core_h:,.0f}",
+            f"{r.slo_misses:,}",
+            f"{top.slo_misses if top else 0:,}",
+            f"{r.preemptions:,}",
+            f"{r.migrations:,}",
+            f"{r.parks:,}",
+        )
+    console.print(table)
+    if result.affinity:
+        a = result.affinity
+        console.print(
+            f"Per-core CPU affinity on a 48-core ARM node at {a['load']:.0%} load: "
+            f"std {a['naive_std']:.1%} naive -> {a['planned_std']:.1%} planned; "
+            f"throughput x{a['planned_throughput'] / a['naive_throughput']:.2f}"
+        )
+    targets = Table(title="Targets from the source article")
+    for col in ("target", "value", "goal", "met"):
+        targets.add_column(col)
+    for t in result.targets:
+        value = f"{t.value:.1%}" if abs(t.value) < 2 and t.value != int(t.value) else f"{t.value:g}"
+        targets.add_row(t.name, value, t.goal, "yes" if t.met else "NO")
+    console.print(targets)
+
+
+def plot_day(result: ExperimentResult, path: Path, strategies: tuple[str, ...]) -> Path:
+    """Utilization of awake capacity and fleet power over the day, one line per strategy."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise RuntimeError("plotting needs matplotlib: pip install 'edgesched[plot]'") from exc
+    fig, (ax_u, ax_p) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    for r in result.reports:
+        if r.strategy not in strategies or not r.series.get("t"):
+            continue
+        hours = r.series["t"]
+        ax_u.plot(hours, [100 * u for u in r.series["util_awake"]], label=r.strategy)
+        ax_p.plot(hours, r.series["power_kw"], label=r.strategy)
+    ax_u.set_ylabel("utilization of awake CPU (%)")
+    ax_u.set_ylim(0, 100)
+    ax_u.legend(loc="lower right", fontsize=8)
+    ax_u.grid(alpha=0.3)
+    ax_p.set_ylabel("fleet power (kW)")
+    ax_p.set_xlabel("hour of day")
+    ax_p.grid(alpha=0.3)
+    fig.suptitle("edgesched campus simulation")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
