@@ -198,6 +198,7 @@ def simulate(
     next_sample = 0.0
     cycle_at: float | None = None
     fc_ewma, fc_seasonal = Ewma(), SeasonalNaive()
+    min_trend_samples = 6
     now = 0.0
 
     def power_now() -> float:
@@ -249,7 +250,8 @@ def simulate(
         if not forecast or not history:
             return None
         hist = DemandHistory(sample_s, tuple(history), len(history) * sample_s)
-        peak = peak_next(fc_ewma, hist)
+        # Holt's trend needs some history: from a cold start it extrapolates the first ramp.
+        peak = peak_next(fc_ewma, hist) if len(history) >= min_trend_samples else history[-1]
         if len(history) * sample_s >= SECONDS_PER_DAY:
             peak = max(peak, peak_next(fc_seasonal, hist))
         return peak
