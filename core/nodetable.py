@@ -61,14 +61,17 @@ class NodeTable:
             raise ValueError("node ids must be unique")
         n = len(ordered)
         # Column-major: plugins work column by column over every node.
-        capacity = np.zeros((n, len(RESOURCE_COLUMNS)), dtype=np.float64, order="F")
-        for i, node in enumerate(ordered):
-            capacity[i] = resource_vector(node.capacity)
+        capacity = np.array(
+            [(c.cpu, c.mem_gib, float(c.accel), c.iops_k) for c in (x.capacity for x in ordered)],
+            dtype=np.float64,
+            order="F",
+        ).reshape((n, len(RESOURCE_COLUMNS)), order="F")
         used = np.zeros_like(capacity, order="F")
         rows: list[int] = []
         demands: list[tuple[float, float, float, float]] = []
+        get = index.get
         for p in placements:
-            row = index.get(p.node_id)
+            row = get(p.node_id)
             if row is not None:
                 d = p.task.demand
                 rows.append(row)

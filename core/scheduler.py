@@ -92,6 +92,8 @@ class _Cycle:
     guarantee: dict[str, float]
     decisions: list[Decision] = field(default_factory=list)
     touched: set[int] = field(default_factory=set)
+    #: Bumped on every bind/unbind: a task shape that failed at this version fails again.
+    version: int = 0
     static_cache: dict[tuple[object, ...], BoolArray] = field(default_factory=dict)
 
     # --- tidal -----------------------------------------------------------------------------
@@ -108,20 +110,25 @@ class _Cycle:
     # --- bookkeeping -----------------------------------------------------------------------
 
     def static(self, task: Task, demand: FloatArray) -> BoolArray:
-        key = (task.archs, tuple(sorted(task.images)), task.server_classes)
+        key = self.static_key(task)
         mask = self.static_cache.get(key)
         if mask is None:
             mask = static_mask(self.table, task, demand)
             self.static_cache[key] = mask
         return mask
 
+    def static_key(self, task: Task) -> tuple[object, ...]:
+        return (task.archs, tuple(sorted(task.images)), task.server_classes)
+
     def bind(self, row: int, task: Task) -> None:
+        self.version += 1
         self.table.add(row, task.demand)
         self.on_node[row].append(Placement(task, self.table.nodes[row].id, self.now))
         self.usage[task.workload] = self.usage.get(task.workload, 0.0) + task.demand.cpu
         self.touched.add(row)
 
     def unbind(self, row: int, placement: Placement) -> None:
+        self.version += 1
         self.table.remove(row, placement.task.demand)
         self.on_node[row].remove(placement)
         task = placement.task
@@ -349,7 +356,7 @@ def _consolidate(cycle: _Cycle, target: float) -> None:
     draining: set[int] = set(sources)
     awake = cycle.awake_cpu()
     for src in sources:
-        moves = list(cycle.on_node[src])
+        moves = sorted(cycle.on_node[src], key=lambda p: p.task.id)
         if len(moves) > budget or awake - table.capacity[src, 0] < target:
             continue
         plan: list[tuple[Placement, int]] = []
@@ -426,8 +433,9 @@ def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -
     table = NodeTable.build(view.nodes, view.placements)
     on_node: list[list[Placement]] = [[] for _ in range(len(table))]
     usage: dict[str, float] = defaultdict(float)
-    for placement in sorted(view.placements, key=lambda p: (p.node_id, p.task.id)):
-        row = table.index.get(placement.node_id)
+    get = table.index.get
+    for placement in view.placements:  # order-free: every consumer sorts what it iterates
+        row = get(placement.node_id)
         if row is not None:
             on_node[row].append(placement)
             usage[placement.task.workload] += placement.task.demand.cpu
@@ -448,13 +456,26 @@ def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -
     waiting: dict[str, str] = {}
     waiting_tasks: list[Task] = []
     seen: set[str] = set()
+    failed: dict[tuple[object, ...], tuple[int, str]] = {}  # shape -> (version, reason)
     for task in sorted(pending, key=_queue_key(policy)):
         if task.id in seen:
             raise ValueError(f"task {task.id} is pending twice")
         seen.add(task.id)
-        if _place(cycle, task) or _preempt(cycle, task):
+        d = task.demand
+        shape = (
+            cycle.static_key(task),
+            (d.cpu, d.mem_gib, d.accel, d.iops_k),
+            cycle.effective_priority(task, adding=True),
+            task.workload,
+        )
+        known = failed.get(shape)
+        if known is not None and known[0] == cycle.version:
+            waiting[task.id] = known[1]  # nothing changed since the same shape failed
+        elif _place(cycle, task) or _preempt(cycle, task):
             continue
-        waiting[task.id] = explain(table, task, resource_vector(task.demand))
+        else:
+            waiting[task.id] = explain(table, task, resource_vector(task.demand))
+            failed[shape] = (cycle.version, waiting[task.id])
         waiting_tasks.append(task)
 
     if policy.parks_nodes:

@@ -196,6 +196,7 @@ def simulate(
     history: list[float] = []
     series: dict[str, list[float]] = {"t": [], "util_awake": [], "power_kw": [], "used_cpu": []}
     next_sample = 0.0
+    window = [0.0, 0.0, 0.0]  # used core-s, awake core-s, joules in the current sample window
     cycle_at: float | None = None
     fc_ewma, fc_seasonal = Ewma(), SeasonalNaive()
     min_trend_samples = 6
@@ -206,25 +207,37 @@ def simulate(
         p = np.where(active, idle_w + (peak_w - idle_w) * np.clip(util, 0, 1), idle_w)
         return float(np.where(awake, p, parked_w).sum())
 
-    def advance(to: float) -> None:
-        nonlocal energy_j, cost, used_int, awake_int, now, next_sample
-        while next_sample <= to and next_sample < horizon:
-            used_total = float(used_cpu.sum())
-            history.append(used_total)
-            series["t"].append(next_sample / 3600)
-            awake_cpu = float(cap_cpu[awake].sum())
-            series["util_awake"].append(used_total / awake_cpu if awake_cpu else 0.0)
-            series["power_kw"].append(power_now() / 1000)
-            series["used_cpu"].append(used_total)
-            next_sample += sample_s
+    def integrate(to: float) -> None:
+        nonlocal energy_j, cost, used_int, awake_int, now
         dt = to - now
         if dt > 0:
             p = power_now()
+            used = float(used_cpu.sum())
+            awake_cpu = float(cap_cpu[awake].sum())
             energy_j += p * dt
             cost += p * dt / 3.6e6 * scenario.tariff.price_at(now)
-            used_int += float(used_cpu.sum()) * dt
-            awake_int += float(cap_cpu[awake].sum()) * dt
+            used_int += used * dt
+            awake_int += awake_cpu * dt
+            window[0] += used * dt
+            window[1] += awake_cpu * dt
+            window[2] += p * dt
         now = to
+
+    def advance(to: float) -> None:
+        """Integrate up to ``to``, closing 5-minute windows: their means feed the forecaster
+        (as a live agent reports mean demand per interval) and the day's series."""
+        nonlocal next_sample
+        while next_sample <= to and next_sample <= horizon:
+            integrate(next_sample)
+            if next_sample > 0:
+                history.append(window[0] / sample_s)
+                series["t"].append(next_sample / 3600)
+                series["used_cpu"].append(window[0] / sample_s)
+                series["util_awake"].append(window[0] / window[1] if window[1] else 0.0)
+                series["power_kw"].append(window[2] / sample_s / 1000)
+            window[:] = [0.0, 0.0, 0.0]
+            next_sample += sample_s
+        integrate(to)
         if progress is not None:
             progress(now)
 
