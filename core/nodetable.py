@@ -52,6 +52,9 @@ class NodeTable:
     state: IntArray
     efficiency: FloatArray
     perf: FloatArray
+    #: What runs on each row (unordered), and CPU in use per workload class.
+    on_node: list[list[Placement]]
+    usage: dict[str, float]
 
     @classmethod
     def build(cls, nodes: Sequence[Node], placements: Iterable[Placement]) -> NodeTable:
@@ -69,13 +72,18 @@ class NodeTable:
         used = np.zeros_like(capacity, order="F")
         rows: list[int] = []
         demands: list[tuple[float, float, float, float]] = []
+        on_node: list[list[Placement]] = [[] for _ in range(n)]
+        usage: dict[str, float] = {}
         get = index.get
-        for p in placements:
+        for p in placements:  # the one pass over what runs: keep it lean
             row = get(p.node_id)
             if row is not None:
-                d = p.task.demand
+                task = p.task
+                d = task.demand
                 rows.append(row)
                 demands.append((d.cpu, d.mem_gib, float(d.accel), d.iops_k))
+                on_node[row].append(p)
+                usage[task.workload] = usage.get(task.workload, 0.0) + d.cpu
         if rows:
             np.add.at(used, np.array(rows), np.array(demands, dtype=np.float64))
         return cls(
@@ -88,6 +96,8 @@ class NodeTable:
             state=np.array([STATE_CODES[n.state] for n in ordered], dtype=np.int64),
             efficiency=np.array([n.efficiency for n in ordered], dtype=np.float64),
             perf=np.array([n.perf for n in ordered], dtype=np.float64),
+            on_node=on_node,
+            usage=usage,
         )
 
     def __len__(self) -> int:

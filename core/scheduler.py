@@ -23,7 +23,6 @@ No I/O, no clock: ``view.now`` is the only time.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -431,22 +430,14 @@ def _park(cycle: _Cycle, target: float) -> None:
 def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -> ScheduleResult:
     """Decide for one cycle. Pure: the same arguments always give the same result."""
     table = NodeTable.build(view.nodes, view.placements)
-    on_node: list[list[Placement]] = [[] for _ in range(len(table))]
-    usage: dict[str, float] = defaultdict(float)
-    get = table.index.get
-    for placement in view.placements:  # order-free: every consumer sorts what it iterates
-        row = get(placement.node_id)
-        if row is not None:
-            on_node[row].append(placement)
-            usage[placement.task.workload] += placement.task.demand.cpu
     fleet_cpu = float(table.capacity[:, 0].sum())
     shares = policy.tidal.shares_at(view.now)
     cycle = _Cycle(
         policy=policy,
         now=view.now,
         table=table,
-        on_node=on_node,
-        usage=dict(usage),
+        on_node=table.on_node,  # unordered: every consumer sorts what it iterates
+        usage=table.usage,
         guarantee={name: share * fleet_cpu for name, share in shares.items()},
     )
     if not policy.parks_nodes:

@@ -167,7 +167,11 @@ def simulate(
     classes = scenario.classes
     names = sorted(classes)
     run = _Run(
-        nodes={n.id: replace(n, state=NodeState.ACTIVE, idle_since=0.0) for n in nodes},
+        # Every node starts awake and idle since the day before: a policy that parks may park
+        # what it does not need in its first cycle instead of carrying a cold start all day.
+        nodes={
+            n.id: replace(n, state=NodeState.ACTIVE, idle_since=-SECONDS_PER_DAY) for n in nodes
+        },
         order=[n.id for n in nodes],
         running={},
         pending={},

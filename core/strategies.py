@@ -70,7 +70,12 @@ def _greedy(
     nodes = sorted(view.nodes, key=lambda n: n.id)
     decisions: list[Decision] = []
     waiting: dict[str, str] = {}
+    failed: set[tuple[object, ...]] = set()  # load only grows in a cycle: a failed shape stays so
     for task in ordered:
+        shape = (task.workload, task.demand, task.archs, tuple(task.images), task.server_classes)
+        if shape in failed:
+            waiting[task.id] = f"{reason}: no node fits"
+            continue
         pool = candidates[task.workload] if candidates is not None else nodes
         fits = [
             n
@@ -81,6 +86,7 @@ def _greedy(
         ]
         if not fits:
             waiting[task.id] = f"{reason}: no node fits"
+            failed.add(shape)
             continue
         if least_allocated:
             target = min(fits, key=lambda n: (used[n.id].cpu / n.capacity.cpu, n.id))
@@ -124,21 +130,48 @@ class StaticPartition:
         return _greedy(view, ordered, slices, "static slice", least_allocated=True)
 
 
+def realized_peaks(tasks: Sequence[Task]) -> dict[str, Resources]:
+    """Per workload class, the peak CPU and accelerators in use if every task started the moment
+    it arrived.
+
+    Sizing static slices from the realized trace (hindsight) is the most generous sizing a
+    static operator could ever have; the baseline gets it so it is never set up to lose.
+    """
+    events: dict[str, list[tuple[float, float, int]]] = {}
+    for t in tasks:
+        end = t.submitted_at + (t.duration_s if t.duration_s is not None else float("inf"))
+        d = t.demand
+        events.setdefault(t.workload, []).extend(
+            ((t.submitted_at, d.cpu, d.accel), (end, -d.cpu, -d.accel))
+        )
+    peaks: dict[str, Resources] = {}
+    for workload, evs in events.items():
+        cpu = peak_cpu = 0.0
+        acc = peak_acc = 0
+        for _, dc, da in sorted(evs):
+            cpu += dc
+            acc += da
+            peak_cpu, peak_acc = max(peak_cpu, cpu), max(peak_acc, acc)
+        peaks[workload] = Resources(cpu=peak_cpu, accel=peak_acc)
+    return peaks
+
+
 def partition_fleet(
-    nodes: Sequence[Node], peaks: Mapping[str, float], samples: Mapping[str, Task]
+    nodes: Sequence[Node], peaks: Mapping[str, Resources], samples: Mapping[str, Task]
 ) -> StaticPartition:
-    """Split the fleet into per-class slices sized in proportion to each class's peak demand.
+    """Split the fleet into per-class slices sized to each class's peak demand.
 
     ``samples`` holds one representative task per class (for its architecture, image and
-    server-class constraints). Nodes are dealt most-constrained first: each goes to the
-    compatible class still below its target, preferring one whose natural server class is the
-    node's, then the one furthest below its target.
+    server-class constraints). Classes are served most-constrained first (fewest compatible
+    nodes), each taking compatible nodes (its natural server class first, then the nodes fewest
+    other classes can use) until it holds its share of the accelerators and its peak CPU, or,
+    when the peaks add up to more than the fleet, its proportional share of what is left; nodes
+    left over go one by one to the compatible class furthest below its peak.
     """
-    total_peak = sum(peaks.values()) or 1.0
-    fleet_cpu = sum(n.capacity.cpu for n in nodes)
-    target = {w: fleet_cpu * p / total_peak for w, p in peaks.items()}
-    assigned: dict[str, list[Node]] = {w: [] for w in peaks}
-    have = dict.fromkeys(peaks, 0.0)
+    fleet_acc = sum(n.capacity.accel for n in nodes)
+    peak_acc = sum(p.accel for p in peaks.values()) or 1
+    target_cpu = {w: p.cpu for w, p in peaks.items()}
+    target_acc = {w: fleet_acc * p.accel / peak_acc for w, p in peaks.items()}
 
     def compatible(node: Node, workload: str) -> bool:
         t = samples[workload]
@@ -148,22 +181,40 @@ def partition_fleet(
             return False
         return t.demand.fits_in(node.capacity)
 
-    def flexibility(node: Node) -> int:
-        return sum(compatible(node, w) for w in peaks)
+    users = {n.id: sum(compatible(n, w) for w in peaks) for n in nodes}
+    assigned: dict[str, list[Node]] = {w: [] for w in peaks}
+    free = {n.id: n for n in sorted(nodes, key=lambda n: n.id)}
 
-    for node in sorted(nodes, key=lambda n: (flexibility(n), n.id)):
-        options = [w for w in peaks if compatible(node, w)]
-        if not options:
-            continue
-        best = max(
-            options,
-            key=lambda w: (
-                have[w] < target[w],
-                natural_class(samples[w]) == node.server_class,
-                (target[w] - have[w]) / max(target[w], 1e-9),
-                w,
-            ),
+    def short(w: str) -> bool:
+        have_cpu = sum(n.capacity.cpu for n in assigned[w])
+        have_acc = sum(n.capacity.accel for n in assigned[w])
+        return have_cpu < target_cpu[w] or have_acc < target_acc[w]
+
+    by_constraint = sorted(peaks, key=lambda w: (sum(compatible(n, w) for n in nodes), w))
+    for i, w in enumerate(by_constraint):
+        # What is left is shared in proportion to the peaks of the classes not yet served, so
+        # a shortfall (the sum of the peaks may exceed the fleet) falls on every class alike.
+        left_cpu = sum(n.capacity.cpu for n in free.values())
+        unserved = sum(peaks[x].cpu for x in by_constraint[i:]) or 1.0
+        target_cpu[w] = min(peaks[w].cpu, left_cpu * peaks[w].cpu / unserved)
+        natural = natural_class(samples[w])
+        options = sorted(
+            (n for n in free.values() if compatible(n, w)),
+            key=lambda n: (n.server_class != natural, users[n.id], n.id),
         )
-        assigned[best].append(node)
-        have[best] += node.capacity.cpu
+        for node in options:
+            if not short(w):
+                break
+            assigned[w].append(free.pop(node.id))
+    for node in list(free.values()):
+        owners = [w for w in peaks if compatible(node, w)]
+        if owners:
+            best = min(
+                owners,
+                key=lambda w: (
+                    sum(n.capacity.cpu for n in assigned[w]) / max(target_cpu[w], 1e-9),
+                    w,
+                ),
+            )
+            assigned[best].append(free.pop(node.id))
     return StaticPartition({w: tuple(ns) for w, ns in assigned.items()})

@@ -100,11 +100,16 @@ def sim(
         Path | None, typer.Option(help="Write a PNG of utilization and power over the day.")
     ] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON report here.")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, help="Strategies simulated in parallel (default: one per CPU)."),
+    ] = None,
 ) -> None:
     """Simulate a day of the campus with every strategy and compare them to the targets."""
     from edgesched.core.campus import campus_scenario
-    from edgesched.core.experiment import run_experiment, strategy_names, top_class
+    from edgesched.core.experiment import strategy_names, top_class
     from edgesched.report import plot_day, print_tables, to_json
+    from edgesched.simrun import default_workers, run_campus
 
     cfg = _load(config)
     if scenario != "campus":
@@ -139,13 +144,15 @@ def sim(
             clock = f"day {day + 1} {rest // 3600:02d}:{rest % 3600 // 60:02d}"
             bar.update(jobs[name], completed=t, clock=clock)
 
-        result = run_experiment(
-            world,
-            tidal,
-            base=cfg.policy,
-            only=names,
-            affinity_load=cfg.sim.affinity_load,
+        result = run_campus(
             seed=seed_,
+            days=days_,
+            scale=scale_,
+            policy=cfg.policy,
+            tidal=tidal,
+            strategies=names,
+            affinity_load=cfg.sim.affinity_load,
+            workers=workers or default_workers(),
             progress=progress,
         )
     meta: dict[str, Any] = {

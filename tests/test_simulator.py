@@ -142,7 +142,8 @@ def test_static_partition_keeps_classes_in_their_slices() -> None:
     classes = {"x": Cls("x", 10, 60, (8.0,)), "y": Cls("y", 10, 60, (8.0,))}
     sc = Scenario(nodes, tasks, classes)
     samples = {"x": tasks[0], "y": tasks[2]}
-    static = partition_fleet(nodes, {"x": 8.0, "y": 8.0}, samples)
+    peaks = {"x": Resources(cpu=8.0), "y": Resources(cpu=8.0)}
+    static = partition_fleet(nodes, peaks, samples)
     assert sorted(len(s) for s in static.slices.values()) == [1, 1]
     r = simulate(sc, static)
     # x2 waits for x1 to finish (3000 s) although node b stays nearly empty
