@@ -19,7 +19,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from edgesched.core.model import (  # noqa: E402
+from edgesched.core.model import (
     Arch,
     DecisionKind,
     Node,
@@ -28,9 +28,9 @@ from edgesched.core.model import (  # noqa: E402
     ServerClass,
     Task,
 )
-from edgesched.core.nodetable import natural_class  # noqa: E402
-from edgesched.core.policy import PolicyConfig, PolicyMode  # noqa: E402
-from edgesched.core.scheduler import ClusterView, schedule  # noqa: E402
+from edgesched.core.nodetable import natural_class
+from edgesched.core.policy import PolicyConfig, PolicyMode
+from edgesched.core.scheduler import ClusterView, schedule
 
 
 def fleet(n: int, rng: random.Random) -> tuple[Node, ...]:

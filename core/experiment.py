@@ -8,7 +8,7 @@ experiment on a 48-core ARM node, and checks the figures against the source arti
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from edgesched.core.affinity import arm48_experiment
 from edgesched.core.model import Task
@@ -42,19 +42,7 @@ def build_strategies(
     peaks = realized_peaks(scenario.tasks)
 
     def ours(name: str, mode: PolicyMode, profile: TidalProfile) -> CoreStrategy:
-        policy = PolicyConfig(
-            mode=mode,
-            tidal=profile,
-            weights=base.weights,
-            preemption=base.preemption,
-            park_idle_after_s=base.park_idle_after_s,
-            spare_cpu_fraction=base.spare_cpu_fraction,
-            min_spare_cpu=base.min_spare_cpu,
-            max_migrations_per_cycle=base.max_migrations_per_cycle,
-            consolidate_below=base.consolidate_below,
-            max_preemptions_per_task=base.max_preemptions_per_task,
-        )
-        return CoreStrategy(name, policy)
+        return CoreStrategy(name, replace(base, mode=mode, tidal=profile))
 
     none = TidalProfile()
     makers: dict[str, Callable[[], Strategy]] = {

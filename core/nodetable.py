@@ -52,12 +52,21 @@ class NodeTable:
     state: IntArray
     efficiency: FloatArray
     perf: FloatArray
+    idle_w: FloatArray
+    peak_w: FloatArray
     #: What runs on each row (unordered), and CPU in use per workload class.
     on_node: list[list[Placement]]
     usage: dict[str, float]
+    #: CPU and memory that work without accelerators leaves free per free accelerator.
+    reserve_per_accel: tuple[float, float] = (0.0, 0.0)
 
     @classmethod
-    def build(cls, nodes: Sequence[Node], placements: Iterable[Placement]) -> NodeTable:
+    def build(
+        cls,
+        nodes: Sequence[Node],
+        placements: Iterable[Placement],
+        reserve_per_accel: tuple[float, float] = (0.0, 0.0),
+    ) -> NodeTable:
         ordered = tuple(sorted(nodes, key=lambda n: n.id))
         index = {node.id: i for i, node in enumerate(ordered)}
         if len(index) != len(ordered):
@@ -96,8 +105,11 @@ class NodeTable:
             state=np.array([STATE_CODES[n.state] for n in ordered], dtype=np.int64),
             efficiency=np.array([n.efficiency for n in ordered], dtype=np.float64),
             perf=np.array([n.perf for n in ordered], dtype=np.float64),
+            idle_w=np.array([n.power.idle_w for n in ordered], dtype=np.float64),
+            peak_w=np.array([n.power.peak_w for n in ordered], dtype=np.float64),
             on_node=on_node,
             usage=usage,
+            reserve_per_accel=reserve_per_accel,
         )
 
     def __len__(self) -> int:

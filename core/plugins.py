@@ -72,6 +72,20 @@ def resources_fit(table: NodeTable, task: Task, demand: FloatArray) -> BoolArray
     return mask
 
 
+def accelerator_reserve(table: NodeTable, task: Task, demand: FloatArray) -> BoolArray:
+    """Work without accelerators leaves room on accelerator servers for their free
+    accelerators' own CPU and memory needs (per the policy's reserve)."""
+    if demand[2] > 0:
+        return np.ones(len(table), dtype=np.bool_)
+    cpu_per, mem_per = table.reserve_per_accel
+    free_acc = np.maximum(table.capacity[:, 2] - table.used[:, 2], 0.0)
+    mask: BoolArray = (
+        table.used[:, 0] + demand[0] + cpu_per * free_acc <= table.capacity[:, 0] + _EPS
+    )
+    mask &= table.used[:, 1] + demand[1] + mem_per * free_acc <= table.capacity[:, 1] + _EPS
+    return mask
+
+
 # --- scores --------------------------------------------------------------------------------
 
 
@@ -117,6 +131,31 @@ def energy_efficiency(table: NodeTable, task: Task, demand: FloatArray) -> Float
     return score
 
 
+def _power_utilization(table: NodeTable, extra: FloatArray | None) -> FloatArray:
+    """The power model's utilization: the larger of CPU and accelerator allocation."""
+    used = table.used if extra is None else table.used + extra
+    cpu = used[:, 0] / table.capacity[:, 0]
+    acc = used[:, 2] / np.maximum(table.capacity[:, 2], 1.0)
+    util: FloatArray = np.clip(np.maximum(cpu, acc), 0.0, 1.0)
+    return util
+
+
+def marginal_power(table: NodeTable, task: Task, demand: FloatArray) -> FloatArray:
+    """Prefer the node where the task adds the fewest watts.
+
+    The added draw is ``(peak - idle) * (u_after - u_before)`` under the linear power model,
+    plus the node's idle power if it runs nothing yet (an empty node could be parked instead).
+    CPU work on a node whose accelerators already drive its utilization costs nothing extra.
+    """
+    added = (table.peak_w - table.idle_w) * (
+        _power_utilization(table, demand) - _power_utilization(table, None)
+    )
+    added = added + np.where(table.used[:, 0] <= _EPS, table.idle_w, 0.0)
+    worst = float(added.max()) if len(table) else 0.0
+    score: FloatArray = 1.0 - added / max(worst, _EPS)
+    return score
+
+
 def class_fit(table: NodeTable, task: Task, demand: FloatArray) -> FloatArray:
     """1 on the task's natural server class, 0 elsewhere: keeps accelerators and NVMe free."""
     score: FloatArray = (table.server_class == CLASS_CODES[natural_class(task)]).astype(np.float64)
@@ -128,6 +167,7 @@ FILTERS: tuple[FilterPlugin, ...] = (
     FilterPlugin("arch_compatible", arch_compatible, "wrong architecture or no image"),
     FilterPlugin("server_class_allowed", server_class_allowed, "server class not allowed"),
     FilterPlugin("resources_fit", resources_fit, "insufficient resources"),
+    FilterPlugin("accelerator_reserve", accelerator_reserve, "capacity kept for accelerators"),
 )
 
 SCORES: Mapping[str, ScorePlugin] = {
@@ -138,6 +178,7 @@ SCORES: Mapping[str, ScorePlugin] = {
         ScorePlugin("balanced_allocation", balanced_allocation),
         ScorePlugin("energy_efficiency", energy_efficiency),
         ScorePlugin("class_fit", class_fit),
+        ScorePlugin("marginal_power", marginal_power),
     )
 }
 

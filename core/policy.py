@@ -33,7 +33,12 @@ class PolicyMode(StrEnum):
 MODE_WEIGHTS: Mapping[PolicyMode, Mapping[str, float]] = {
     PolicyMode.PRIORITY: {"least_allocated": 1.0, "class_fit": 1.0},
     PolicyMode.BALANCE: {"least_allocated": 1.0, "balanced_allocation": 1.0, "class_fit": 1.0},
-    PolicyMode.ENERGY: {"most_allocated": 1.0, "energy_efficiency": 2.0, "class_fit": 1.0},
+    PolicyMode.ENERGY: {
+        "most_allocated": 1.0,
+        "marginal_power": 2.0,
+        "energy_efficiency": 1.0,
+        "class_fit": 0.5,
+    },
 }
 
 
@@ -46,6 +51,9 @@ class PolicyConfig:
     ``park_idle_after_s``: an empty node is parked after being idle this long (energy mode).
     ``spare_cpu_fraction``: fraction of the forecast CPU demand kept as awake headroom.
     ``max_migrations_per_cycle``: consolidation moves of migratable tasks per cycle (energy).
+    ``accel_reserve_cpu`` / ``accel_reserve_mem_gib``: CPU and memory that work without
+    accelerators must leave free per free accelerator of a node, so an accelerator server's
+    spare CPU can be used without stranding its accelerators.
     """
 
     mode: PolicyMode = PolicyMode.PRIORITY
@@ -54,10 +62,12 @@ class PolicyConfig:
     preemption: bool = True
     park_idle_after_s: float = 300.0
     spare_cpu_fraction: float = 0.15
-    min_spare_cpu: float = 8.0
+    min_spare_cpu: float = 16.0
     max_migrations_per_cycle: int = 2
     consolidate_below: float = 0.3
     max_preemptions_per_task: int = 8
+    accel_reserve_cpu: float = 0.0
+    accel_reserve_mem_gib: float = 0.0
 
     def __post_init__(self) -> None:
         for name, w in self.weights.items():
@@ -73,6 +83,8 @@ class PolicyConfig:
             raise ValueError("per-cycle limits must be >= 0")
         if not 0 <= self.consolidate_below <= 1:
             raise ValueError("consolidate_below must be in [0, 1]")
+        if self.accel_reserve_cpu < 0 or self.accel_reserve_mem_gib < 0:
+            raise ValueError("accelerator reserves must be >= 0")
 
     @property
     def effective_weights(self) -> dict[str, float]:

@@ -23,11 +23,13 @@ No I/O, no clock: ``view.now`` is the only time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgesched.core.affinity import AffinityDemand, plan_affinity, to_pin_decisions
 from edgesched.core.model import (
     MAX_PRIORITY,
     Decision,
@@ -46,7 +48,13 @@ from edgesched.core.nodetable import (
     NodeTable,
     resource_vector,
 )
-from edgesched.core.plugins import SCORES, explain, resources_fit, static_mask
+from edgesched.core.plugins import (
+    SCORES,
+    accelerator_reserve,
+    explain,
+    resources_fit,
+    static_mask,
+)
 from edgesched.core.policy import PolicyConfig
 
 #: Added to a task's priority while its class is within its tidal guarantee.
@@ -66,6 +74,10 @@ class ClusterView:
     placements: tuple[Placement, ...] = ()
     now: float = 0.0
     forecast_cpu: float | None = None
+    #: Plan per-core affinity for nodes whose task set changed (the edge executor pins).
+    pin_cores: bool = False
+    #: Current pins (task id -> cores), so re-planning keeps them unless clearly better.
+    pins: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +176,7 @@ def _place(cycle: _Cycle, task: Task) -> bool:
     table = cycle.table
     demand = resource_vector(task.demand)
     feasible = table.active_mask() & cycle.static(task, demand) & resources_fit(table, task, demand)
+    feasible &= accelerator_reserve(table, task, demand)
     if not feasible.any():
         return False
     total, parts = _weighted_score(cycle, task, demand)
@@ -192,8 +205,18 @@ def _victims_on(
 ) -> tuple[tuple[int, int, float], list[Placement]] | None:
     """The cheapest set of evictions on node ``row`` that makes ``task`` fit, or None."""
     table = cycle.table
-    need = table.used[row] + demand - table.capacity[row]
-    if np.all(need <= _EPS):
+    cpu_per, mem_per = table.reserve_per_accel
+
+    def short(freed: FloatArray) -> bool:
+        after = table.used[row] + demand - freed
+        missing = after - table.capacity[row]
+        if demand[2] <= 0:  # leave the accelerator reserve, as placement does
+            free_acc = max(float(table.capacity[row, 2] - after[2]), 0.0)
+            missing[0] += cpu_per * free_acc
+            missing[1] += mem_per * free_acc
+        return bool(np.any(missing > _EPS))
+
+    if not short(np.zeros_like(demand)):
         return (0, 0, 0.0), []
     preemptor_boosted = prio > MAX_PRIORITY
     evictable: list[tuple[int, float, str, Placement]] = []
@@ -219,7 +242,7 @@ def _victims_on(
         chosen.append(placement)
         freed += resource_vector(placement.task.demand)
         worst = max(worst, vprio)
-        if np.all(need - freed <= _EPS):
+        if not short(freed):
             cost = (worst, len(chosen), float(sum(p.task.demand.cpu for p in chosen)))
             return cost, chosen
     return None
@@ -320,8 +343,19 @@ def _wake_for_waiting(cycle: _Cycle, waiting: Sequence[Task]) -> None:
 
 
 def _headroom_target(cycle: _Cycle, forecast_cpu: float | None) -> float:
-    demand = max(forecast_cpu or 0.0, cycle.used_cpu())
-    return demand * (1.0 + cycle.policy.spare_cpu_fraction) + cycle.policy.min_spare_cpu
+    """CPU to keep awake: the forecast peak, plus spare for bursts of work that cannot wait.
+
+    Running preemptible work needs no spare of its own: a burst of urgent work can evict it
+    at once (it waits for a node to wake instead), so the spare fraction covers only the
+    non-preemptible work running and the forecast growth.
+    """
+    used = cycle.used_cpu()
+    demand = max(forecast_cpu or 0.0, used)
+    preemptible = sum(
+        p.task.demand.cpu for placements in cycle.on_node for p in placements if p.task.preemptible
+    )
+    firm = used - preemptible + (demand - used)
+    return demand + cycle.policy.spare_cpu_fraction * firm + cycle.policy.min_spare_cpu
 
 
 def _wake_for_forecast(cycle: _Cycle, target: float) -> None:
@@ -424,12 +458,38 @@ def _park(cycle: _Cycle, target: float) -> None:
         )
 
 
+# --- pin ------------------------------------------------------------------------------------
+
+
+def affinity_demand(task: Task) -> AffinityDemand:
+    """A task's threads for the affinity planner: ``threads`` (or its whole cores) sharing
+    its CPU demand evenly, never more than one core per thread."""
+    threads = max(task.threads, math.ceil(task.demand.cpu - 1e-9), 1)
+    load = min(task.demand.cpu / threads, 1.0) if task.demand.cpu > 0 else 0.01
+    return AffinityDemand(task.id, (max(load, 0.01),) * threads)
+
+
+def _pin(cycle: _Cycle, pins: Mapping[str, frozenset[int]]) -> None:
+    for row in sorted(cycle.touched):
+        node = cycle.table.nodes[row]
+        tasks = sorted((p.task for p in cycle.on_node[row]), key=lambda t: t.id)
+        if node.topology is None or not tasks:
+            continue
+        existing = {t.id: pins[t.id] for t in tasks if t.id in pins}
+        plan = plan_affinity(node.topology, [affinity_demand(t) for t in tasks], existing)
+        for decision in to_pin_decisions(node.id, plan, cycle.now):
+            if frozenset(decision.cores) != existing.get(decision.task_id or ""):
+                cycle.decisions.append(decision)
+
+
 # --- entry point ----------------------------------------------------------------------------
 
 
 def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -> ScheduleResult:
     """Decide for one cycle. Pure: the same arguments always give the same result."""
-    table = NodeTable.build(view.nodes, view.placements)
+    table = NodeTable.build(
+        view.nodes, view.placements, (policy.accel_reserve_cpu, policy.accel_reserve_mem_gib)
+    )
     fleet_cpu = float(table.capacity[:, 0].sum())
     shares = policy.tidal.shares_at(view.now)
     cycle = _Cycle(
@@ -475,6 +535,8 @@ def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -
         _wake_for_forecast(cycle, target)
         _consolidate(cycle, target)
         _park(cycle, target)
+    if view.pin_cores:
+        _pin(cycle, view.pins)
     return ScheduleResult(tuple(cycle.decisions), waiting)
 
 

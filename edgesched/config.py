@@ -140,6 +140,8 @@ def _parse_policy(t: _Table) -> PolicyConfig:
         "max_migrations_per_cycle",
         "consolidate_below",
         "max_preemptions_per_task",
+        "accel_reserve_cpu",
+        "accel_reserve_mem_gib",
         "weights",
         "tidal",
     )
@@ -153,6 +155,8 @@ def _parse_policy(t: _Table) -> PolicyConfig:
     max_migrations = t.integer("max_migrations_per_cycle", d.max_migrations_per_cycle, low=0)
     consolidate_below = t.number("consolidate_below", d.consolidate_below, 0, 1)
     max_preemptions = t.integer("max_preemptions_per_task", d.max_preemptions_per_task, low=0)
+    reserve_cpu = t.number("accel_reserve_cpu", d.accel_reserve_cpu, low=0)
+    reserve_mem = t.number("accel_reserve_mem_gib", d.accel_reserve_mem_gib, low=0)
     return t.build(
         lambda: PolicyConfig(
             mode=mode,
@@ -165,6 +169,8 @@ def _parse_policy(t: _Table) -> PolicyConfig:
             max_migrations_per_cycle=max_migrations,
             consolidate_below=consolidate_below,
             max_preemptions_per_task=max_preemptions,
+            accel_reserve_cpu=reserve_cpu,
+            accel_reserve_mem_gib=reserve_mem,
         )
     )
 
@@ -262,6 +268,8 @@ def default_config_toml() -> str:
         _line("max_migrations_per_cycle", p.max_migrations_per_cycle, "consolidation moves"),
         _line("consolidate_below", p.consolidate_below, "drain nodes used less than this"),
         _line("max_preemptions_per_task", p.max_preemptions_per_task),
+        _line("accel_reserve_cpu", p.accel_reserve_cpu, "left free per free accelerator"),
+        _line("accel_reserve_mem_gib", p.accel_reserve_mem_gib),
         "",
         "# Overrides of the mode's score plugin weights, any of:",
         f"# {_listing(KNOWN_WEIGHTS)}.",

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from edgesched.core.apply import apply_decisions
 from edgesched.core.model import (
     Arch,
+    CoreTopology,
     DecisionKind,
     Node,
     NodeState,
@@ -271,6 +272,8 @@ def clusters(draw: st.DrawFn) -> tuple[ClusterView, list[Task], PolicyConfig]:
         preemption=draw(st.booleans()),
         min_spare_cpu=draw(st.integers(0, 16)),
         park_idle_after_s=0,
+        accel_reserve_cpu=draw(st.sampled_from([0.0, 4.0])),
+        accel_reserve_mem_gib=draw(st.sampled_from([0.0, 8.0])),
     )
     view = ClusterView(tuple(nodes), tuple(placements), now=draw(st.floats(0, 7000)))
     return view, pending, policy
@@ -346,3 +349,86 @@ def test_property_same_inputs_same_decisions_whatever_the_order(
     view2 = ClusterView(tuple(nodes), tuple(placements), view.now, view.forecast_cpu)
     second = schedule(view2, shuffled, policy)
     assert first == second
+
+
+def test_pin_stage_plans_cores_for_changed_nodes_and_keeps_stable_pins() -> None:
+    topo = CoreTopology.uniform(8, clusters=2)
+    host = Node("arm", Arch.ARM64, ServerClass.GENERAL, Resources(8, 64), POWER, topology=topo)
+    running = (Placement(task("old", cpu=2), "arm", 0.0),)
+    new = [task("a", cpu=3), task("b", cpu=1, threads=2)]
+    view = ClusterView((host,), running, now=5.0, pin_cores=True)
+    result = schedule(view, new, PolicyConfig())
+    pins = {d.task_id: d.cores for d in result.of_kind(DecisionKind.PIN)}
+    assert set(pins) == {"old", "a", "b"}
+    assert all(cores and set(cores) <= set(topo.cores) for cores in pins.values())
+    assert len(pins["a"]) >= 3  # three whole cores of demand
+    # Nothing changed since: with the pins fed back, the next cycle re-pins nothing.
+    after = apply_decisions(view.nodes, running, new, result.decisions, 5.0)
+    again = schedule(
+        ClusterView(
+            (host,),
+            after.placements,
+            now=6.0,
+            pin_cores=True,
+            pins={k: frozenset(v) for k, v in pins.items() if k},
+        ),
+        [task("c", cpu=1)],
+        PolicyConfig(),
+    )
+    repinned = {d.task_id for d in again.of_kind(DecisionKind.PIN)}
+    assert "c" in repinned
+    assert repinned <= {"a", "b", "c", "old"}
+    # Without the flag the core emits no pins at all.
+    assert not schedule(ClusterView((host,), running), new, PolicyConfig()).of_kind(
+        DecisionKind.PIN
+    )
+
+
+def test_marginal_power_prefers_cpu_work_where_accelerators_already_draw_power() -> None:
+    gpu_power = PowerModel(idle_w=300, peak_w=1500)
+    busy_gpu = node(
+        "gpu", cpu=64, mem=512, cls=ServerClass.AI_ACCELERATOR, accel=2, power=gpu_power
+    )
+    cpu_box = node("cpu", cpu=64, mem=512, power=PowerModel(idle_w=100, peak_w=300))
+    running = (
+        Placement(Task("train", "ai", 10, Resources(8, 8, 2)), "gpu", 0.0),  # both GPUs busy
+        Placement(task("web", cpu=8), "cpu", 0.0),
+    )
+    only_power = PolicyConfig(
+        mode=PolicyMode.ENERGY,
+        weights={
+            "marginal_power": 1.0,
+            "most_allocated": 0,
+            "energy_efficiency": 0,
+            "class_fit": 0,
+        },
+    )
+    result = schedule(ClusterView((busy_gpu, cpu_box), running), [task("x", cpu=4)], only_power)
+    (place,) = result.of_kind(DecisionKind.PLACE)
+    # On the GPU node utilization is already 100% (accelerators), so 4 more cores add 0 W.
+    assert place.node_id == "gpu"
+    assert place.scores["marginal_power"] == 1.0
+
+
+def test_accelerator_reserve_keeps_room_for_free_accelerators() -> None:
+    gpu = node("gpu", cpu=32, mem=256, cls=ServerClass.AI_ACCELERATOR, accel=2)
+    policy = PolicyConfig(accel_reserve_cpu=8, accel_reserve_mem_gib=64)
+    # 32 cores - 2 free accelerators x 8 = 16 cores usable by CPU-only work.
+    fits = schedule(ClusterView((gpu,)), [task("a", cpu=16)], policy)
+    assert fits.of_kind(DecisionKind.PLACE)
+    blocked = schedule(ClusterView((gpu,)), [task("b", cpu=17)], policy)
+    assert not blocked.decisions
+    assert "capacity kept for accelerators" in blocked.waiting["b"]
+    # Accelerator work itself may use the reserve.
+    train = Task("t", "ai", 10, Resources(24, 64, 2))
+    assert schedule(ClusterView((gpu,)), [train], policy).of_kind(DecisionKind.PLACE)
+    # Preemption honours the reserve too: evicting the 1 preemptible core is not enough room
+    # (1 kept + 16 + 16 reserved > 32), though without a reserve the task simply fits.
+    running = (
+        Placement(task("low", cpu=1, prio=1), "gpu", 0.0),
+        Placement(task("keep", cpu=1, prio=1, preemptible=False), "gpu", 0.0),
+    )
+    urgent = task("urgent", cpu=16, prio=90)
+    assert not schedule(ClusterView((gpu,), running), [urgent], policy).decisions
+    no_reserve = schedule(ClusterView((gpu,), running), [urgent], PolicyConfig())
+    assert no_reserve.of_kind(DecisionKind.PLACE)
