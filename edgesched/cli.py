@@ -126,7 +126,7 @@ def sim(
     except ValueError as exc:
         fail(f"sim: {exc}")
     tidal = cfg.policy.tidal if cfg.policy.tidal.windows else _campus_tidal()
-    console = Console(stderr=as_json)
+    console = Console(stderr=as_json, width=None if sys.stdout.isatty() else 150)
     horizon = days_ * 86_400
     names = strategy or list(strategy_names())
     with Progress(
