@@ -37,6 +37,7 @@ test: lint typecheck unit
 
 bench: setup
 	$(BIN)/python bench/bench_placement.py
+	$(BIN)/python bench/bench_simulator.py
 
 clean:
 	rm -rf $(VENV) build out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -100,6 +100,9 @@ def sim(
         Path | None, typer.Option(help="Write a PNG of utilization and power over the day.")
     ] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON report here.")] = None,
+    markdown: Annotated[
+        Path | None, typer.Option(help="Also write the results as Markdown tables here.")
+    ] = None,
     workers: Annotated[
         int | None,
         typer.Option(min=1, help="Strategies simulated in parallel (default: one per CPU)."),
@@ -108,7 +111,7 @@ def sim(
     """Simulate a day of the campus with every strategy and compare them to the targets."""
     from edgesched.core.campus import campus_scenario
     from edgesched.core.experiment import strategy_names, top_class
-    from edgesched.report import plot_day, print_tables, to_json
+    from edgesched.report import plot_day, print_tables, to_json, to_markdown
     from edgesched.simrun import default_workers, run_campus
 
     cfg = _load(config)
@@ -164,7 +167,11 @@ def sim(
         "tasks": len(world.tasks),
         "tidal_profile": tidal.name,
     }
+    meta["top_class"] = top_class(world)
     doc = to_json(result, meta)
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(to_markdown(doc))
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(doc, indent=2) + "\n")

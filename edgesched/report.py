@@ -105,3 +105,27 @@ def plot_day(result: ExperimentResult, path: Path, strategies: tuple[str, ...]) 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def to_markdown(doc: dict[str, Any]) -> str:
+    """The JSON report as Markdown tables (the README's results section is made with this)."""
+    top = doc.get("top_class", "face-recognition")
+    rows = [
+        "| strategy | util (awake) | util (fleet) | energy kWh | cost | completed | "
+        f"SLO misses | misses, {top} | preempted | migrated | parked |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in doc["strategies"]:
+        top_misses = s["classes"].get(top, {}).get("slo_misses", 0)
+        rows.append(
+            f"| {s['strategy']} | {s['utilization_awake']:.1%} | {s['utilization_fleet']:.1%} | "
+            f"{s['energy_kwh']:,.0f} | {s['energy_cost']:,.2f} | {s['completed']:,} | "
+            f"{s['slo_misses']:,} | {top_misses:,} | {s['preemptions']:,} | "
+            f"{s['migrations']:,} | {s['parks']:,} |"
+        )
+    targets = ["| target | value | goal | met |", "|---|---|---|---|"]
+    for t in doc["targets"]:
+        v = t["value"]
+        shown = f"{v:.1%}" if isinstance(v, float) and abs(v) < 2 and v != int(v) else f"{v:g}"
+        targets.append(f"| {t['name']} | {shown} | {t['goal']} | {'yes' if t['met'] else 'no'} |")
+    return "\n".join(rows) + "\n\n" + "\n".join(targets) + "\n"
