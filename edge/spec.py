@@ -1,0 +1,239 @@
+"""What an edge node is asked to run: a task's process spec, and its record in the store.
+
+A :class:`TaskSpec` is the core's :class:`~edgesched.core.model.Task` (what the scheduler
+needs) plus how to run it as a process (command, environment, limits, restart policy). A
+:class:`TaskRecord` is the durable state of one task on this node, as the store keeps it.
+Plain dataclasses with JSON round-trips and validation that names the bad field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from edgesched.core.model import MAX_PRIORITY, Arch, Resources, ServerClass, Task
+
+
+class SpecError(ValueError):
+    """A task spec that cannot be accepted; the message starts with the field's name."""
+
+
+class RestartPolicy(StrEnum):
+    NEVER = "never"
+    ON_FAILURE = "on-failure"
+    ALWAYS = "always"
+
+
+class TaskState(StrEnum):
+    ACCEPTED = "accepted"  # committed, waiting to be placed
+    PLACED = "placed"  # decided for this node, process not started yet
+    RUNNING = "running"
+    EXITED = "exited"  # finished with exit code 0 (terminal)
+    FAILED = "failed"  # finished non-zero, no more restarts (terminal)
+    CANCELLED = "cancelled"  # stopped on request (terminal)
+    PREEMPTED = "preempted"  # stopped to make room; back to the queue
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskState.EXITED, TaskState.FAILED, TaskState.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-process limits: cgroup v2 where writable, rlimits otherwise."""
+
+    memory_mb: int | None = None
+    nofile: int | None = None
+    cpu_seconds: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    id: str
+    command: tuple[str, ...]
+    workload: str = "default"
+    priority: int = 50
+    cpu: float = 1.0
+    mem_gib: float = 0.5
+    accel: int = 0
+    threads: int = 0
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    restart: RestartPolicy = RestartPolicy.ON_FAILURE
+    max_restarts: int = 5
+    limits: Limits = field(default_factory=Limits)
+    archs: frozenset[Arch] = frozenset()
+    server_classes: frozenset[ServerClass] = frozenset()
+    preemptible: bool = True
+    duration_s: float | None = None  # expected run time, a hint for the scheduler
+
+    def __post_init__(self) -> None:
+        if not self.id or len(self.id) > 128 or not all(c.isalnum() or c in "-_." for c in self.id):
+            raise SpecError("id: 1-128 characters of letters, digits, '-', '_' or '.'")
+        if not self.command or not all(isinstance(a, str) and a for a in self.command):
+            raise SpecError("command: a non-empty list of non-empty strings")
+        if not 0 <= self.priority <= MAX_PRIORITY:
+            raise SpecError(f"priority: must be in [0, {MAX_PRIORITY}]")
+        for name in ("cpu", "mem_gib"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise SpecError(f"{name}: must be a finite number >= 0")
+        if self.cpu <= 0:
+            raise SpecError("cpu: must be > 0")
+        if self.accel < 0 or self.threads < 0 or self.max_restarts < 0:
+            raise SpecError("accel, threads and max_restarts must be >= 0")
+        if self.duration_s is not None and (
+            not math.isfinite(self.duration_s) or self.duration_s < 0
+        ):
+            raise SpecError("duration_s: must be a finite number >= 0")
+
+    def to_task(self, submitted_at: float) -> Task:
+        """The scheduler's view of this spec."""
+        return Task(
+            id=self.id,
+            workload=self.workload,
+            priority=self.priority,
+            demand=Resources(cpu=self.cpu, mem_gib=self.mem_gib, accel=self.accel),
+            submitted_at=submitted_at,
+            duration_s=self.duration_s,
+            archs=self.archs,
+            server_classes=self.server_classes,
+            preemptible=self.preemptible,
+            threads=self.threads,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "command": list(self.command),
+            "workload": self.workload,
+            "priority": self.priority,
+            "cpu": self.cpu,
+            "mem_gib": self.mem_gib,
+            "accel": self.accel,
+            "threads": self.threads,
+            "env": dict(self.env),
+            "cwd": self.cwd,
+            "restart": self.restart.value,
+            "max_restarts": self.max_restarts,
+            "limits": {
+                "memory_mb": self.limits.memory_mb,
+                "nofile": self.limits.nofile,
+                "cpu_seconds": self.limits.cpu_seconds,
+            },
+            "archs": sorted(a.value for a in self.archs),
+            "server_classes": sorted(c.value for c in self.server_classes),
+            "preemptible": self.preemptible,
+            "duration_s": self.duration_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> TaskSpec:
+        """Parse and validate an untrusted JSON object; errors name the field."""
+        if not isinstance(data, Mapping):
+            raise SpecError("body: must be a JSON object")
+        known = {
+            "id", "command", "workload", "priority", "cpu", "mem_gib", "accel", "threads",
+            "env", "cwd", "restart", "max_restarts", "limits", "archs", "server_classes",
+            "preemptible", "duration_s",
+        }  # fmt: skip
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"{unknown[0]}: unknown field")
+        for required in ("id", "command"):
+            if required not in data:
+                raise SpecError(f"{required}: missing (required)")
+
+        def get(name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+            value = data.get(name, default)
+            if value is default:
+                return value
+            if isinstance(value, bool) and kind is not bool and bool not in _as_tuple(kind):
+                raise SpecError(f"{name}: expected {_kind_name(kind)}, got a boolean")
+            if not isinstance(value, kind):
+                raise SpecError(f"{name}: expected {_kind_name(kind)}, got {type(value).__name__}")
+            return value
+
+        command = get("command", list, None)
+        env = get("env", dict, {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise SpecError("env: keys and values must be strings")
+        limits_raw = get("limits", dict, {})
+        for key, value in limits_raw.items():
+            if key not in ("memory_mb", "nofile", "cpu_seconds"):
+                raise SpecError(f"limits.{key}: unknown field")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value <= 0
+            ):
+                raise SpecError(f"limits.{key}: must be a positive integer")
+        try:
+            restart = RestartPolicy(get("restart", str, RestartPolicy.ON_FAILURE.value))
+        except ValueError:
+            raise SpecError(
+                "restart: must be one of " + ", ".join(p.value for p in RestartPolicy)
+            ) from None
+        try:
+            archs = frozenset(Arch(a) for a in get("archs", list, []))
+        except ValueError:
+            raise SpecError("archs: each must be one of arm64, x86_64") from None
+        try:
+            classes = frozenset(ServerClass(c) for c in get("server_classes", list, []))
+        except ValueError:
+            raise SpecError(
+                "server_classes: each must be one of " + ", ".join(c.value for c in ServerClass)
+            ) from None
+        duration = get("duration_s", (int, float), None)
+        cwd = get("cwd", str, None)
+        return cls(
+            id=get("id", str, None),
+            command=tuple(command),
+            workload=get("workload", str, "default"),
+            priority=get("priority", int, 50),
+            cpu=float(get("cpu", (int, float), 1.0)),
+            mem_gib=float(get("mem_gib", (int, float), 0.5)),
+            accel=get("accel", int, 0),
+            threads=get("threads", int, 0),
+            env=dict(env),
+            cwd=cwd,
+            restart=restart,
+            max_restarts=get("max_restarts", int, 5),
+            limits=Limits(**limits_raw),
+            archs=archs,
+            server_classes=classes,
+            preemptible=get("preemptible", bool, True),
+            duration_s=float(duration) if duration is not None else None,
+        )
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "an object", bool: "a boolean"}  # fmt: skip
+    return " or ".join(names.get(k, k.__name__) for k in _as_tuple(kind))
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A task's durable state on this node (one row of the store's ``tasks`` table)."""
+
+    spec: TaskSpec
+    state: TaskState
+    submitted_at: float
+    updated_at: float
+    decided_by: str = ""  # "central", "edge-autonomous", "edge-connected"
+    node_id: str | None = None
+    pid: int | None = None
+    pid_started_at: float | None = None  # process create time, to tell a reused pid apart
+    cores: tuple[int, ...] = ()
+    restarts: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+
+    def with_state(self, state: TaskState, at: float, **changes: Any) -> TaskRecord:
+        return replace(self, state=state, updated_at=at, **changes)
