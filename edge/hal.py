@@ -480,7 +480,7 @@ def _rel(root: Path, path: Path) -> str:
     try:
         resolved = path.resolve()
         return "/" + str(resolved.relative_to(root.resolve()))
-    except (OSError, ValueError):
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: a symlink loop
         return str(path)
 
 
@@ -540,9 +540,7 @@ def _run_nvidia_smi(warn: list[str]) -> tuple[tuple[str, str], ...]:
     return parse_nvidia_smi(done.stdout)
 
 
-def _accelerators(
-    root: Path, nvidia: tuple[tuple[str, str], ...]
-) -> tuple[Accelerator, ...]:
+def _accelerators(root: Path, nvidia: tuple[tuple[str, str], ...]) -> tuple[Accelerator, ...]:
     pci_ids: str | None = None
     loaded = False
 

@@ -1,0 +1,1059 @@
+"""The edge node's durable store: one SQLite file (WAL, ``synchronous=FULL``) per node.
+
+It keeps what an edge node must not lose when the power goes: task records, the decisions taken
+(committed before they are acted on), telemetry samples with bounded growth (raw samples are
+rolled up into fixed buckets, then expire), the append-only CRDT update log per document with
+its compacted snapshot, and small metadata (node identity, cached policy, lease).
+
+Every write is one transaction, committed before the call returns. One :class:`Store` per
+process, on one aiosqlite connection; operations are serialized with an asyncio lock, so a
+reader never sees another call's uncommitted rows.
+
+Opening checks the file (``PRAGMA quick_check``) and migrates an older schema forward in one
+transaction (``PRAGMA user_version``); a newer schema is refused. A corrupt file is moved aside
+to ``<name>.corrupt-<UTC timestamp>``, a fresh database takes its place, and the rows that can
+still be read from the bad copy are salvaged table by table (:attr:`Store.recovery`). A full
+disk (``SQLITE_FULL``) raises :class:`StoreFullError` and leaves the store usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import sqlite3
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeGuard, TypeVar
+from urllib.parse import quote
+
+import aiosqlite
+
+from edgesched.core.model import Decision
+from edgesched.edge.spec import TaskRecord, TaskSpec, TaskState
+
+log = logging.getLogger("edgesched.edge.store")
+
+_T = TypeVar("_T")
+
+#: How long a statement waits for another process's lock before failing (milliseconds).
+BUSY_TIMEOUT_MS = 10_000
+#: The WAL file is truncated back to at most this size after a checkpoint (bytes).
+JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
+
+#: Ordered schema migrations: ``MIGRATIONS[v]`` takes a database from version ``v`` to ``v + 1``.
+#: Never edit a released step; append a new one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: metadata, tasks, decisions, raw telemetry samples
+    (
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE tasks (
+            id TEXT PRIMARY KEY,
+            spec TEXT NOT NULL,
+            state TEXT NOT NULL,
+            submitted_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            decided_by TEXT NOT NULL DEFAULT '',
+            node_id TEXT,
+            pid INTEGER,
+            pid_started_at REAL,
+            cores TEXT NOT NULL DEFAULT '[]',
+            restarts INTEGER NOT NULL DEFAULT 0,
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT ''
+        )""",
+        "CREATE INDEX tasks_by_submitted ON tasks (submitted_at, id)",
+        "CREATE INDEX tasks_by_state ON tasks (state, submitted_at, id)",
+        """CREATE TABLE decisions (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            node_id TEXT NOT NULL,
+            task_id TEXT,
+            source TEXT NOT NULL,
+            body TEXT NOT NULL
+        )""",
+        "CREATE INDEX decisions_by_task ON decisions (task_id, seq)",
+        "CREATE TABLE samples (id INTEGER PRIMARY KEY, at REAL NOT NULL, payload TEXT NOT NULL)",
+        "CREATE INDEX samples_by_at ON samples (at)",
+    ),
+    # 2: telemetry rollups, CRDT update log and snapshots
+    (
+        """CREATE TABLE sample_rollups (
+            bucket REAL NOT NULL,
+            width REAL NOT NULL,
+            n INTEGER NOT NULL,
+            last_at REAL NOT NULL,
+            payload TEXT NOT NULL,
+            stats TEXT NOT NULL,
+            PRIMARY KEY (bucket, width)
+        )""",
+        """CREATE TABLE doc_updates (
+            doc TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (doc, seq)
+        )""",
+        """CREATE TABLE doc_snapshots (
+            doc TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            data BLOB NOT NULL
+        )""",
+    ),
+)
+#: The schema version this code writes.
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_SQLITE_CORRUPT = 11
+_SQLITE_FULL = 13
+_SQLITE_CANTOPEN = 14
+_SQLITE_NOTADB = 26
+_SIDE_FILES = ("-wal", "-shm", "-journal")
+_MAX_ROWID = 2**63 - 1
+_MIN_ROWID = -(2**63)
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked; the message is one line, fit for a user."""
+
+
+class StoreFullError(StoreError):
+    """The disk or the database is full (SQLITE_FULL); the failed write was rolled back."""
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What :meth:`Store.open` did with a corrupt file: where it went, rows saved per table."""
+
+    moved_to: Path
+    salvaged: dict[str, int]
+    reason: str = ""
+
+
+class _CorruptError(Exception):
+    """Internal: the file is corrupt or not a database (triggers recovery)."""
+
+
+class Store:
+    """The edge node's durable SQLite store. Create it with :meth:`Store.open`."""
+
+    def __init__(
+        self,
+        conn: aiosqlite.Connection,
+        path: Path,
+        schema_version: int,
+        recovery: Recovery | None,
+    ) -> None:
+        self._conn: aiosqlite.Connection | None = conn
+        self._lock = asyncio.Lock()
+        self.path = path
+        self.schema_version = schema_version
+        self.recovery = recovery
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def open(cls, path: Path, *, max_page_count: int | None = None) -> Store:
+        """Open (creating, migrating or recovering as needed) the store at ``path``.
+
+        ``max_page_count`` caps the database size in pages (SQLite reports SQLITE_FULL past it).
+        Raises :class:`StoreError` when the path cannot be opened or the schema is newer.
+        """
+        path = Path(path)
+        if max_page_count is not None and max_page_count < 1:
+            raise ValueError("max_page_count must be >= 1")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot open store {path}: {_os_reason(exc)}") from None
+        if path.is_dir():
+            raise StoreError(f"cannot open store {path}: it is a directory")
+        try:
+            conn, version = await _connect(path, max_page_count)
+            return cls(conn, path, version, None)
+        except _CorruptError as exc:
+            reason = str(exc)
+        moved_to = _move_aside(path)
+        try:
+            conn, version = await _connect(path, max_page_count)
+        except _CorruptError as exc:
+            raise StoreError(f"cannot create a fresh store at {path}: {exc}") from None
+        try:
+            salvaged = await asyncio.to_thread(_salvage, moved_to, path, max_page_count)
+        except Exception as exc:  # salvage is best effort: the fresh store is still usable
+            log.error("salvaging rows from %s failed: %s", moved_to, exc)
+            salvaged = {}
+        recovery = Recovery(moved_to=moved_to, salvaged=salvaged, reason=reason)
+        log.warning(
+            "store %s was corrupt (%s): moved aside to %s, fresh database created, "
+            "rows salvaged: %s",
+            path,
+            reason,
+            moved_to,
+            ", ".join(f"{t}={n}" for t, n in salvaged.items()) or "none",
+        )
+        return cls(conn, path, version, recovery)
+
+    async def close(self) -> None:
+        """Close the store (idempotent); later calls raise :class:`StoreError`."""
+        async with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is None:
+                return
+            with contextlib.suppress(sqlite3.Error):
+                await conn.execute("PRAGMA optimize")
+            try:
+                await conn.close()
+            except sqlite3.Error as exc:
+                raise StoreError(f"closing store {self.path}: {exc}") from exc
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ tasks
+
+    async def put_task(self, record: TaskRecord) -> None:
+        """Insert or replace one task record; committed when this returns."""
+        await self.put_tasks([record])
+
+    async def put_tasks(self, records: Sequence[TaskRecord]) -> None:
+        """Insert or replace task records in one transaction (all or none)."""
+        if not records:
+            return
+        rows = [_task_row(r) for r in records]
+        what = f"cannot store task {records[0].spec.id}" + (
+            f" and {len(records) - 1} more" if len(records) > 1 else ""
+        )
+
+        async def body(conn: aiosqlite.Connection) -> None:
+            await conn.executemany(_UPSERT_TASK, rows)
+
+        await self._write(what, body)
+
+    async def get_task(self, task_id: str) -> TaskRecord | None:
+        """The record of ``task_id``, or None."""
+
+        async def body(conn: aiosqlite.Connection) -> TaskRecord | None:
+            rows = list(
+                await conn.execute_fetchall(
+                    f"SELECT {_TASK_COLS} FROM tasks WHERE id = ?", (task_id,)
+                )
+            )
+            if not rows:
+                return None
+            try:
+                return _task_from_row(tuple(rows[0]))
+            except Exception as exc:
+                raise StoreError(f"task {task_id} in the store is unreadable: {exc}") from exc
+
+        return await self._read(f"cannot read task {task_id}", body)
+
+    async def list_tasks(self, states: Collection[TaskState] | None = None) -> list[TaskRecord]:
+        """Task records (all, or those in ``states``) ordered by ``submitted_at``, then id.
+
+        A row that no longer decodes is logged and skipped, so one bad row never hides the rest.
+        """
+        sql = f"SELECT {_TASK_COLS} FROM tasks"
+        params: list[object] = []
+        if states is not None:
+            wanted = sorted({TaskState(s).value for s in states})
+            if not wanted:
+                return []
+            sql += f" WHERE state IN ({', '.join('?' * len(wanted))})"
+            params.extend(wanted)
+        sql += " ORDER BY submitted_at, id"
+
+        async def body(conn: aiosqlite.Connection) -> list[TaskRecord]:
+            out: list[TaskRecord] = []
+            for row in await conn.execute_fetchall(sql, params):
+                try:
+                    out.append(_task_from_row(tuple(row)))
+                except Exception as exc:
+                    log.error("skipping unreadable task row %r: %s", row[0], exc)
+            return out
+
+        return await self._read("cannot list tasks", body)
+
+    # ------------------------------------------------------------------ decisions
+
+    async def append_decisions(self, decisions: Sequence[Decision], source: str) -> None:
+        """Append decisions (one transaction) taken by ``source``, e.g. ``"edge-autonomous"``."""
+        if not decisions:
+            return
+        rows = [
+            (d.at, d.kind.value, d.node_id, d.task_id, source, _dumps(d.to_dict()))
+            for d in decisions
+        ]
+
+        async def body(conn: aiosqlite.Connection) -> None:
+            await conn.executemany(
+                "INSERT INTO decisions (at, kind, node_id, task_id, source, body) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+        await self._write(f"cannot store {len(rows)} decision(s)", body)
+
+    async def recent_decisions(
+        self, limit: int = 100, task_id: str | None = None
+    ) -> list[dict[str, object]]:
+        """The newest ``limit`` decisions (of ``task_id`` if given), newest first.
+
+        Each is :meth:`Decision.to_dict` plus ``"seq"`` (the store's insertion order) and
+        ``"source"``.
+        """
+        if limit <= 0:
+            return []
+        sql = "SELECT seq, source, body FROM decisions"
+        params: tuple[object, ...] = (limit,)
+        if task_id is not None:
+            sql += " WHERE task_id = ?"
+            params = (task_id, limit)
+        sql += " ORDER BY seq DESC LIMIT ?"
+
+        async def body(conn: aiosqlite.Connection) -> list[dict[str, object]]:
+            out: list[dict[str, object]] = []
+            for seq, src, text in await conn.execute_fetchall(sql, params):
+                item: dict[str, object] = json.loads(text)
+                item["seq"] = seq
+                item["source"] = src
+                out.append(item)
+            return out
+
+        return await self._read("cannot read decisions", body)
+
+    # ------------------------------------------------------------------ telemetry
+
+    async def add_sample(self, at: float, payload: Mapping[str, object]) -> None:
+        """Store one telemetry sample taken at ``at`` (a JSON-serializable mapping)."""
+        if not math.isfinite(at):
+            raise ValueError(f"sample time must be a finite number, got {at!r}")
+        text = _dumps(dict(payload))
+
+        async def body(conn: aiosqlite.Connection) -> None:
+            await conn.execute("INSERT INTO samples (at, payload) VALUES (?, ?)", (at, text))
+
+        await self._write("cannot store sample", body)
+
+    async def samples(
+        self, since: float, until: float | None = None
+    ) -> list[tuple[float, dict[str, object]]]:
+        """Raw samples with ``since <= at < until`` (no upper bound if None), oldest first."""
+        sql = "SELECT at, payload FROM samples WHERE at >= ?"
+        params: tuple[float, ...] = (since,)
+        if until is not None:
+            sql += " AND at < ?"
+            params = (since, until)
+        sql += " ORDER BY at, id"
+
+        async def body(conn: aiosqlite.Connection) -> list[tuple[float, dict[str, object]]]:
+            return [(at, json.loads(p)) for at, p in await conn.execute_fetchall(sql, params)]
+
+        return await self._read("cannot read samples", body)
+
+    async def rollups(
+        self, since: float, until: float | None = None
+    ) -> list[tuple[float, dict[str, object]]]:
+        """Rollups ``(bucket start, averaged payload)`` with ``since <= bucket < until``."""
+        sql = "SELECT bucket, payload FROM sample_rollups WHERE bucket >= ?"
+        params: tuple[float, ...] = (since,)
+        if until is not None:
+            sql += " AND bucket < ?"
+            params = (since, until)
+        sql += " ORDER BY bucket, width"
+
+        async def body(conn: aiosqlite.Connection) -> list[tuple[float, dict[str, object]]]:
+            return [(b, json.loads(p)) for b, p in await conn.execute_fetchall(sql, params)]
+
+        return await self._read("cannot read sample rollups", body)
+
+    async def downsample(
+        self,
+        now: float,
+        raw_retention_s: float = 3600,
+        rollup_s: float = 300,
+        rollup_retention_s: float = 30 * 86400,
+    ) -> int:
+        """Roll raw samples older than ``raw_retention_s`` into ``rollup_s`` buckets; expire.
+
+        Numeric fields are averaged over a bucket, other fields keep their latest value; a
+        bucket rolled up twice (samples arriving late) is merged exactly. Rollups whose bucket
+        starts more than ``rollup_retention_s`` before ``now`` are deleted. One transaction.
+        Returns the number of rows removed (raw samples plus expired rollups).
+        """
+        if not (math.isfinite(now) and rollup_s > 0 and math.isfinite(rollup_s)):
+            raise ValueError("downsample: now must be finite and rollup_s a finite number > 0")
+        if raw_retention_s < 0 or rollup_retention_s < 0:
+            raise ValueError("downsample: retention periods must be >= 0")
+        raw_cutoff = now - raw_retention_s
+        rollup_cutoff = now - rollup_retention_s
+
+        async def body(conn: aiosqlite.Connection) -> int:
+            buckets: dict[float, _Bucket] = {}
+            async with conn.execute(
+                "SELECT at, payload FROM samples WHERE at < ? ORDER BY at, id", (raw_cutoff,)
+            ) as cursor:
+                async for at, text in cursor:
+                    start = math.floor(at / rollup_s) * rollup_s
+                    if start < rollup_cutoff:
+                        continue  # would expire at once
+                    payload = json.loads(text)
+                    if isinstance(payload, dict):
+                        buckets.setdefault(start, _Bucket()).add(at, payload)
+            for start, bucket in buckets.items():
+                rows = list(
+                    await conn.execute_fetchall(
+                        "SELECT n, last_at, payload, stats FROM sample_rollups "
+                        "WHERE bucket = ? AND width = ?",
+                        (start, rollup_s),
+                    )
+                )
+                if rows:
+                    n, last_at, payload, stats = rows[0]
+                    bucket.merge_stored(n, last_at, json.loads(payload), json.loads(stats))
+                await conn.execute(
+                    "INSERT OR REPLACE INTO sample_rollups "
+                    "(bucket, width, n, last_at, payload, stats) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        start,
+                        rollup_s,
+                        bucket.n,
+                        bucket.last_at,
+                        _dumps(bucket.payload()),
+                        _dumps({"sums": bucket.sums, "counts": bucket.counts}),
+                    ),
+                )
+            raw = await conn.execute("DELETE FROM samples WHERE at < ?", (raw_cutoff,))
+            old = await conn.execute(
+                "DELETE FROM sample_rollups WHERE bucket < ?", (rollup_cutoff,)
+            )
+            return max(raw.rowcount, 0) + max(old.rowcount, 0)
+
+        return await self._write("cannot downsample samples", body)
+
+    # ------------------------------------------------------------------ CRDT update log
+
+    async def append_update(self, doc: str, update: bytes) -> int:
+        """Append one CRDT update to ``doc``'s log; returns its sequence number (1, 2, ...)."""
+        data = bytes(update)
+
+        async def body(conn: aiosqlite.Connection) -> int:
+            seq = await _last_seq(conn, doc) + 1
+            await conn.execute(
+                "INSERT INTO doc_updates (doc, seq, data) VALUES (?, ?, ?)", (doc, seq, data)
+            )
+            return seq
+
+        return await self._write(f"cannot append an update to document {doc}", body)
+
+    async def updates(self, doc: str, after_seq: int = 0) -> list[tuple[int, bytes]]:
+        """``doc``'s logged updates with ``seq > after_seq``, in order.
+
+        Updates folded into the snapshot (see :meth:`compact`) are no longer listed: load the
+        snapshot first, then the updates after its seq.
+        """
+
+        async def body(conn: aiosqlite.Connection) -> list[tuple[int, bytes]]:
+            rows = await conn.execute_fetchall(
+                "SELECT seq, data FROM doc_updates WHERE doc = ? AND seq > ? ORDER BY seq",
+                (doc, after_seq),
+            )
+            return [(seq, bytes(data)) for seq, data in rows]
+
+        return await self._read(f"cannot read updates of document {doc}", body)
+
+    async def compact(self, doc: str, snapshot: bytes, upto_seq: int) -> None:
+        """Replace ``doc``'s updates with ``seq <= upto_seq`` by ``snapshot``, atomically.
+
+        ``upto_seq`` must not exceed the last appended seq nor go back before the current
+        snapshot; later updates stay in the log and seqs keep counting from where they were.
+        """
+        data = bytes(snapshot)
+
+        async def body(conn: aiosqlite.Connection) -> None:
+            last = await _last_seq(conn, doc)
+            if upto_seq > last:
+                raise StoreError(
+                    f"cannot compact document {doc} up to seq {upto_seq}: "
+                    f"its last update is seq {last}"
+                )
+            current = await _snapshot_seq(conn, doc)
+            if current is not None and upto_seq < current:
+                raise StoreError(
+                    f"cannot compact document {doc} up to seq {upto_seq}: "
+                    f"its snapshot already covers seq {current}"
+                )
+            await conn.execute(
+                "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data) VALUES (?, ?, ?)",
+                (doc, upto_seq, data),
+            )
+            await conn.execute(
+                "DELETE FROM doc_updates WHERE doc = ? AND seq <= ?", (doc, upto_seq)
+            )
+
+        await self._write(f"cannot compact document {doc}", body)
+
+    async def snapshot(self, doc: str) -> tuple[int, bytes] | None:
+        """``(upto_seq, snapshot)`` of ``doc``'s last compaction, or None."""
+
+        async def body(conn: aiosqlite.Connection) -> tuple[int, bytes] | None:
+            rows = list(
+                await conn.execute_fetchall(
+                    "SELECT seq, data FROM doc_snapshots WHERE doc = ?", (doc,)
+                )
+            )
+            return (rows[0][0], bytes(rows[0][1])) if rows else None
+
+        return await self._read(f"cannot read the snapshot of document {doc}", body)
+
+    # ------------------------------------------------------------------ metadata
+
+    async def get_meta(self, key: str) -> str | None:
+        async def body(conn: aiosqlite.Connection) -> str | None:
+            rows = list(await conn.execute_fetchall("SELECT value FROM meta WHERE key = ?", (key,)))
+            return str(rows[0][0]) if rows else None
+
+        return await self._read(f"cannot read metadata {key}", body)
+
+    async def set_meta(self, key: str, value: str) -> None:
+        async def body(conn: aiosqlite.Connection) -> None:
+            await conn.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+        await self._write(f"cannot store metadata {key}", body)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _connection(self) -> aiosqlite.Connection:
+        if self._conn is None:
+            raise StoreError(f"store {self.path} is closed")
+        return self._conn
+
+    async def _write(self, what: str, body: Callable[[aiosqlite.Connection], Awaitable[_T]]) -> _T:
+        """Run ``body`` in one ``BEGIN IMMEDIATE`` transaction, committed before returning."""
+        async with self._lock:
+            conn = self._connection()
+            try:
+                if conn.in_transaction:  # left over by a cancelled call
+                    await conn.execute("ROLLBACK")
+                await conn.execute("BEGIN IMMEDIATE")
+                result = await body(conn)
+                await conn.execute("COMMIT")
+                return result
+            except BaseException as exc:
+                await _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise _error(what, exc) from exc
+                if isinstance(exc, UnicodeError):
+                    raise StoreError(f"{what}: text is not valid Unicode ({exc})") from exc
+                raise
+
+    async def _read(self, what: str, body: Callable[[aiosqlite.Connection], Awaitable[_T]]) -> _T:
+        async with self._lock:
+            conn = self._connection()
+            try:
+                return await body(conn)
+            except sqlite3.Error as exc:
+                raise _error(what, exc) from exc
+
+
+# ---------------------------------------------------------------------- rows
+
+
+_TASK_COLUMNS = (
+    "id", "spec", "state", "submitted_at", "updated_at", "decided_by", "node_id", "pid",
+    "pid_started_at", "cores", "restarts", "exit_code", "reason",
+)  # fmt: skip
+_TASK_COLS = ", ".join(_TASK_COLUMNS)
+_UPSERT_TASK = (
+    f"INSERT INTO tasks ({_TASK_COLS}) VALUES ({', '.join('?' * len(_TASK_COLUMNS))}) "
+    "ON CONFLICT (id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _TASK_COLUMNS[1:])
+)
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _task_row(r: TaskRecord) -> tuple[object, ...]:
+    return (
+        r.spec.id,
+        json.dumps(r.spec.to_json(), separators=(",", ":"), sort_keys=True),
+        r.state.value,
+        r.submitted_at,
+        r.updated_at,
+        r.decided_by,
+        r.node_id,
+        r.pid,
+        r.pid_started_at,
+        _dumps(list(r.cores)),
+        r.restarts,
+        r.exit_code,
+        r.reason,
+    )
+
+
+def _opt_float(value: object) -> float | None:
+    return None if value is None else _float(value)
+
+
+def _float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _str(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+    return value
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else _str(value)
+
+
+def _task_from_row(row: tuple[Any, ...]) -> TaskRecord:
+    (tid, spec, state, submitted, updated, decided_by, node_id, pid, pid_started, cores,
+     restarts, exit_code, reason) = row  # fmt: skip
+    record = TaskRecord(
+        spec=TaskSpec.from_json(json.loads(_str(spec))),
+        state=TaskState(_str(state)),
+        submitted_at=_float(submitted),
+        updated_at=_float(updated),
+        decided_by=_str(decided_by),
+        node_id=_opt_str(node_id),
+        pid=_opt_int(pid),
+        pid_started_at=_opt_float(pid_started),
+        cores=tuple(_int(c) for c in json.loads(_str(cores))),
+        restarts=_int(restarts),
+        exit_code=_opt_int(exit_code),
+        reason=_str(reason),
+    )
+    if record.spec.id != _str(tid):
+        raise ValueError(f"row id {tid!r} does not match its spec id {record.spec.id!r}")
+    return record
+
+
+@dataclass
+class _Bucket:
+    """Running aggregate of the samples in one rollup bucket."""
+
+    n: int = 0
+    last_at: float = -math.inf
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    last: dict[str, tuple[float, object]] = field(default_factory=dict)
+
+    def add(self, at: float, payload: Mapping[str, object]) -> None:
+        self.n += 1
+        self.last_at = max(self.last_at, at)
+        for key, value in payload.items():
+            if _is_number(value):
+                self.sums[key] = self.sums.get(key, 0.0) + value
+                self.counts[key] = self.counts.get(key, 0) + 1
+            elif key not in self.last or self.last[key][0] <= at:
+                self.last[key] = (at, value)
+
+    def merge_stored(
+        self, n: int, last_at: float, payload: Mapping[str, object], stats: Mapping[str, Any]
+    ) -> None:
+        """Fold in a rollup row stored by an earlier downsample of the same bucket."""
+        self.n += n
+        for key, total in dict(stats.get("sums", {})).items():
+            self.sums[key] = self.sums.get(key, 0.0) + float(total)
+        for key, count in dict(stats.get("counts", {})).items():
+            self.counts[key] = self.counts.get(key, 0) + int(count)
+        for key, value in payload.items():
+            if key in stats.get("counts", {}):
+                continue
+            if key not in self.last or self.last[key][0] < last_at:
+                self.last[key] = (last_at, value)
+        self.last_at = max(self.last_at, last_at)
+
+    def payload(self) -> dict[str, object]:
+        out: dict[str, object] = {k: v for k, (_, v) in self.last.items() if k not in self.sums}
+        for key, total in self.sums.items():
+            out[key] = total / self.counts[key]
+        return out
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+async def _last_seq(conn: aiosqlite.Connection, doc: str) -> int:
+    rows = list(
+        await conn.execute_fetchall(
+            "SELECT max(coalesce((SELECT max(seq) FROM doc_updates WHERE doc = ?), 0), "
+            "coalesce((SELECT seq FROM doc_snapshots WHERE doc = ?), 0))",
+            (doc, doc),
+        )
+    )
+    return int(rows[0][0])
+
+
+async def _snapshot_seq(conn: aiosqlite.Connection, doc: str) -> int | None:
+    rows = list(await conn.execute_fetchall("SELECT seq FROM doc_snapshots WHERE doc = ?", (doc,)))
+    return int(rows[0][0]) if rows else None
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def _error(what: str, exc: sqlite3.Error) -> StoreError:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF == _SQLITE_FULL:
+        return StoreFullError(f"database full: {what} ({exc})")
+    return StoreError(f"{what}: {exc}")
+
+
+def _is_corrupt(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = "; ".join(part.strip() for part in text.splitlines() if part.strip())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _os_reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+async def _rollback(conn: aiosqlite.Connection) -> None:
+    try:
+        if conn.in_transaction:
+            await conn.execute("ROLLBACK")
+    except (sqlite3.Error, ValueError) as exc:  # ValueError: connection already gone
+        log.error("rollback failed: %s", exc)
+
+
+# ---------------------------------------------------------------------- opening
+
+
+async def _connect(path: Path, max_page_count: int | None) -> tuple[aiosqlite.Connection, int]:
+    """Open, configure, check and migrate; raises StoreError or _CorruptError."""
+    try:
+        conn = await aiosqlite.connect(path, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise _open_error(path, exc) from None
+    try:
+        version = await _prepare(conn, path, max_page_count)
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            await conn.close()
+        raise
+    return conn, version
+
+
+async def _prepare(conn: aiosqlite.Connection, path: Path, max_page_count: int | None) -> int:
+    try:
+        await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        mode = await _scalar(conn, "PRAGMA journal_mode = WAL")
+        if str(mode).lower() != "wal":
+            log.warning("store %s: WAL mode unavailable, using journal mode %s", path, mode)
+        await conn.execute("PRAGMA synchronous = FULL")
+        await conn.execute("PRAGMA foreign_keys = ON")
+        await conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+        if max_page_count is not None:
+            await conn.execute(f"PRAGMA max_page_count = {int(max_page_count)}")
+        check = [str(r[0]) for r in await conn.execute_fetchall("PRAGMA quick_check")]
+        if check != ["ok"]:
+            raise _CorruptError(_one_line("quick_check: " + "; ".join(check)))
+        return await _migrate(conn, path)
+    except sqlite3.Error as exc:
+        if _is_corrupt(exc):
+            raise _CorruptError(_one_line(str(exc))) from None
+        raise _open_error(path, exc) from None
+
+
+def _open_error(path: Path, exc: sqlite3.Error) -> StoreError:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF == _SQLITE_CANTOPEN:
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            return StoreError(
+                f"cannot open store {path}: {exc} (directory {path.parent} is not writable)"
+            )
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            return StoreError(f"cannot open store {path}: {exc} (file is not read-writable)")
+    return _error(f"cannot open store {path}", exc)
+
+
+async def _scalar(conn: aiosqlite.Connection, sql: str) -> Any:
+    rows = list(await conn.execute_fetchall(sql))
+    return rows[0][0] if rows else None
+
+
+async def _migrate(conn: aiosqlite.Connection, path: Path) -> int:
+    """Bring the schema to SCHEMA_VERSION in one transaction; returns it."""
+    await conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = int(await _scalar(conn, "PRAGMA user_version"))
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"store {path} has schema version {version}, newer than the version "
+                f"{SCHEMA_VERSION} this edgesched supports; upgrade edgesched (the file is "
+                "left untouched)"
+            )
+        if version == 0:
+            tables = await _scalar(conn, "SELECT count(*) FROM sqlite_master")
+            if tables:
+                raise StoreError(
+                    f"store {path} is an SQLite database but not an edgesched store "
+                    "(it has tables but no schema version)"
+                )
+        if version == SCHEMA_VERSION:
+            # A write rolled back at once: proves the file is writable, changes nothing.
+            await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            await conn.execute("ROLLBACK")
+            return SCHEMA_VERSION
+        try:
+            for step in MIGRATIONS[version:]:
+                for statement in step:
+                    await conn.execute(statement)
+            await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            await conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if _is_corrupt(exc):
+                raise
+            raise _error(
+                f"cannot migrate store {path} from schema version {version} to {SCHEMA_VERSION}",
+                exc,
+            ) from None
+        if version:
+            log.info("store %s migrated from schema %d to %d", path, version, SCHEMA_VERSION)
+        return SCHEMA_VERSION
+    except BaseException:
+        await _rollback(conn)
+        raise
+
+
+# ---------------------------------------------------------------------- recovery
+
+
+def _side(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def _move_aside(path: Path) -> Path:
+    """Move ``path`` and its -wal/-shm/-journal to ``<name>.corrupt-<UTC time>``."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    target = _side(path, f".corrupt-{stamp}")
+    n = 1
+    while any(_side(target, s).exists() for s in ("", *_SIDE_FILES)):
+        n += 1
+        target = _side(path, f".corrupt-{stamp}-{n}")
+    try:
+        for suffix in ("", *_SIDE_FILES):
+            source = _side(path, suffix)
+            if source.exists():
+                os.replace(source, _side(target, suffix))
+    except OSError as exc:
+        raise StoreError(
+            f"store {path} is corrupt and cannot be moved aside: {_os_reason(exc)}"
+        ) from None
+    return target
+
+
+@dataclass(frozen=True)
+class _Table:
+    name: str
+    columns: tuple[str, ...]
+    clean: Callable[[tuple[Any, ...]], tuple[object, ...]]  # raises on a bad row
+
+
+def _clean_task(row: tuple[Any, ...]) -> tuple[object, ...]:
+    return _task_row(_task_from_row(row))
+
+
+def _clean_json_dict(value: object) -> str:
+    data = json.loads(_str(value))
+    if not isinstance(data, dict):
+        raise TypeError("expected a JSON object")
+    return _dumps(data)
+
+
+def _clean_blob(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise TypeError("expected bytes")
+    return value
+
+
+def _finite(value: object) -> float:
+    out = _float(value)
+    if not math.isfinite(out):
+        raise ValueError("not finite")
+    return out
+
+
+def _each(*convert: Callable[[Any], object]) -> Callable[[tuple[Any, ...]], tuple[object, ...]]:
+    """A row cleaner applying one converter per column."""
+
+    def clean(row: tuple[Any, ...]) -> tuple[object, ...]:
+        if len(row) != len(convert):
+            raise ValueError("wrong number of columns")
+        return tuple(f(v) for f, v in zip(convert, row, strict=True))
+
+    return clean
+
+
+_TABLES = (
+    _Table("meta", ("key", "value"), _each(_str, _str)),
+    _Table("tasks", _TASK_COLUMNS, _clean_task),
+    _Table(
+        "decisions",
+        ("seq", "at", "kind", "node_id", "task_id", "source", "body"),
+        _each(_int, _float, _str, _str, _opt_str, _str, _clean_json_dict),
+    ),
+    _Table("samples", ("id", "at", "payload"), _each(_int, _finite, _clean_json_dict)),
+    _Table(
+        "sample_rollups",
+        ("bucket", "width", "n", "last_at", "payload", "stats"),
+        _each(_finite, _finite, _int, _float, _clean_json_dict, _clean_json_dict),
+    ),
+    _Table("doc_updates", ("doc", "seq", "data"), _each(_str, _int, _clean_blob)),
+    _Table("doc_snapshots", ("doc", "seq", "data"), _each(_str, _int, _clean_blob)),
+)
+
+
+def _salvage(bad: Path, target: Path, max_page_count: int | None) -> dict[str, int]:
+    """Copy every row still readable (and valid) from ``bad`` into ``target``, per table."""
+    counts = {t.name: 0 for t in _TABLES}
+    try:
+        src = sqlite3.connect(f"file:{quote(str(bad))}?mode=ro", uri=True, isolation_level=None)
+    except sqlite3.Error as exc:
+        log.warning("cannot read corrupt store %s: %s", bad, exc)
+        return counts
+    try:
+        src.text_factory = bytes  # bad UTF-8 then fails one row, not the scan
+        try:
+            # Trust the file's real size over a damaged header's (reads a truncated file).
+            src.execute("PRAGMA writable_schema = ON")
+            src.execute("PRAGMA query_only = ON")
+        except sqlite3.Error:
+            pass
+        dst = sqlite3.connect(str(target), isolation_level=None)
+        try:
+            dst.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            dst.execute("PRAGMA synchronous = FULL")
+            if max_page_count is not None:
+                dst.execute(f"PRAGMA max_page_count = {int(max_page_count)}")
+            for table in _TABLES:
+                counts[table.name] = _salvage_table(src, dst, table)
+        finally:
+            dst.close()
+    finally:
+        src.close()
+    return counts
+
+
+def _salvage_table(src: sqlite3.Connection, dst: sqlite3.Connection, table: _Table) -> int:
+    cols = ", ".join(table.columns)
+    insert = (
+        f"INSERT OR IGNORE INTO {table.name} ({cols}) "
+        f"VALUES ({', '.join('?' * len(table.columns))})"
+    )
+    saved = 0
+    try:
+        dst.execute("BEGIN IMMEDIATE")
+        for row in _readable_rows(src, table):
+            saved += max(dst.execute(insert, row).rowcount, 0)
+        dst.execute("COMMIT")
+    except sqlite3.Error as exc:
+        log.warning("salvaging table %s failed: %s", table.name, exc)
+        if dst.in_transaction:
+            dst.execute("ROLLBACK")
+        return 0
+    return saved
+
+
+def _readable_rows(src: sqlite3.Connection, table: _Table) -> Iterator[tuple[object, ...]]:
+    """Scan ``table`` by rowid, stepping over unreadable stretches; yield cleaned rows."""
+    sql = (
+        f"SELECT rowid, {', '.join(table.columns)} FROM {table.name} "
+        "WHERE rowid >= ? ORDER BY rowid"
+    )
+    try:
+        src.execute(f"SELECT {', '.join(table.columns)} FROM {table.name} LIMIT 0")
+    except sqlite3.Error:
+        return  # table missing (older schema) or schema unreadable
+    start = _MIN_ROWID
+    for _ in range(10_000):  # bound on unreadable stretches
+        try:
+            for row in src.execute(sql, (start,)):
+                rowid = int(row[0])
+                if rowid >= _MAX_ROWID:
+                    return
+                start = max(start, rowid + 1)
+                try:
+                    yield table.clean(tuple(row[1:]))
+                except Exception:  # a garbled row: skip it
+                    continue
+            return
+        except sqlite3.Error:
+            resume = _next_readable(src, table.name, start)
+            if resume is None:
+                return
+            start = resume
+    return
+
+
+def _next_readable(src: sqlite3.Connection, name: str, start: int) -> int | None:
+    """The smallest rowid after ``start`` from which a scan can read again (gallop + bisect)."""
+
+    def readable(at: int) -> bool:
+        try:
+            src.execute(
+                f"SELECT rowid FROM {name} WHERE rowid >= ? ORDER BY rowid LIMIT 1", (at,)
+            ).fetchall()
+        except sqlite3.Error:
+            return False
+        return True
+
+    bad, step = start, 1
+    while True:
+        probe = start + step
+        if probe > _MAX_ROWID:
+            return None
+        if readable(probe):
+            break
+        bad, step = probe, step * 2
+    good = probe
+    while good - bad > 1:
+        mid = (bad + good) // 2
+        if readable(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
