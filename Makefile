@@ -9,6 +9,19 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: setup sim test lint typecheck unit bench clean
 
+# System packages the tests run for real: Mosquitto (the MQTT broker), sysbench and fio (node
+# qualification). Installed with apt when
+# running as root (CI, a fresh gateway); otherwise we say what is missing.
+SYSTEM_DEPS := mosquitto sysbench fio
+.PHONY: system-deps
+system-deps:
+	@missing=""; for p in $(SYSTEM_DEPS); do command -v $$p >/dev/null 2>&1 || [ -x /usr/sbin/$$p ] || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "missing system packages:$$missing (install them with apt-get as root)"; exit 1; fi; \
+	fi
+
 $(STAMP): pyproject.toml $(shell find core edge sync central policies fieldtest edgesched -name '*.py' -newer pyproject.toml 2>/dev/null)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -16,18 +29,21 @@ $(STAMP): pyproject.toml $(shell find core edge sync central policies fieldtest 
 	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: system-deps $(STAMP)
 
 ## The main job: simulate the campus day with every strategy, print the table, write a plot.
 sim: setup
-	$(BIN)/edgesched sim --scenario campus --plot out/campus-day.png --output out/campus-day.json
+	$(BIN)/edgesched sim --scenario campus --plot out/campus-day.png --output out/campus-day.json \
+		--markdown out/campus-day.md
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 typecheck: setup
-	$(BIN)/mypy core edge sync central policies fieldtest edgesched tests bench
+	# -p checks the package through the editable link tree, so each module has one name
+	cd $(VENV) && bin/mypy --config-file ../pyproject.toml -p edgesched
+	$(BIN)/mypy tests bench
 
 unit: setup
 	$(BIN)/pytest

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil  # type: ignore[import-untyped]  # no stubs in the venv
+import psutil
 
 from edgesched.core.model import PowerModel
 from edgesched.edge.hal import HardwareProfile

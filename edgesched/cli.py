@@ -155,6 +155,7 @@ def sim(
             tidal=tidal,
             strategies=names,
             affinity_load=cfg.sim.affinity_load,
+            batch_s=cfg.sim.step_s,
             workers=workers or default_workers(),
             progress=progress,
         )
@@ -192,6 +193,179 @@ def sim(
         except RuntimeError as exc:
             fail(str(exc))
         err.print(f"plot written to {written}")
+
+
+edge_app = typer.Typer(help="Run and talk to an edge node's sub-engine.", no_args_is_help=True)
+app.add_typer(edge_app, name="edge")
+node_app = typer.Typer(help="Node bring-up checks.", no_args_is_help=True)
+app.add_typer(node_app, name="node")
+
+ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="The node's TOML config.")]
+
+
+@edge_app.command("run")
+def edge_run(
+    config: ConfigOption,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the edge sub-engine in the foreground until SIGTERM or Ctrl-C (tasks keep running)."""
+    import asyncio
+    import logging
+    import signal
+
+    from edgesched.edge.engine import EdgeEngine, IdentityError
+    from edgesched.edge.hal import UnsupportedHardware
+    from edgesched.edge.store import StoreError
+
+    cfg = _load(config)
+    if not cfg.edge.node_id:
+        fail("edge.node_id: missing (required to run an edge node)")
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        fail(f"--log-level: unknown level {log_level!r}")
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call otherwise
+
+    async def main_async() -> None:
+        engine = EdgeEngine(cfg)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, engine.stop)
+        await engine.run()
+
+    try:
+        asyncio.run(main_async())
+    except (StoreError, IdentityError, UnsupportedHardware, OSError) as exc:
+        fail(str(exc), 1)
+
+
+def _edge_client(config: Path) -> tuple[str, str]:
+    """(base URL, token) of the local API of the node configured in ``config``."""
+    cfg = _load(config)
+    state = Path(cfg.edge.state_dir)
+    try:
+        token = (state / "api-token").read_text().strip()
+        port = int((state / "api-port").read_text().strip())
+    except (OSError, ValueError):
+        fail(f"no running edge node found in {state} (start it with: edgesched edge run)")
+    host = cfg.edge.api_host if ":" not in cfg.edge.api_host else f"[{cfg.edge.api_host}]"
+    return f"http://{host}:{port}", token
+
+
+def _call(config: Path, method: str, path: str, body: object | None = None) -> Any:
+    import urllib.error
+    import urllib.request
+
+    base, token = _edge_client(config)
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        base + path,
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read())
+            where = f"{detail['field']}: " if detail.get("field") else ""
+            fail(f"{where}{detail.get('detail', exc.reason)} (HTTP {exc.code})")
+        except (ValueError, KeyError):
+            fail(f"HTTP {exc.code}: {exc.reason}")
+    except (urllib.error.URLError, OSError) as exc:
+        fail(f"cannot reach the edge node at {base}: {exc}")
+
+
+@edge_app.command("status")
+def edge_status(config: ConfigOption) -> None:
+    """Mode, link and hardware of the running node, and its tasks by state."""
+    status = _call(config, "GET", "/v1/status")
+    tasks = _call(config, "GET", "/v1/tasks")
+    counts: dict[str, int] = {}
+    for t in tasks:
+        counts[t["state"]] = counts.get(t["state"], 0) + 1
+    typer.echo(json.dumps({**status, "tasks": counts}, indent=2))
+
+
+@edge_app.command("submit")
+def edge_submit(
+    config: ConfigOption,
+    task_id: Annotated[str, typer.Option("--id", help="Task id (unique on this node).")],
+    command: Annotated[list[str], typer.Argument(help="Command and arguments (after --).")],
+    cpu: Annotated[float, typer.Option(help="CPU cores.")] = 1.0,
+    mem_gib: Annotated[float, typer.Option(help="Memory, GiB.")] = 0.5,
+    priority: Annotated[int, typer.Option(help="0-999, higher wins.")] = 50,
+    workload: Annotated[str, typer.Option(help="Workload class (tidal shares).")] = "default",
+    restart: Annotated[str, typer.Option(help="never, on-failure or always.")] = "on-failure",
+) -> None:
+    """Submit a task to the node; printed once it is committed on the node."""
+    body = {
+        "id": task_id,
+        "command": command,
+        "cpu": cpu,
+        "mem_gib": mem_gib,
+        "priority": priority,
+        "workload": workload,
+        "restart": restart,
+    }
+    record = _call(config, "POST", "/v1/tasks", body)
+    typer.echo(f"{record['id']}: {record['state']}")
+
+
+@edge_app.command("tasks")
+def edge_tasks(config: ConfigOption) -> None:
+    """List the node's tasks."""
+    for t in _call(config, "GET", "/v1/tasks"):
+        typer.echo(
+            f"{t['id']:<24} {t['state']:<10} pid={t['pid'] or '-':<8} "
+            f"restarts={t['restarts']} {t['decided_by'] or '-':<18} {t['reason']}"
+        )
+
+
+@edge_app.command("cancel")
+def edge_cancel(
+    config: ConfigOption, task_id: Annotated[str, typer.Argument(help="Task id.")]
+) -> None:
+    """Cancel a task (SIGTERM, then SIGKILL after the grace period)."""
+    record = _call(config, "DELETE", f"/v1/tasks/{task_id}")
+    typer.echo(f"{record['id']}: {record['state']}")
+
+
+@node_app.command("qualify")
+def node_qualify(
+    workdir: Annotated[Path, typer.Option(help="Directory for the storage probe.")] = Path("."),
+    duration: Annotated[float, typer.Option(min=0.2, help="Seconds per check.")] = 3.0,
+    no_tools: Annotated[
+        bool, typer.Option("--no-tools", help="Built-in probes only (no sysbench/fio).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The article's bring-up checks: CPU, memory bandwidth, LLC, storage IOPS."""
+    from edgesched.edge.qualify import qualify
+
+    report = qualify(
+        workdir,
+        duration_s=duration,
+        use_tools=not no_tools,
+        progress=None if as_json else (lambda msg: err.print(msg)),
+    )
+    doc = report.to_json()
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        for m in report.measurements:
+            typer.echo(f"{m.name:<28} {m.value:>12,.2f} {m.unit:<10} [{m.tool}] {m.detail}")
+        typer.echo(
+            f"perf factor {report.perf_factor:.2f}; {'PASSED' if report.passed else 'FAILED'}"
+        )
+        for p in report.problems:
+            typer.echo(f"problem: {p}")
+    if not report.passed:
+        raise typer.Exit(1)
 
 
 def _campus_tidal() -> Any:

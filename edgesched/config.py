@@ -60,15 +60,15 @@ class ConfigError(ValueError):
 class SimConfig:
     """The simulator's knobs: scenario name, seed, length, load scale and scheduling cycle.
 
-    ``affinity_load`` is the utilisation up to which the simulator packs work on its preferred
-    nodes before spilling over.
+    ``step_s`` is how long after an event the scheduling cycle it triggers runs (events within
+    it share one cycle). ``affinity_load`` is the load of the 48-core ARM affinity experiment.
     """
 
     scenario: str = "campus"
     seed: int = 0
     days: float = 1.0
     scale: float = 1.0
-    step_s: float = 10.0
+    step_s: float = 1.0
     affinity_load: float = 0.7
 
     def __post_init__(self) -> None:
@@ -84,12 +84,74 @@ class SimConfig:
             raise ValueError(f"affinity_load must be in [0, 1], got {self.affinity_load}")
 
 
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@dataclass(frozen=True, slots=True)
+class MqttConfig:
+    """Where the node hears central: the broker (the sync issue adds TLS and credentials)."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    keepalive_s: int = 5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if not 1 <= self.keepalive_s <= 3600:
+            raise ValueError(f"keepalive_s must be in 1..3600, got {self.keepalive_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeConfig:
+    """The edge sub-engine: identity, state directory, local API, lease and loop timings.
+
+    ``node_id`` is the node's fixed identity (also its MQTT client id). The local API listens
+    on loopback only unless ``allow_remote_api`` is set. The node is *connected* while it has
+    heard central within ``lease_s``, *autonomous* after that.
+    """
+
+    node_id: str = ""
+    site: str = "default"
+    state_dir: str = "/var/lib/edgesched"
+    api_host: str = "127.0.0.1"
+    api_port: int = 7380
+    allow_remote_api: bool = False
+    lease_s: float = 15.0
+    cycle_s: float = 1.0
+    sample_s: float = 5.0
+    stop_grace_s: float = 10.0
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+
+    def __post_init__(self) -> None:
+        if self.node_id and not _NODE_ID.fullmatch(self.node_id):
+            raise ValueError(
+                f"node_id must be 1-64 letters, digits, '-' or '_' starting with a letter or "
+                f"digit, got {self.node_id!r}"
+            )
+        if not 0 <= self.api_port < 65536:
+            raise ValueError(f"api_port must be in 0..65535, got {self.api_port}")
+        if self.api_host not in _LOOPBACK and not self.allow_remote_api:
+            raise ValueError(
+                f"api_host {self.api_host!r} is not loopback; set allow_remote_api = true to "
+                "expose the local API beyond this machine"
+            )
+        for name in ("lease_s", "cycle_s", "sample_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {value}")
+        if self.stop_grace_s < 0:
+            raise ValueError("stop_grace_s must be >= 0")
+
+
 @dataclass(frozen=True, slots=True)
 class EdgeschedConfig:
     """The whole configuration, one field per top-level TOML table."""
 
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+    edge: EdgeConfig = field(default_factory=EdgeConfig)
 
 
 def builtin_profiles() -> dict[str, TidalProfile]:
@@ -119,10 +181,11 @@ def parse_config(data: Mapping[str, object], source: str = "<config>") -> Edgesc
     if not isinstance(data, Mapping):
         raise ConfigError(source, f"expected a table, got {_type_name(data)}", source)
     root = _Table(data, "", source)
-    root.check_keys("policy", "sim")
+    root.check_keys("policy", "sim", "edge")
     return EdgeschedConfig(
         policy=_parse_policy(root.table("policy")),
         sim=_parse_sim(root.table("sim")),
+        edge=_parse_edge(root.table("edge")),
     )
 
 
@@ -247,6 +310,39 @@ def _parse_sim(t: _Table) -> SimConfig:
     return t.build(lambda: SimConfig(scenario, seed, days, scale, step_s, affinity_load))
 
 
+def _parse_edge(t: _Table) -> EdgeConfig:
+    d = EdgeConfig()
+    t.check_keys(*(f.name for f in fields(EdgeConfig)))
+    mqtt = _parse_mqtt(t.table("mqtt"))
+    return t.build(
+        lambda: EdgeConfig(
+            node_id=t.string("node_id", ""),
+            site=t.string("site", d.site),
+            state_dir=t.string("state_dir", d.state_dir),
+            api_host=t.string("api_host", d.api_host),
+            api_port=t.integer("api_port", d.api_port, low=0),
+            allow_remote_api=t.boolean("allow_remote_api", d.allow_remote_api),
+            lease_s=t.number("lease_s", d.lease_s, low=0, low_open=True),
+            cycle_s=t.number("cycle_s", d.cycle_s, low=0, low_open=True),
+            sample_s=t.number("sample_s", d.sample_s, low=0, low_open=True),
+            stop_grace_s=t.number("stop_grace_s", d.stop_grace_s, low=0),
+            mqtt=mqtt,
+        )
+    )
+
+
+def _parse_mqtt(t: _Table) -> MqttConfig:
+    d = MqttConfig()
+    t.check_keys(*(f.name for f in fields(MqttConfig)))
+    return t.build(
+        lambda: MqttConfig(
+            host=t.string("host", d.host),
+            port=t.integer("port", d.port, low=1),
+            keepalive_s=t.integer("keepalive_s", d.keepalive_s, low=1),
+        )
+    )
+
+
 # --- the example config ------------------------------------------------------------------------
 
 
@@ -300,7 +396,7 @@ def default_config_toml() -> str:
         _line("seed", s.seed),
         _line("days", s.days),
         _line("scale", s.scale, "multiplies the scenario's load"),
-        _line("step_s", s.step_s, "scheduling cycle"),
+        _line("step_s", s.step_s, "delay from an event to the cycle it triggers"),
         _line("affinity_load", s.affinity_load),
     ]
     return "\n".join(lines) + "\n"

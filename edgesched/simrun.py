@@ -32,6 +32,7 @@ class SimJob:
     policy: PolicyConfig
     tidal: TidalProfile
     strategy: str
+    batch_s: float = 1.0
 
 
 def _run_one(job: SimJob, progress: Any | None) -> SimReport:
@@ -46,7 +47,7 @@ def _run_one(job: SimJob, progress: Any | None) -> SimReport:
             last[0] = t
             progress.put((job.strategy, t))
 
-    result = simulate(scenario, strategy, progress=report)
+    result = simulate(scenario, strategy, batch_s=job.batch_s, progress=report)
     if progress is not None:
         progress.put((job.strategy, horizon))
     return result
@@ -66,10 +67,11 @@ def run_campus(
     strategies: Sequence[str],
     affinity_load: float,
     workers: int,
+    batch_s: float = 1.0,
     progress: Callable[[str, float], None] | None = None,
 ) -> ExperimentResult:
     """Every strategy over the same seeded campus, ``workers`` at a time, in the given order."""
-    jobs = [SimJob(seed, days, scale, policy, tidal, name) for name in strategies]
+    jobs = [SimJob(seed, days, scale, policy, tidal, name, batch_s) for name in strategies]
     reports: dict[str, SimReport] = {}
     if workers <= 1 or len(jobs) == 1:
         sink = _CallbackQueue(progress) if progress is not None else None

@@ -1,0 +1,516 @@
+"""The edge sub-engine: one node that keeps scheduling on its own.
+
+:class:`EdgeEngine` owns the node's effects and runs them as sibling tasks in one
+``asyncio.TaskGroup``:
+
+* **schedule**: every ``cycle_s`` (or at once after a submission or an exit), the very same
+  :func:`edgesched.core.scheduler.schedule` as central, over this node, with the cached policy;
+  every decision is committed to SQLite *before* it is acted on;
+* **exits**: task processes ending; restart policies (with backoff) decide what happens next;
+* **sample**: the agent's resource samples into the store, downsampled hourly;
+* **link**: MQTT to central; the node is *connected* while it heard central within the lease,
+  *autonomous* after that (mode changes are logged and counted);
+* **api**: the loopback HTTP API (submit, list, cancel, status, /metrics).
+
+Crash safety: a task is committed as ``accepted`` before the submission is acknowledged; a
+placement is committed as ``placed`` before the process starts, and the executor records
+every spawn (pid and start time) in its run directory before it returns. On start the engine
+rebuilds its state from SQLite: tasks whose processes survived (engine crash, upgrade) are
+adopted by pid *and* start time, never started twice; tasks whose processes are gone (power
+loss, reboot) go back to the queue and are placed again, with or without a network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from edgesched.config import EdgeschedConfig
+from edgesched.core.model import Decision, DecisionKind, Node, Placement
+from edgesched.core.scheduler import ClusterView, schedule
+from edgesched.edge.agent import Agent
+from edgesched.edge.executor import Executor, ExecutorError, ExitEvent
+from edgesched.edge.hal import HardwareProfile, default_power_model, discover, to_node
+from edgesched.edge.link import CentralLink
+from edgesched.edge.metrics import EdgeMetrics
+from edgesched.edge.spec import RestartPolicy, SpecError, TaskRecord, TaskSpec, TaskState
+from edgesched.edge.store import Store, StoreError, StoreFullError
+
+log = logging.getLogger("edgesched.edge.engine")
+
+_QUEUED = (TaskState.ACCEPTED, TaskState.PREEMPTED)
+_HELD = (TaskState.PLACED, TaskState.RUNNING)
+_POWER = (DecisionKind.PARK, DecisionKind.WAKE)
+_ACT_ORDER = {
+    DecisionKind.PREEMPT: 0,
+    DecisionKind.PIN: 1,
+    DecisionKind.PLACE: 2,
+    DecisionKind.MIGRATE: 3,
+    DecisionKind.PARK: 4,
+    DecisionKind.WAKE: 4,
+}
+
+
+class Mode(StrEnum):
+    CONNECTED = "connected"
+    AUTONOMOUS = "autonomous"
+
+
+class SubmitError(Exception):
+    """A submission refused; ``status`` is the HTTP status, ``field`` what was wrong."""
+
+    def __init__(self, status: int, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.status = status
+        self.field = field
+        self.message = message
+
+
+class IdentityError(Exception):
+    """The state directory belongs to another node id."""
+
+
+class EdgeEngine:
+    """The sub-engine of one edge node. Create, then ``await run()``; ``stop()`` ends it."""
+
+    def __init__(
+        self,
+        config: EdgeschedConfig,
+        *,
+        hal_root: Path = Path("/"),
+        clock: Callable[[], float] = time.time,
+        max_page_count: int | None = None,
+    ) -> None:
+        if not config.edge.node_id:
+            raise ValueError("edge.node_id: missing (required to run an edge node)")
+        self.config = config
+        self.edge = config.edge
+        self.state_dir = Path(self.edge.state_dir)
+        self.hal_root = hal_root
+        self.clock = clock
+        self.max_page_count = max_page_count
+        self.metrics = EdgeMetrics()
+        self.link = CentralLink(self.edge.node_id, self.edge.mqtt)
+        self.mode = Mode.AUTONOMOUS
+        self.started_at = clock()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._lock = asyncio.Lock()  # one cycle or state change at a time
+        self._not_before: dict[str, float] = {}  # restart backoff
+        self._pins: dict[str, frozenset[int]] = {}
+        self._store: Store | None = None
+        self._executor: Executor | None = None
+        self.profile: HardwareProfile | None = None
+        self.node: Node | None = None
+        self.api_port: int | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("engine not started")
+        return self._store
+
+    @property
+    def executor(self) -> Executor:
+        if self._executor is None:
+            raise RuntimeError("engine not started")
+        return self._executor
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Recover from SQLite, then run every loop until :meth:`stop`. Tasks keep running."""
+        from edgesched.edge.api import serve  # the API module imports this one
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._store = await Store.open(
+            self.state_dir / "edge.db", max_page_count=self.max_page_count
+        )
+        try:
+            await self._claim_identity()
+            self.profile = discover(self.hal_root)
+            power = default_power_model(self.profile)
+            self.node = to_node(self.profile, self.edge.node_id, self.edge.site, power)
+            self._executor = Executor(self.state_dir / "run")
+            agent = Agent(self.profile, power, self.hal_root)
+            await self._recover()
+            async with asyncio.TaskGroup() as group:
+                runner = await serve(self, self.edge.api_host, self.edge.api_port)
+                try:
+                    loops = [
+                        group.create_task(self._schedule_loop(), name="schedule"),
+                        group.create_task(self._exit_loop(), name="exits"),
+                        group.create_task(self._sample_loop(agent), name="sample"),
+                        group.create_task(self.link.run(), name="link"),
+                    ]
+                    self._ready.set()
+                    log.info(
+                        "edge node %s up: %s %s, %d cores, class %s; API on %s:%s",
+                        self.edge.node_id,
+                        self.profile.arch.value,
+                        self.profile.cpu_model,
+                        self.profile.cores,
+                        self.profile.server_class.value,
+                        self.edge.api_host,
+                        self.api_port,
+                    )
+                    await self._stop.wait()
+                finally:
+                    for task in loops:
+                        task.cancel()
+                    await runner.cleanup()
+        finally:
+            if self._executor is not None:
+                await self._executor.aclose()
+            await self.store.close()
+            log.info("edge node %s stopped; its tasks keep running", self.edge.node_id)
+
+    async def _claim_identity(self) -> None:
+        owner = await self.store.get_meta("node_id")
+        if owner is None:
+            await self.store.set_meta("node_id", self.edge.node_id)
+        elif owner != self.edge.node_id:
+            raise IdentityError(
+                f"state directory {self.state_dir} belongs to node {owner!r}, not "
+                f"{self.edge.node_id!r}; a node's identity is fixed"
+            )
+
+    async def _recover(self) -> None:
+        """Rebuild from SQLite: adopt live processes, requeue the ones that are gone."""
+        now = self.clock()
+        adopted = requeued = 0
+        for record in await self.store.list_tasks(_HELD):
+            handle = None
+            if record.pid is not None and record.pid_started_at is not None:
+                handle = self.executor.adopt(record.spec.id, record.pid, record.pid_started_at)
+            else:
+                spawned = self.executor.recorded(record.spec.id)
+                if spawned is not None:  # died between spawn and our commit: still adopt
+                    handle = self.executor.adopt(record.spec.id, *spawned)
+            if handle is not None:
+                adopted += 1
+                await self.store.put_task(
+                    record.with_state(
+                        TaskState.RUNNING, now, pid=handle.pid, pid_started_at=handle.started_at
+                    )
+                )
+            elif self.executor.exit_pending(record.spec.id):
+                pass  # finished while we were down: its exit event is queued for the exit loop
+            else:
+                requeued += 1
+                await self.store.put_task(
+                    record.with_state(
+                        TaskState.ACCEPTED,
+                        now,
+                        pid=None,
+                        pid_started_at=None,
+                        reason="process gone after restart (reboot or power loss): requeued",
+                    )
+                )
+        if adopted or requeued:
+            log.warning(
+                "recovered from SQLite: %d task(s) adopted alive, %d requeued", adopted, requeued
+            )
+        self.metrics.recovered.labels("adopted").inc(adopted)
+        self.metrics.recovered.labels("requeued").inc(requeued)
+
+    # --- API-facing operations ----------------------------------------------------------------
+
+    async def submit(self, spec: TaskSpec) -> TaskRecord:
+        """Validate, commit as accepted, then acknowledge (return). Raises SubmitError."""
+        node = self.node
+        if node is None:
+            raise SubmitError(503, "node", "engine is starting")
+        self._check_feasible(spec, node)
+        now = self.clock()
+        record = TaskRecord(
+            spec=spec,
+            state=TaskState.ACCEPTED,
+            submitted_at=now,
+            updated_at=now,
+            decided_by="",
+            reason="accepted locally",
+        )
+        async with self._lock:
+            if await self.store.get_task(spec.id) is not None:
+                raise SubmitError(409, "id", f"task {spec.id!r} already exists")
+            try:
+                await self.store.put_task(record)
+            except StoreFullError as exc:
+                self.metrics.store_errors.labels("full").inc()
+                raise SubmitError(507, "store", f"not accepted: {exc}") from exc
+        self.metrics.submissions.inc()
+        self._wake.set()
+        return record
+
+    def _check_feasible(self, spec: TaskSpec, node: Node) -> None:
+        task = spec.to_task(0.0)
+        if not task.runs_on(node.arch):
+            raise SubmitError(422, "archs", f"this node is {node.arch.value}")
+        if task.server_classes and node.server_class not in task.server_classes:
+            raise SubmitError(422, "server_classes", f"this node is {node.server_class.value}")
+        cap = node.capacity
+        for name, want, have in (
+            ("cpu", task.demand.cpu, cap.cpu),
+            ("mem_gib", task.demand.mem_gib, cap.mem_gib),
+            ("accel", float(task.demand.accel), float(cap.accel)),
+        ):
+            if want > have + 1e-9:
+                raise SubmitError(422, name, f"asks for {want:g}, this node has {have:g} in all")
+        program = spec.command[0]
+        if "/" in program:
+            if not (Path(spec.cwd or ".") / program).exists() and not Path(program).exists():
+                raise SubmitError(422, "command", f"{program!r} does not exist")
+        elif shutil.which(program, path=spec.env.get("PATH")) is None:
+            raise SubmitError(422, "command", f"{program!r} not found on PATH")
+
+    async def cancel(self, task_id: str) -> TaskRecord:
+        async with self._lock:
+            record = await self.store.get_task(task_id)
+            if record is None:
+                raise SubmitError(404, "id", f"no task {task_id!r}")
+            if record.state.terminal:
+                return record
+            cancelled = record.with_state(TaskState.CANCELLED, self.clock(), reason="cancelled")
+            await self.store.put_task(cancelled)
+        if record.state in _HELD:
+            await self.executor.stop(task_id, self.edge.stop_grace_s)
+        self._wake.set()
+        return cancelled
+
+    def status(self) -> dict[str, Any]:
+        profile = self.profile
+        return {
+            "node": self.edge.node_id,
+            "site": self.edge.site,
+            "mode": self.mode.value,
+            "broker_connected": self.link.broker_connected,
+            "central_heard_s_ago": (
+                None if self.link.last_heard is None else self.link.clock() - self.link.last_heard
+            ),
+            "lease_s": self.edge.lease_s,
+            "policy": self.config.policy.mode.value,
+            "uptime_s": self.clock() - self.started_at,
+            "hardware": None
+            if profile is None
+            else {
+                "arch": profile.arch.value,
+                "cpu_model": profile.cpu_model,
+                "cores": profile.cores,
+                "mem_gib": round(profile.mem_gib, 2),
+                "server_class": profile.server_class.value,
+                "class_reason": profile.class_reason,
+            },
+        }
+
+    # --- loops ---------------------------------------------------------------------------------
+
+    def _update_mode(self) -> None:
+        mode = Mode.CONNECTED if self.link.heard_within(self.edge.lease_s) else Mode.AUTONOMOUS
+        if mode is not self.mode:
+            log.warning("mode %s -> %s", self.mode.value, mode.value)
+            self.metrics.mode_changes.labels(mode.value).inc()
+            self.mode = mode
+        for m in Mode:
+            self.metrics.mode.labels(m.value).set(1 if m is self.mode else 0)
+
+    async def _schedule_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.edge.cycle_s)
+            self._wake.clear()
+            self._update_mode()
+            try:
+                await self.cycle()
+            except StoreError as exc:
+                # The engine keeps running what it runs; it retries next cycle.
+                self.metrics.store_errors.labels(
+                    "full" if isinstance(exc, StoreFullError) else "error"
+                ).inc()
+                log.error("scheduling cycle skipped: %s", exc)
+
+    def _count_store_error(self, exc: StoreError) -> None:
+        self.metrics.store_errors.labels(
+            "full" if isinstance(exc, StoreFullError) else "error"
+        ).inc()
+
+    async def cycle(self) -> list[Decision]:
+        """One scheduling cycle over this node; decisions committed before they are acted on."""
+        node = self.node
+        if node is None:
+            return []
+        async with self._lock:
+            now = self.clock()
+            records = await self.store.list_tasks((*_QUEUED, *_HELD))
+            held = [r for r in records if r.state in _HELD]
+            queued = [
+                r
+                for r in records
+                if r.state in _QUEUED and self._not_before.get(r.spec.id, 0) <= now
+            ]
+            if not queued and not held:
+                return []
+            view = ClusterView(
+                (node,),
+                tuple(
+                    Placement(r.spec.to_task(r.submitted_at), node.id, r.updated_at) for r in held
+                ),
+                now,
+                pin_cores=node.topology is not None,
+                pins={k: v for k, v in self._pins.items()},
+            )
+            result = schedule(
+                view, [r.spec.to_task(r.submitted_at) for r in queued], self.config.policy
+            )
+            decisions = [
+                d for d in result.decisions if d.kind not in (DecisionKind.PARK, DecisionKind.WAKE)
+            ]
+            if not decisions:
+                return []
+            source = f"edge-{self.mode.value}"
+            await self.store.append_decisions(decisions, source)
+            self.metrics.decisions.labels(source).inc(len(decisions))
+            by_id = {r.spec.id: r for r in records}
+            # All are committed already; act in the order that frees before it fills and pins
+            # a placed task before its process starts (so it starts on its cores).
+            for decision in sorted(decisions, key=lambda d: _ACT_ORDER[d.kind]):
+                await self._act(decision, by_id, source)
+            return decisions
+
+    async def _act(self, d: Decision, by_id: dict[str, TaskRecord], source: str) -> None:
+        record = by_id.get(d.task_id or "")
+        if record is None:
+            return
+        now = self.clock()
+        if d.kind is DecisionKind.PLACE:
+            placed = record.with_state(
+                TaskState.PLACED, now, decided_by=source, node_id=d.node_id, reason=d.reason
+            )
+            await self.store.put_task(placed)
+            cores = self._pins.get(record.spec.id)
+            try:
+                handle = await self.executor.start(record.spec, sorted(cores) if cores else None)
+            except ExecutorError as exc:
+                await self.store.put_task(placed.with_state(TaskState.FAILED, now, reason=str(exc)))
+                self.metrics.start_failures.inc()
+                log.error("task %s failed to start: %s", record.spec.id, exc)
+                return
+            by_id[record.spec.id] = running = placed.with_state(
+                TaskState.RUNNING, self.clock(), pid=handle.pid, pid_started_at=handle.started_at
+            )
+            await self.store.put_task(running)
+            self.metrics.starts.inc()
+        elif d.kind is DecisionKind.PREEMPT:
+            preempted = record.with_state(
+                TaskState.PREEMPTED, now, pid=None, pid_started_at=None, reason=d.reason
+            )
+            await self.store.put_task(preempted)
+            by_id[record.spec.id] = preempted
+            self._pins.pop(record.spec.id, None)
+            await self.executor.stop(record.spec.id, self.edge.stop_grace_s)
+            self.metrics.preemptions.inc()
+        elif d.kind is DecisionKind.PIN:
+            self._pins[record.spec.id] = frozenset(d.cores)
+            current = by_id.get(record.spec.id, record)
+            if current.state is TaskState.RUNNING:
+                with contextlib.suppress(ExecutorError):
+                    self.executor.pin(record.spec.id, d.cores)
+            by_id[record.spec.id] = pinned = replace(current, cores=tuple(d.cores))
+            await self.store.put_task(pinned)
+
+    async def _exit_loop(self) -> None:
+        async for event in self.executor.exits():
+            try:
+                await self._on_exit(event)
+            except StoreError as exc:
+                self.metrics.store_errors.labels("error").inc()
+                log.error("exit of %s not recorded: %s", event.task_id, exc)
+
+    async def _on_exit(self, event: ExitEvent) -> None:
+        async with self._lock:
+            record = await self.store.get_task(event.task_id)
+            if record is None or record.state not in _HELD:
+                return  # we stopped it on purpose (cancel, preempt) or it is unknown
+            now = self.clock()
+            code = event.exit_code
+            spec = record.spec
+            failed = code != 0
+            again = spec.restart is RestartPolicy.ALWAYS or (
+                spec.restart is RestartPolicy.ON_FAILURE and failed
+            )
+            self._pins.pop(spec.id, None)
+            self.metrics.exits.labels("failure" if failed else "success").inc()
+            if again and record.restarts < spec.max_restarts:
+                delay = min(2.0**record.restarts, 60.0)
+                self._not_before[spec.id] = now + delay
+                await self.store.put_task(
+                    record.with_state(
+                        TaskState.ACCEPTED,
+                        now,
+                        pid=None,
+                        pid_started_at=None,
+                        exit_code=code,
+                        restarts=record.restarts + 1,
+                        reason=f"exit {code}: restart {record.restarts + 1} in {delay:g}s",
+                    )
+                )
+                self.metrics.restarts.inc()
+            else:
+                state = TaskState.FAILED if failed else TaskState.EXITED
+                why = "exited" if not failed else f"failed with exit {code}"
+                if again:
+                    why += f" after {record.restarts} restarts"
+                await self.store.put_task(
+                    record.with_state(state, now, exit_code=code, reason=why, pid=None)
+                )
+            self.executor.forget(spec.id)  # the outcome is committed: drop the exit record
+        self._wake.set()
+
+    async def _sample_loop(self, agent: Agent) -> None:
+        last_rollup = self.clock()
+        while True:
+            now = self.clock()
+            sample = agent.sample(now)
+            self.metrics.observe(sample)
+            try:
+                await self.store.add_sample(now, sample.to_json())
+                if now - last_rollup >= 3600:
+                    await self.store.downsample(now)
+                    last_rollup = now
+            except StoreError as exc:
+                self.metrics.store_errors.labels(
+                    "full" if isinstance(exc, StoreFullError) else "error"
+                ).inc()
+                log.error("sample not stored: %s", exc)
+            self.executor.rotate_logs()
+            counts: dict[str, int] = {}
+            with contextlib.suppress(StoreError):
+                for r in await self.store.list_tasks():
+                    counts[r.state.value] = counts.get(r.state.value, 0) + 1
+            for state in TaskState:
+                self.metrics.tasks.labels(state.value).set(counts.get(state.value, 0))
+            await asyncio.sleep(self.edge.sample_s)
+
+
+def parse_submission(body: object) -> TaskSpec:
+    """Untrusted JSON to a TaskSpec; SubmitError(400) naming the field."""
+    try:
+        return TaskSpec.from_json(body)
+    except SpecError as exc:
+        field, _, message = str(exc).partition(": ")
+        raise SubmitError(400, field, message or str(exc)) from None

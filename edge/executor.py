@@ -1,0 +1,721 @@
+"""Run an edge node's tasks as real processes that outlive the engine which started them.
+
+Role: the edge sub-engine hands a :class:`~edgesched.edge.spec.TaskSpec` to :class:`Executor`,
+which starts it as a process, limits and pins it, captures its output, reports its exit, and
+stops it on request. The engine may be SIGKILLed or restarted at any time; its tasks keep
+running, and the next engine *adopts* them by ``(pid, started_at)`` instead of starting them
+twice. Linux only (``/proc``, ``sched_setaffinity``, cgroup v2).
+
+How a task survives its engine:
+
+* It runs in its own session / process group (``start_new_session``), with stdin on
+  ``/dev/null`` and stdout + stderr appended (``O_APPEND``) to ``<run_dir>/<task_id>.log``:
+  no pipe to the engine that could die with it. :meth:`Executor.rotate_logs` rotates by
+  copy-then-truncate, which the ``O_APPEND`` writer follows without holes.
+* The command runs under a tiny ``/bin/sh`` wrapper (the group leader) that waits for it and
+  writes ``"<code> <wrapper pid>"`` atomically (tmp file + ``mv``) to ``<task_id>.exit``; a
+  signal-killed command gives ``128 + signal`` (shell convention). The wrapper catches
+  TERM/INT/HUP, so a group-wide SIGTERM stops the command but not the bookkeeping; only SIGKILL
+  of the whole group (our stop escalation) kills it, and then the engine records ``137``
+  itself. The command is run with ``exec``, so a shell builtin name never runs in the wrapper.
+* Right after spawning, ``<task_id>.pid`` records the identity: pid, psutil create time,
+  boot id and the boot-relative start time in clock ticks. A process is matched by pid *and*
+  start time, so a reused pid is never mistaken for the task. psutil's create time is wall
+  clock (it moves when NTP steps the clock, common on boards without an RTC); adopt() therefore
+  also accepts a pid whose boot id and start ticks equal the ones recorded for that
+  ``(pid, started_at)``. While tracking, liveness is checked by start ticks only. The record
+  also lets an engine that died between spawning and committing the pid find the task
+  (:meth:`Executor.recorded`), and :meth:`Executor.start` refuses to start a second copy
+  while the recorded process lives.
+* start() returns once the command itself has been exec'd (milliseconds), so a stop() right
+  after it cannot hit the wrapper before it forked the command. stop() signals the whole
+  group and waits until no live member is left (zombies awaiting a slow reaper don't count).
+* Exit events are delivered at least once across engine restarts (the ``.exit`` file stays
+  until :meth:`Executor.forget` or the next :meth:`Executor.start` of the same id).
+
+Limits: with a writable cgroup v2 (the parent of ``cgroup_parent`` has ``cgroup.controllers``
+and we can create ``cgroup_parent`` with the ``memory`` and ``cpu`` controllers enabled) each
+task gets ``<cgroup_parent>/task-<id>`` with ``memory.max`` (``limits.memory_mb``) and
+``cpu.max`` (``spec.cpu`` CPUs), and the child moves itself in before ``exec``; otherwise
+``limits.memory_mb`` becomes ``RLIMIT_AS``. ``nofile`` and ``cpu_seconds`` are rlimits either
+way. Missing cgroups never fail a start: the handle says what was used (``limits_via``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+
+from edgesched.edge.spec import TaskSpec
+
+__all__ = ["Executor", "ExecutorError", "ExitEvent", "LimitsVia", "ProcessHandle"]
+
+log = logging.getLogger(__name__)
+
+LimitsVia = Literal["cgroup", "rlimit", "none"]
+
+_MV = shutil.which("mv", path="/usr/bin:/bin") or "mv"
+# $1 is the exit file; the rest is the command. Caught signals reset to default in the
+# subshell, so the command gets TERM normally while the wrapper survives it and records.
+_WRAPPER = (
+    'f=$1; shift; trap : HUP INT TERM; ( exec "$@" ); c=$?; '
+    f'printf "%s %s\\n" "$c" "$$" > "$f.tmp" && {shlex.quote(_MV)} -f "$f.tmp" "$f"; exit $c'
+)
+_CPU_PERIOD_US = 100_000
+_MIN_CPU_QUOTA_US = 1_000
+_CREATE_TIME_TOLERANCE_S = 2.0  # btime (/proc/stat) may tick by a second under NTP slewing
+_KILL_WAIT_S = 5.0
+
+
+class ExecutorError(Exception):
+    """A task could not be started, adopted or pinned; the message names the task and cause."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessHandle:
+    """A running task: its wrapper process (the process-group leader) and where it logs."""
+
+    task_id: str
+    pid: int
+    started_at: float  # psutil create_time at start: with pid, the identity to adopt by
+    log_path: Path
+    limits_via: LimitsVia
+
+
+@dataclass(frozen=True, slots=True)
+class ExitEvent:
+    """A task ended. ``exit_code`` follows the shell (128 + N: killed by signal N); ``None``
+    when unknown (its process vanished without an exit record). ``signalled``: ended by a
+    signal, as far as the code tells (a program exiting 130 by itself looks the same)."""
+
+    task_id: str
+    exit_code: int | None
+    signalled: bool
+
+
+@dataclass(slots=True)
+class _Tracked:
+    handle: ProcessHandle
+    ticks: int  # boot-relative start time of the wrapper, in clock ticks
+    popen: subprocess.Popen[bytes] | None  # None when adopted
+    cgroup: Path | None
+
+
+class Executor:
+    """Starts, watches, pins and stops task processes; see the module docstring."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        log_max_bytes: int = 1 << 20,
+        log_backups: int = 3,
+        cgroup_parent: Path | None = Path("/sys/fs/cgroup/edgesched"),
+        poll_s: float = 0.2,
+    ) -> None:
+        if log_max_bytes <= 0 or log_backups < 0 or poll_s <= 0:
+            raise ValueError("log_max_bytes and poll_s must be > 0, log_backups >= 0")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_max_bytes = log_max_bytes
+        self.log_backups = log_backups
+        self.cgroup_parent = cgroup_parent
+        self.poll_s = poll_s
+        self._cgroup_ok: bool | None = None  # decided at the first start
+        self._tasks: dict[str, _Tracked] = {}
+        self._stopping: set[str] = set()
+        self._events: deque[ExitEvent] = deque()
+        self._wake = asyncio.Event()
+        self._closed = False
+
+    # ----------------------------------------------------------------- public API
+
+    async def start(self, spec: TaskSpec, cores: Sequence[int] | None = None) -> ProcessHandle:
+        """Start ``spec.command`` in its own session, limited, optionally pinned to ``cores``.
+
+        The environment is the engine's overlaid with ``spec.env``. Raises
+        :class:`ExecutorError`, before spawning anything, when the command is not found or
+        not executable, ``cwd`` is not a directory, or the task is already running.
+        """
+        if self._closed:
+            raise ExecutorError(f"{spec.id}: executor is closed")
+        task_id = spec.id
+        if task_id in self._tasks:
+            raise ExecutorError(
+                f"{task_id}: already running (pid {self._tasks[task_id].handle.pid})"
+            )
+        survivor = self._recorded_alive(task_id)
+        if survivor is not None:
+            raise ExecutorError(
+                f"{task_id}: already running as pid {survivor[0]} from an earlier engine; "
+                "adopt it instead of starting it twice"
+            )
+        env = {**os.environ, **spec.env}
+        cwd = spec.cwd
+        if cwd is not None and not os.path.isdir(cwd):
+            raise ExecutorError(f"{task_id}: cwd {cwd!r} is not a directory")
+        _resolve_command(task_id, spec.command[0], env.get("PATH", os.defpath), cwd)
+        cpus = _check_cores(task_id, cores) if cores is not None else None
+
+        exit_path = self._path(task_id, ".exit")
+        for stale in (exit_path, self._path(task_id, ".exit.tmp"), self._path(task_id, ".pid")):
+            stale.unlink(missing_ok=True)
+        cgroup = self._make_cgroup(spec)
+        lim = spec.limits
+        memory = lim.memory_mb << 20 if lim.memory_mb is not None else None
+        rlimits: list[tuple[str, int, int]] = []
+        if memory is not None and cgroup is None:
+            rlimits.append(("RLIMIT_AS", resource.RLIMIT_AS, memory))
+        if lim.nofile is not None:
+            rlimits.append(("RLIMIT_NOFILE", resource.RLIMIT_NOFILE, lim.nofile))
+        if lim.cpu_seconds is not None:
+            rlimits.append(("RLIMIT_CPU", resource.RLIMIT_CPU, lim.cpu_seconds))
+
+        log_path = self._path(task_id, ".log")
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        err_r, err_w = os.pipe()  # the child's setup errors and notes (both close-on-exec)
+        try:
+            popen = subprocess.Popen(
+                ["/bin/sh", "-c", _WRAPPER, "edgesched", str(exit_path), *spec.command],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_child_setup(rlimits, cpus, cgroup, memory, err_w),
+            )
+        except subprocess.SubprocessError:
+            self._remove_cgroup(cgroup)
+            detail = _read_note(err_r) or "unknown error"
+            raise ExecutorError(f"{task_id}: setting up the process failed: {detail}") from None
+        except OSError as exc:
+            self._remove_cgroup(cgroup)
+            raise ExecutorError(f"{task_id}: cannot spawn /bin/sh: {exc}") from exc
+        else:
+            note = _read_note(err_r)  # only the child's failure to join the cgroup
+        finally:
+            for fd in (err_r, err_w, log_fd):
+                os.close(fd)
+        if note and cgroup is not None:
+            log.warning("%s: %s; cgroups off, memory limit via RLIMIT_AS", task_id, note)
+            self._cgroup_ok = False
+            self._remove_cgroup(cgroup)
+            cgroup = None
+            if memory is not None:
+                rlimits.append(("RLIMIT_AS", resource.RLIMIT_AS, memory))
+        limits_via: LimitsVia = "cgroup" if cgroup else "rlimit" if rlimits else "none"
+
+        pid = popen.pid
+        ticks = _start_ticks(pid, zombie_ok=True)
+        started_at = psutil.Process(pid).create_time()  # an unreaped child: exists even if done
+        assert ticks is not None, "own unreaped child has a /proc entry"
+        handle = ProcessHandle(task_id, pid, started_at, log_path, limits_via)
+        self._write_json(
+            self._path(task_id, ".pid"),
+            {
+                "pid": pid,
+                "started_at": started_at,
+                "boot_id": _boot_id(),
+                "ticks": ticks,
+                "limits_via": limits_via,
+                "cgroup": str(cgroup) if cgroup else None,
+            },
+        )
+        self._tasks[task_id] = _Tracked(handle, ticks, popen, cgroup)
+        log.info("started %s as pid %d (limits via %s)", task_id, pid, limits_via)
+        await _until_exec(popen)
+        return handle
+
+    def adopt(self, task_id: str, pid: int, started_at: float) -> ProcessHandle | None:
+        """Track a task an earlier engine started, identified by ``(pid, started_at)``.
+
+        Returns ``None`` when that process is gone or the pid now belongs to another process;
+        if the task's exit was recorded meanwhile, its :class:`ExitEvent` is queued for
+        :meth:`exits`.
+        """
+        tracked = self._tasks.get(task_id)
+        if tracked is not None:
+            if tracked.handle.pid == pid:
+                return tracked.handle
+            raise ExecutorError(f"{task_id}: already tracked as pid {tracked.handle.pid}")
+        rec = self._read_json(self._path(task_id, ".pid"))
+        if rec.get("pid") != pid:
+            rec = {}
+        ticks = _start_ticks(pid)
+        same = False
+        if ticks is not None:
+            try:
+                now = psutil.Process(pid).create_time()
+            except psutil.Error:
+                now = None
+            if now is not None and abs(now - started_at) <= _CREATE_TIME_TOLERANCE_S:
+                same = True
+            elif (
+                isinstance(rec.get("started_at"), float)
+                and abs(rec["started_at"] - started_at) <= _CREATE_TIME_TOLERANCE_S
+                and rec.get("boot_id") == _boot_id()
+                and rec.get("ticks") == ticks
+            ):
+                same = True  # the wall clock moved since the start; the process did not
+        if not same:
+            code = self._read_exit(task_id, pid)
+            if code is not None:
+                self._queue(ExitEvent(task_id, code, code > 128))
+            return None
+        assert ticks is not None
+        via = rec.get("limits_via")
+        limits_via: LimitsVia = via if via in ("cgroup", "rlimit", "none") else "none"
+        cgroup = Path(rec["cgroup"]) if isinstance(rec.get("cgroup"), str) else None
+        handle = ProcessHandle(task_id, pid, started_at, self._path(task_id, ".log"), limits_via)
+        self._tasks[task_id] = _Tracked(handle, ticks, None, cgroup)
+        log.info("adopted %s (pid %d)", task_id, pid)
+        return handle
+
+    def exit_pending(self, task_id: str) -> bool:
+        """Whether an exit of ``task_id`` is queued for :meth:`exits` (e.g. found by adopt)."""
+        return any(event.task_id == task_id for event in self._events)
+
+    def recorded(self, task_id: str) -> tuple[int, float] | None:
+        """The ``(pid, started_at)`` last started for ``task_id`` in this run dir, if any: for
+        an engine that died between spawning a task and committing its pid."""
+        rec = self._read_json(self._path(task_id, ".pid"))
+        pid, started_at = rec.get("pid"), rec.get("started_at")
+        if isinstance(pid, int) and isinstance(started_at, float):
+            return pid, started_at
+        return None
+
+    async def stop(self, task_id: str, grace_s: float = 10.0) -> ExitEvent | None:
+        """SIGTERM the task's process group, SIGKILL it after ``grace_s``; return how it ended.
+
+        ``None`` for a task not tracked. A stopped task's event is returned here only, never
+        also yielded by :meth:`exits`.
+        """
+        while task_id in self._stopping:  # another stop() is at it: let it finish first
+            await asyncio.sleep(self.poll_s)
+        tracked = self._tasks.get(task_id)
+        if tracked is None:
+            return None
+        self._stopping.add(task_id)
+        try:
+            killed = False
+            if not self._gone(tracked):
+                self._signal(tracked, signal.SIGTERM)
+                if not await self._wait_gone(tracked, grace_s):
+                    log.warning("%s ignored SIGTERM for %.1fs; killing", task_id, grace_s)
+                    self._signal(tracked, signal.SIGKILL)
+                    killed = True
+                    await self._wait_gone(tracked, _KILL_WAIT_S)
+            event = self._exit_event(tracked, killed=killed)
+        finally:
+            self._stopping.discard(task_id)
+        self._untrack(tracked)
+        return event
+
+    def pin(self, task_id: str, cores: Sequence[int]) -> None:
+        """Set the CPU affinity of every thread of every process of the task to ``cores``."""
+        tracked = self._tasks.get(task_id)
+        if tracked is None:
+            raise ExecutorError(f"{task_id}: not running here")
+        cpus = _check_cores(task_id, cores)
+        pid = tracked.handle.pid
+        pids: set[int] = set()
+        if _start_ticks(pid) == tracked.ticks:
+            pids.add(pid)
+            with contextlib.suppress(psutil.Error):
+                pids.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+        if tracked.cgroup is not None:
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(x) for x in (tracked.cgroup / "cgroup.procs").read_text().split())
+        for member in sorted(pids):
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{member}/task")]
+            except FileNotFoundError:
+                continue
+            for tid in tids:
+                try:
+                    os.sched_setaffinity(tid, cpus)
+                except ProcessLookupError:
+                    pass
+                except OSError as exc:
+                    raise ExecutorError(f"{task_id}: cannot pin to cores {cpus}: {exc}") from exc
+
+    def running(self) -> dict[str, ProcessHandle]:
+        """Tracked tasks whose exit has not been reported yet."""
+        return {task_id: t.handle for task_id, t in self._tasks.items()}
+
+    async def exits(self) -> AsyncGenerator[ExitEvent, None]:
+        """Yield an :class:`ExitEvent` as each tracked task ends (own and adopted), polling
+        every ``poll_s``; ends after :meth:`aclose`. One consumer at a time."""
+        while True:
+            self._poll()
+            while self._events:
+                yield self._events.popleft()
+            if self._closed:
+                return
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+
+    def rotate_logs(self) -> int:
+        """Rotate every ``*.log`` in the run dir larger than ``log_max_bytes`` by copy then
+        truncate, keeping ``log_backups`` old copies (``.log.1`` newest); return how many."""
+        rotated = 0
+        for path in sorted(self.run_dir.glob("*.log")):
+            try:
+                if path.stat().st_size <= self.log_max_bytes:
+                    continue
+                if self.log_backups > 0:
+                    for n in range(self.log_backups - 1, 0, -1):
+                        older = path.with_name(f"{path.name}.{n}")
+                        if older.exists():
+                            older.replace(path.with_name(f"{path.name}.{n + 1}"))
+                    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+                os.truncate(path, 0)  # writers use O_APPEND: they continue at the new end
+                rotated += 1
+            except OSError as exc:
+                log.warning("rotating %s failed: %s", path, exc)
+        return rotated
+
+    def forget(self, task_id: str) -> None:
+        """Drop a finished task's exit and identity records once the engine has committed its
+        outcome (its log stays). A no-op for a running task."""
+        if task_id in self._tasks:
+            return
+        for suffix in (".exit", ".exit.tmp", ".pid"):
+            self._path(task_id, suffix).unlink(missing_ok=True)
+
+    async def aclose(self) -> None:
+        """Stop watching and end :meth:`exits`; the tasks keep running (they outlive us)."""
+        self._closed = True
+        self._wake.set()
+
+    # ----------------------------------------------------------------- internals
+
+    def _path(self, task_id: str, suffix: str) -> Path:
+        return self.run_dir / f"{task_id}{suffix}"
+
+    def _queue(self, event: ExitEvent) -> None:
+        self._events.append(event)
+        self._wake.set()
+
+    def _poll(self) -> None:
+        for task_id, tracked in list(self._tasks.items()):
+            if task_id in self._stopping or not self._wrapper_dead(tracked):
+                continue
+            event = self._exit_event(tracked, killed=False)
+            self._untrack(tracked)
+            log.info("%s exited with %s", task_id, event.exit_code)
+            self._queue(event)
+
+    def _wrapper_dead(self, tracked: _Tracked) -> bool:
+        if tracked.popen is not None:
+            return tracked.popen.poll() is not None
+        return _ended(tracked.handle.pid, tracked.ticks)
+
+    def _gone(self, tracked: _Tracked) -> bool:
+        """The wrapper has ended and nothing is left in its process group."""
+        return self._wrapper_dead(tracked) and not _group_alive(tracked.handle.pid)
+
+    async def _wait_gone(self, tracked: _Tracked, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        step = min(self.poll_s, 0.05)
+        while not self._gone(tracked):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(step)
+        return True
+
+    def _signal(self, tracked: _Tracked, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(tracked.handle.pid, sig)  # pgid == wrapper pid (its own session)
+        if sig == signal.SIGKILL and tracked.cgroup is not None:
+            with contextlib.suppress(OSError):  # also whatever left the group (kernel >= 5.14)
+                (tracked.cgroup / "cgroup.kill").write_text("1")
+
+    def _exit_event(self, tracked: _Tracked, *, killed: bool) -> ExitEvent:
+        task_id, pid = tracked.handle.task_id, tracked.handle.pid
+        code = self._read_exit(task_id, pid)
+        if code is not None:
+            return ExitEvent(task_id, code, code > 128)
+        rc = tracked.popen.returncode if tracked.popen is not None else None
+        if rc is not None:
+            code, signalled = (128 - rc, True) if rc < 0 else (rc, False)
+        elif killed:
+            code, signalled = 128 + signal.SIGKILL, True
+        else:
+            return ExitEvent(task_id, None, False)
+        # The wrapper died before recording: record for the next engine.
+        with contextlib.suppress(OSError):
+            tmp = self._path(task_id, ".exit.tmp")
+            tmp.write_text(f"{code} {pid}\n")
+            tmp.replace(self._path(task_id, ".exit"))
+        return ExitEvent(task_id, code, signalled)
+
+    def _read_exit(self, task_id: str, pid: int) -> int | None:
+        try:
+            code_s, pid_s = self._path(task_id, ".exit").read_text().split()
+            code, writer = int(code_s), int(pid_s)
+        except (OSError, ValueError):
+            return None
+        return code if writer == pid else None  # else a record of another incarnation
+
+    def _recorded_alive(self, task_id: str) -> tuple[int, int] | None:
+        rec = self._read_json(self._path(task_id, ".pid"))
+        pid, ticks = rec.get("pid"), rec.get("ticks")
+        if not isinstance(pid, int) or not isinstance(ticks, int):
+            return None
+        if rec.get("boot_id") != _boot_id() or _start_ticks(pid) != ticks:
+            return None
+        return pid, ticks
+
+    def _untrack(self, tracked: _Tracked) -> None:
+        self._tasks.pop(tracked.handle.task_id, None)
+        self._remove_cgroup(tracked.cgroup)
+
+    # cgroups ---------------------------------------------------------------
+
+    def _cgroups_usable(self) -> bool:
+        """Decide once whether per-task cgroups work under ``cgroup_parent``."""
+        if self._cgroup_ok is not None:
+            return self._cgroup_ok
+        self._cgroup_ok = False
+        parent = self.cgroup_parent
+        if parent is None:
+            return False
+        root = parent.parent
+        if not (root / "cgroup.controllers").is_file():
+            log.info("no cgroup v2 at %s; limits via rlimits", root)
+            return False
+        created = not parent.exists()
+        try:
+            parent.mkdir(exist_ok=True)
+            if not {"memory", "cpu"} <= set((parent / "cgroup.controllers").read_text().split()):
+                (root / "cgroup.subtree_control").write_text("+memory +cpu")
+            (parent / "cgroup.subtree_control").write_text("+memory +cpu")
+        except OSError as exc:
+            log.info("cgroup v2 not usable at %s (%s); limits via rlimits", parent, exc)
+            if created:
+                self._remove_cgroup(parent)
+            return False
+        log.info("limits via cgroup v2 under %s", parent)
+        self._cgroup_ok = True
+        return True
+
+    def _make_cgroup(self, spec: TaskSpec) -> Path | None:
+        if self.cgroup_parent is None or not self._cgroups_usable():
+            return None
+        path = self.cgroup_parent / f"task-{spec.id}"
+        memory = spec.limits.memory_mb
+        quota = max(_MIN_CPU_QUOTA_US, round(spec.cpu * _CPU_PERIOD_US))
+        try:
+            path.mkdir(exist_ok=True)
+            (path / "memory.max").write_text(str(memory << 20) if memory is not None else "max")
+            (path / "cpu.max").write_text(f"{quota} {_CPU_PERIOD_US}")
+        except OSError as exc:
+            log.warning("%s: cgroup setup at %s failed (%s); using rlimits", spec.id, path, exc)
+            self._remove_cgroup(path)
+            return None
+        return path
+
+    @staticmethod
+    def _remove_cgroup(path: Path | None) -> None:
+        if path is not None:
+            with contextlib.suppress(OSError):  # busy (leftover processes) or already gone
+                path.rmdir()
+
+    # small files -------------------------------------------------------------
+
+    @staticmethod
+    def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+
+    @staticmethod
+    def _read_json(path: Path) -> dict[str, Any]:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def _resolve_command(task_id: str, name: str, path_env: str, cwd: str | None) -> str:
+    """The executable ``name`` runs, or :class:`ExecutorError` naming it."""
+    if "/" in name:
+        full = os.path.join(cwd or os.getcwd(), name)
+        if not os.path.isfile(full):
+            raise ExecutorError(f"{task_id}: command {name!r} not found")
+        if not os.access(full, os.X_OK):
+            raise ExecutorError(f"{task_id}: command {name!r} is not executable")
+        return full
+    found = shutil.which(name, path=path_env)
+    if found is None:
+        raise ExecutorError(f"{task_id}: command {name!r} not found on PATH ({path_env})")
+    return found
+
+
+def _check_cores(task_id: str, cores: Sequence[int]) -> list[int]:
+    cpus = sorted(set(cores))
+    if not cpus or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in cpus):
+        raise ExecutorError(f"{task_id}: cores must be a non-empty list of core ids >= 0")
+    return cpus
+
+
+def _child_setup(
+    rlimits: Sequence[tuple[str, int, int]],
+    cpus: list[int] | None,
+    cgroup: Path | None,
+    memory: int | None,
+    err: int,
+) -> Callable[[], None]:
+    """The preexec function: runs in the forked child before exec, so all of it is inherited
+    by the command. Only os-level calls. A failure is written to ``err`` and re-raised; failing
+    to join the cgroup is not fatal: the child notes it on ``err`` and falls back to
+    ``RLIMIT_AS = memory``."""
+    procs = str(cgroup / "cgroup.procs") if cgroup is not None else None
+
+    def setup() -> None:
+        step = ""
+        try:
+            for name, res, value in rlimits:
+                step = f"setrlimit({name}, {value})"
+                resource.setrlimit(res, (value, value))
+            if cpus is not None:
+                step = f"sched_setaffinity({cpus})"
+                os.sched_setaffinity(0, cpus)
+            if procs is not None:
+                try:
+                    fd = os.open(procs, os.O_WRONLY)
+                    try:
+                        os.write(fd, str(os.getpid()).encode())
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    os.write(err, f"joining cgroup failed: {exc}".encode())
+                    if memory is not None:
+                        step = f"setrlimit(RLIMIT_AS, {memory})"
+                        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        except (OSError, ValueError) as exc:
+            os.write(err, f"{step}: {exc}".encode())
+            raise
+
+    return setup
+
+
+def _read_note(fd: int) -> str:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 4096).decode(errors="replace")
+    except BlockingIOError:
+        return ""
+
+
+async def _until_exec(popen: subprocess.Popen[bytes], timeout_s: float = 2.0) -> None:
+    """Wait until the wrapper's child has exec'd the command (or the wrapper ended).
+
+    Until then a SIGTERM to the group could reach the wrapper before it forked the command,
+    or the forked subshell before it reset the wrapper's trap: the command would never see
+    it. Once start() returns, stop() is reliable. Typically a few milliseconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        wrapper = psutil.Process(popen.pid)
+        own = wrapper.cmdline()
+    except psutil.Error:
+        return
+    while popen.poll() is None and time.monotonic() < deadline:
+        try:
+            children = wrapper.children()
+        except psutil.Error:
+            return
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                if child.cmdline() != own:
+                    return
+        await asyncio.sleep(0.002)
+    if popen.returncode is None:
+        log.warning("pid %d: command not exec'd after %.1fs", popen.pid, timeout_s)
+
+
+def _stat(pid: int) -> tuple[bytes, int, int, int] | None:
+    """``(state, ppid, pgrp, start ticks)`` from ``/proc/<pid>/stat``; ``None`` if gone. The
+    start time counts clock ticks since boot: unlike psutil's create time, the wall clock
+    moving does not change it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(b")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def _start_ticks(pid: int, *, zombie_ok: bool = False) -> int | None:
+    """Start ticks of a process; ``None`` if it is gone (or a zombie, unless ``zombie_ok``)."""
+    st = _stat(pid)
+    if st is None or (st[0] in (b"Z", b"X") and not zombie_ok):
+        return None
+    return st[3]
+
+
+def _ended(pid: int, ticks: int) -> bool:
+    """Whether the process ``(pid, ticks)`` has ended. If it is a zombie child of ours (the
+    engine adopted a task it started itself), it is reaped."""
+    st = _stat(pid)
+    if st is None or st[3] != ticks:
+        return True
+    if st[0] not in (b"Z", b"X"):
+        return False
+    if st[1] == os.getpid():
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process group has a member that is not a zombie (zombies wait for their
+    reaper, which may be slow: they hold no resources worth waiting for)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            st = _stat(int(entry.name))
+            if st is not None and st[2] == pgid and st[0] not in (b"Z", b"X"):
+                return True
+    return False
+
+
+_BOOT_ID: str | None = None
+
+
+def _boot_id() -> str:
+    global _BOOT_ID
+    if _BOOT_ID is None:
+        try:
+            _BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            _BOOT_ID = ""
+    return _BOOT_ID

@@ -1,0 +1,234 @@
+"""Shared fixtures: a real Mosquitto broker on 127.0.0.1, free ports, and an edge node process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+def mosquitto_binary() -> str:
+    found = shutil.which("mosquitto") or (
+        "/usr/sbin/mosquitto" if os.access("/usr/sbin/mosquitto", os.X_OK) else None
+    )
+    if found is None:
+        pytest.fail("Mosquitto is not installed: run `make setup` (apt-get install mosquitto)")
+    return found
+
+
+@dataclass
+class Broker:
+    port: int
+    proc: subprocess.Popen[bytes]
+    conf: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [mosquitto_binary(), "-c", str(self.conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    """Mosquitto on 127.0.0.1 on a free port (anonymous, no persistence), stopped after."""
+    port = free_port()
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest none\n"
+    )
+    b = Broker(port, None, conf)  # type: ignore[arg-type]
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def edgesched_binary() -> str:
+    exe = Path(sys.executable).with_name("edgesched")
+    found = str(exe) if exe.exists() else shutil.which("edgesched")
+    assert found, "the edgesched console script is not installed"
+    return found
+
+
+@dataclass
+class EdgeNode:
+    """A real `edgesched edge run` process and a small client for its local API."""
+
+    config: Path
+    state: Path
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.state / "api-port").unlink()
+        logf = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                edgesched_binary(),
+                "edge",
+                "run",
+                "--config",
+                str(self.config),
+                "--log-level",
+                "debug",
+            ],
+            stdout=logf,
+            stderr=logf,
+            cwd=self.config.parent,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"edge node exited {self.proc.returncode}:\n{self.log.read_text()}"
+                )
+            with contextlib.suppress(OSError, ValueError):
+                port = int((self.state / "api-port").read_text())
+                if self.get("/v1/health", auth=False)[0] == 200:
+                    self.port = port
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"edge node not up after {timeout}s:\n{self.log.read_text()}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(15)
+
+    def url(self, path: str) -> str:
+        port = int((self.state / "api-port").read_text())
+        return f"http://127.0.0.1:{port}{path}"
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        auth: bool = True,
+        raw: bytes | None = None,
+    ) -> tuple[int, Any]:
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            headers["Authorization"] = "Bearer " + (self.state / "api-token").read_text().strip()
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        req = urllib.request.Request(self.url(path), data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                payload = resp.read()
+                ctype = resp.headers.get("Content-Type", "")
+                return resp.status, json.loads(payload) if "json" in ctype else payload.decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+    def get(self, path: str, *, auth: bool = True) -> tuple[int, Any]:
+        return self.request("GET", path, auth=auth)
+
+    def tasks(self) -> dict[str, dict[str, Any]]:
+        status, rows = self.get("/v1/tasks")
+        assert status == 200, rows
+        return {r["id"]: r for r in rows}
+
+    def wait(self, predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(0.1)
+        raise TimeoutError(
+            f"{what} not reached in {timeout}s; last={last!r}\n{self.log.read_text()[-4000:]}"
+        )
+
+
+def write_edge_config(tmp_path: Path, mqtt_port: int, **edge: Any) -> tuple[Path, Path]:
+    state = tmp_path / "state"
+    settings = {
+        "node_id": "gw-test",
+        "state_dir": str(state),
+        "api_port": 0,
+        "lease_s": 2.0,
+        "cycle_s": 0.2,
+        "sample_s": 0.5,
+        "stop_grace_s": 2.0,
+        **edge,
+    }
+    lines = ["[edge]"]
+    for key, value in settings.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    lines += ["[edge.mqtt]", f"port = {mqtt_port}", "keepalive_s = 2"]
+    config = tmp_path / "edge.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return config, state
+
+
+@pytest.fixture
+def edge_node(tmp_path: Path) -> Iterator[EdgeNode]:
+    """An edge node with no broker reachable (a free port nobody listens on)."""
+    config, state = write_edge_config(tmp_path, free_port())
+    node = EdgeNode(config, state, tmp_path / "edge.log")
+    node.start()
+    try:
+        yield node
+    finally:
+        if node.proc is not None and node.proc.poll() is None:
+            node.kill(signal.SIGTERM)
+        kill_task_processes(state)
+
+
+def kill_task_processes(state: Path) -> None:
+    """Tasks outlive the engine by design; tests clean up the ones they started."""
+    import psutil
+
+    run = state / "run"
+    for proc in psutil.process_iter(["pid", "environ"]):
+        with contextlib.suppress(psutil.Error):
+            env = proc.info.get("environ") or {}
+            if any(str(run) in v for v in env.values()):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
