@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesched.config import EdgeschedConfig
+from edgesched.core.forecast import DemandHistory, Ewma, Forecaster, peak_next
 from edgesched.core.model import Decision, DecisionKind, Node, Placement
 from edgesched.core.scheduler import ClusterView, schedule
 from edgesched.edge.agent import Agent
@@ -43,10 +44,13 @@ from edgesched.edge.link import CentralLink
 from edgesched.edge.metrics import EdgeMetrics
 from edgesched.edge.spec import RestartPolicy, SpecError, TaskRecord, TaskSpec, TaskState
 from edgesched.edge.store import Store, StoreError, StoreFullError
+from edgesched.policies.runtime import ModelError, OnnxForecaster
 
 log = logging.getLogger("edgesched.edge.engine")
 
 _QUEUED = (TaskState.ACCEPTED, TaskState.PREEMPTED)
+BIN_S = 300.0  # the forecaster's sample spacing: 5-minute mean demand
+HISTORY_BINS = 288  # one day
 _HELD = (TaskState.PLACED, TaskState.RUNNING)
 _POWER = (DecisionKind.PARK, DecisionKind.WAKE)
 _ACT_ORDER = {
@@ -112,6 +116,11 @@ class EdgeEngine:
         self.profile: HardwareProfile | None = None
         self.node: Node | None = None
         self.api_port: int | None = None
+        self.fallback_forecaster: Forecaster = Ewma()
+        self.forecaster: Forecaster = self.fallback_forecaster
+        self.forecast_cpu: float | None = None
+        self._bins: list[float] = []  # 5-minute mean CPU cores in use, oldest first
+        self._bin: tuple[float, float, int] | None = None  # (start, sum, count) being filled
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -148,7 +157,9 @@ class EdgeEngine:
             self.node = to_node(self.profile, self.edge.node_id, self.edge.site, power)
             self._executor = Executor(self.state_dir / "run")
             agent = Agent(self.profile, power, self.hal_root)
+            self._load_forecaster()
             await self._recover()
+            await self._seed_history()
             async with asyncio.TaskGroup() as group:
                 runner = await serve(self, self.edge.api_host, self.edge.api_port)
                 try:
@@ -179,6 +190,48 @@ class EdgeEngine:
                 await self._executor.aclose()
             await self.store.close()
             log.info("edge node %s stopped; its tasks keep running", self.edge.node_id)
+
+    def _load_forecaster(self) -> None:
+        path = self.edge.forecast_model
+        if not path:
+            return
+        try:
+            self.forecaster = OnnxForecaster(
+                Path(path),
+                self.fallback_forecaster,
+                on_fallback=lambda why: self.metrics.model_fallbacks.labels("inference").inc(),
+            )
+            log.info("forecast model %s loaded", path)
+        except ModelError as exc:
+            self.metrics.model_fallbacks.labels("load").inc()
+            log.error("forecast model refused, using %s: %s", self.fallback_forecaster.name, exc)
+
+    async def _seed_history(self) -> None:
+        """Rebuild the demand history from stored samples, so a restart keeps its forecast."""
+        assert self.profile is not None
+        since = self.clock() - HISTORY_BINS * BIN_S
+        rows = await self.store.rollups(since) + await self.store.samples(since)
+        bins: dict[int, list[float]] = {}
+        for at, payload in rows:
+            cpu = payload.get("cpu_total")
+            if isinstance(cpu, int | float):
+                bins.setdefault(int(at // BIN_S), []).append(float(cpu) * self.profile.cores)
+        current = int(self.clock() // BIN_S)
+        self._bins = [sum(v) / len(v) for k, v in sorted(bins.items()) if k < current]
+
+    def _observe_demand(self, now: float, cores_used: float) -> None:
+        """Fold a sample into 5-minute bins; on each closed bin, forecast the next 15 min."""
+        start = now - now % BIN_S
+        if self._bin is not None and self._bin[0] != start:
+            _, total, count = self._bin
+            self._bins = [*self._bins[-(HISTORY_BINS - 1) :], total / count]
+            history = DemandHistory(BIN_S, tuple(self._bins), start)
+            self.forecast_cpu = peak_next(self.forecaster, history, 900.0)
+            self.metrics.forecast.set(self.forecast_cpu)
+            self._bin = None
+        if self._bin is None:
+            self._bin = (start, 0.0, 0)
+        self._bin = (start, self._bin[1] + cores_used, self._bin[2] + 1)
 
     async def _claim_identity(self) -> None:
         owner = await self.store.get_meta("node_id")
@@ -306,6 +359,11 @@ class EdgeEngine:
             "lease_s": self.edge.lease_s,
             "policy": self.config.policy.mode.value,
             "uptime_s": self.clock() - self.started_at,
+            "forecast": {
+                "model": self.forecaster.name,
+                "peak_cpu_next_15min": self.forecast_cpu,
+                "history_bins": len(self._bins),
+            },
             "hardware": None
             if profile is None
             else {
@@ -365,21 +423,21 @@ class EdgeEngine:
             ]
             if not queued and not held:
                 return []
+            running = tuple(
+                Placement(r.spec.to_task(r.submitted_at), node.id, r.updated_at) for r in held
+            )
             view = ClusterView(
                 (node,),
-                tuple(
-                    Placement(r.spec.to_task(r.submitted_at), node.id, r.updated_at) for r in held
-                ),
+                running,
                 now,
+                forecast_cpu=self.forecast_cpu,
                 pin_cores=node.topology is not None,
-                pins={k: v for k, v in self._pins.items()},
+                pins=dict(self._pins),
             )
-            result = schedule(
-                view, [r.spec.to_task(r.submitted_at) for r in queued], self.config.policy
-            )
-            decisions = [
-                d for d in result.decisions if d.kind not in (DecisionKind.PARK, DecisionKind.WAKE)
-            ]
+            pending = [r.spec.to_task(r.submitted_at) for r in queued]
+            result = schedule(view, pending, self.config.policy)
+            # One node does not park itself: power decisions are for fleets and sites.
+            decisions = [d for d in result.decisions if d.kind not in _POWER]
             if not decisions:
                 return []
             source = f"edge-{self.mode.value}"
@@ -487,6 +545,7 @@ class EdgeEngine:
             now = self.clock()
             sample = agent.sample(now)
             self.metrics.observe(sample)
+            self._observe_demand(now, sample.cpu_total * len(sample.cpu_per_core))
             try:
                 await self.store.add_sample(now, sample.to_json())
                 if now - last_rollup >= 3600:

@@ -40,6 +40,15 @@ class EdgeMetrics:
         self.cpu = Gauge("edgesched_edge_cpu_utilization", "CPU utilization (0-1)", registry=r)
         self.power = Gauge("edgesched_edge_power_watts", "Node power draw", ["source"], registry=r)
         self.mem_used = Gauge("edgesched_edge_memory_used_gib", "Memory in use", registry=r)
+        self.forecast = Gauge(
+            "edgesched_edge_forecast_cpu", "Peak CPU cores forecast for the next 15 min", registry=r
+        )
+        self.model_fallbacks = Counter(
+            "edgesched_edge_model_fallbacks",
+            "Forecasts served by the fallback instead of the ONNX model",
+            ["stage"],
+            registry=r,
+        )
 
     def observe(self, sample: Sample) -> None:
         self.cpu.set(sample.cpu_total)

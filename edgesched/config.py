@@ -109,7 +109,8 @@ class EdgeConfig:
 
     ``node_id`` is the node's fixed identity (also its MQTT client id). The local API listens
     on loopback only unless ``allow_remote_api`` is set. The node is *connected* while it has
-    heard central within ``lease_s``, *autonomous* after that.
+    heard central within ``lease_s``, *autonomous* after that. ``forecast_model`` is an ONNX
+    forecaster for the node's next 15 minutes (empty: the built-in Holt/EWMA forecaster).
     """
 
     node_id: str = ""
@@ -122,6 +123,7 @@ class EdgeConfig:
     cycle_s: float = 1.0
     sample_s: float = 5.0
     stop_grace_s: float = 10.0
+    forecast_model: str = ""
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
@@ -326,6 +328,7 @@ def _parse_edge(t: _Table) -> EdgeConfig:
             cycle_s=t.number("cycle_s", d.cycle_s, low=0, low_open=True),
             sample_s=t.number("sample_s", d.sample_s, low=0, low_open=True),
             stop_grace_s=t.number("stop_grace_s", d.stop_grace_s, low=0),
+            forecast_model=t.string("forecast_model", "") if "forecast_model" in t.data else "",
             mqtt=mqtt,
         )
     )

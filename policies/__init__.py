@@ -1,1 +1,1 @@
-"""edgesched.policies"""
+"""edgesched.policies: ONNX models and their onnxruntime inference, with loud fallbacks."""

@@ -303,3 +303,30 @@ def test_edge_commands_have_help(flag: str) -> None:
     for args in (["edge"], ["edge", "run"], ["edge", "submit"], ["node", "qualify"]):
         result = CliRunner().invoke(app, [*args, flag])
         assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_forecast_model_loads_or_falls_back_loudly(tmp_path: Path) -> None:
+    from conftest import free_port
+
+    from edgesched.policies.onnxgraph import random_mlp
+    from edgesched.policies.runtime import FEATURES
+
+    good = random_mlp(tmp_path / "good.onnx", [FEATURES, 16, 3])
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"definitely not onnx")
+    for model, expect_name, load_fallbacks in ((good, "onnx:good.onnx", 0), (bad, "ewma", 1)):
+        root = tmp_path / model.stem
+        root.mkdir()
+        config, state = write_edge_config(root, free_port(), forecast_model=str(model))
+        node = EdgeNode(config, state, root / "edge.log")
+        node.start()
+        try:
+            status = node.get("/v1/status")[1]
+            assert status["forecast"]["model"] == expect_name
+            _, metrics = node.get("/metrics")
+            line = 'edgesched_edge_model_fallbacks_total{stage="load"} 1.0'
+            assert (line in metrics) == bool(load_fallbacks)
+            if load_fallbacks:
+                assert "forecast model refused" in node.log.read_text()
+        finally:
+            node.kill(signal.SIGTERM)

@@ -1,0 +1,64 @@
+"""Building small ONNX graphs with the ``onnx`` package (no torch): the MLP forecasters.
+
+Used by tests and benchmarks now, and by ``edgesched policies train`` later, to write real
+``.onnx`` files that :mod:`edgesched.policies.runtime` loads with onnxruntime.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def write_mlp(
+    path: Path, weights: Sequence[tuple[np.ndarray, np.ndarray]], *, opset: int = 17
+) -> Path:
+    """An MLP ``x -> (Gemm, Relu)* -> Gemm -> y``; ``weights`` are (W [in, out], b [out]).
+
+    Input ``x`` is float32 ``[N, in]``, output ``y`` float32 ``[N, out]`` of the last layer.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    if not weights:
+        raise ValueError("an MLP needs at least one layer")
+    nodes, inits = [], []
+    current = "x"
+    for i, (w, b) in enumerate(weights):
+        w32, b32 = np.asarray(w, np.float32), np.asarray(b, np.float32)
+        if w32.ndim != 2 or b32.shape != (w32.shape[1],):
+            raise ValueError(f"layer {i}: W must be [in, out] and b [out]")
+        inits += [numpy_helper.from_array(w32, f"W{i}"), numpy_helper.from_array(b32, f"b{i}")]
+        out = "y" if i == len(weights) - 1 else f"h{i}"
+        gemm_out = out if i == len(weights) - 1 else f"g{i}"
+        nodes.append(helper.make_node("Gemm", [current, f"W{i}", f"b{i}"], [gemm_out]))
+        if i < len(weights) - 1:
+            nodes.append(helper.make_node("Relu", [gemm_out], [out]))
+        current = out
+    n_in, n_out = int(weights[0][0].shape[0]), int(weights[-1][0].shape[1])
+    graph = helper.make_graph(
+        nodes,
+        "edgesched_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n_in])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", n_out])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def random_mlp(path: Path, sizes: Sequence[int], seed: int = 0) -> Path:
+    """An untrained MLP with the given layer sizes (e.g. 32, 64, 1), seeded."""
+    rng = np.random.default_rng(seed)
+    layers = [
+        (rng.normal(0, 1 / np.sqrt(a), (a, b)), np.zeros(b))
+        for a, b in itertools.pairwise(sizes)
+    ]
+    return write_mlp(path, layers)
