@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 import time
@@ -42,6 +43,7 @@ from edgesched.edge.executor import Executor, ExecutorError, ExitEvent
 from edgesched.edge.hal import HardwareProfile, default_power_model, discover, to_node
 from edgesched.edge.link import CentralLink
 from edgesched.edge.metrics import EdgeMetrics
+from edgesched.edge.qualify import QualificationReport
 from edgesched.edge.spec import RestartPolicy, SpecError, TaskRecord, TaskSpec, TaskState
 from edgesched.edge.store import Store, StoreError, StoreFullError
 from edgesched.policies.runtime import ModelError, OnnxForecaster
@@ -49,6 +51,7 @@ from edgesched.policies.runtime import ModelError, OnnxForecaster
 log = logging.getLogger("edgesched.edge.engine")
 
 _QUEUED = (TaskState.ACCEPTED, TaskState.PREEMPTED)
+QUALIFICATION_FILE = "qualification.json"  # written by `edgesched node qualify --save`
 BIN_S = 300.0  # the forecaster's sample spacing: 5-minute mean demand
 HISTORY_BINS = 288  # one day
 _HELD = (TaskState.PLACED, TaskState.RUNNING)
@@ -154,7 +157,10 @@ class EdgeEngine:
             await self._claim_identity()
             self.profile = discover(self.hal_root)
             power = default_power_model(self.profile)
-            self.node = to_node(self.profile, self.edge.node_id, self.edge.site, power)
+            perf, iops_k = self._qualification()
+            self.node = to_node(
+                self.profile, self.edge.node_id, self.edge.site, power, iops_k=iops_k, perf=perf
+            )
             self._executor = Executor(self.state_dir / "run")
             agent = Agent(self.profile, power, self.hal_root)
             self._load_forecaster()
@@ -190,6 +196,21 @@ class EdgeEngine:
                 await self._executor.aclose()
             await self.store.close()
             log.info("edge node %s stopped; its tasks keep running", self.edge.node_id)
+
+    def _qualification(self) -> tuple[float, float | None]:
+        """(perf, iops_k) from ``<state_dir>/qualification.json`` if `node qualify` saved one."""
+        path = self.state_dir / QUALIFICATION_FILE
+        if not path.exists():
+            return 1.0, None
+        try:
+            report = QualificationReport.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.error("ignoring %s: %s", path, exc)
+            return 1.0, None
+        profile = report.profile()
+        perf = profile.get("perf", 1.0)
+        log.info("node profile from %s: perf %.2f, iops_k %s", path, perf, profile.get("iops_k"))
+        return (perf if perf > 0 else 1.0), profile.get("iops_k")
 
     def _load_forecaster(self) -> None:
         path = self.edge.forecast_model
@@ -373,6 +394,8 @@ class EdgeEngine:
                 "mem_gib": round(profile.mem_gib, 2),
                 "server_class": profile.server_class.value,
                 "class_reason": profile.class_reason,
+                "perf": None if self.node is None else self.node.perf,
+                "iops_k": None if self.node is None else self.node.capacity.iops_k,
             },
         }
 

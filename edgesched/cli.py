@@ -343,9 +343,23 @@ def node_qualify(
         bool, typer.Option("--no-tools", help="Built-in probes only (no sysbench/fio).")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="A node config: save the report as <state_dir>/qualification.json there; the "
+            "edge engine then uses its perf factor and IOPS in scoring.",
+        ),
+    ] = None,
 ) -> None:
     """The article's bring-up checks: CPU, memory bandwidth, LLC, storage IOPS."""
+    from edgesched.edge.engine import QUALIFICATION_FILE
     from edgesched.edge.qualify import qualify
+
+    target = None
+    if config is not None:
+        target = Path(_load(config).edge.state_dir) / QUALIFICATION_FILE
 
     report = qualify(
         workdir,
@@ -354,6 +368,10 @@ def node_qualify(
         progress=None if as_json else (lambda msg: err.print(msg)),
     )
     doc = report.to_json()
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(doc, indent=2) + "\n")
+        err.print(f"saved to {target}")
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:

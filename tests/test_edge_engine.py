@@ -330,3 +330,59 @@ def test_forecast_model_loads_or_falls_back_loudly(tmp_path: Path) -> None:
                 assert "forecast model refused" in node.log.read_text()
         finally:
             node.kill(signal.SIGTERM)
+
+
+def test_qualification_profile_feeds_the_node_model(tmp_path: Path) -> None:
+    import subprocess
+
+    from conftest import edgesched_binary, free_port
+
+    config, state = write_edge_config(tmp_path, free_port())
+    out = subprocess.run(
+        [edgesched_binary(), "node", "qualify", "--no-tools", "--duration", "0.3", "--json",
+         "--workdir", str(tmp_path), "-c", str(config)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode in (0, 1), out.stderr  # 1 = a check failed on this busy box
+    report = json.loads(out.stdout)
+    saved = json.loads((state / "qualification.json").read_text())
+    assert saved["perf_factor"] == report["perf_factor"] > 0
+    assert all(m["tool"] for m in report["measurements"])  # every figure names its tool
+    node = EdgeNode(config, state, tmp_path / "edge.log")
+    node.start()
+    try:
+        hw = node.get("/v1/status")[1]["hardware"]
+        assert hw["perf"] == pytest.approx(report["perf_factor"])
+        iops = report["profile"].get("iops_k")
+        if iops is not None:
+            assert hw["iops_k"] == pytest.approx(iops)
+    finally:
+        node.kill(signal.SIGTERM)
+
+
+def test_preemption_and_tidal_windows_work_offline(tmp_path: Path) -> None:
+    from conftest import free_port
+
+    config, state = write_edge_config(tmp_path, free_port())
+    # Give the node a policy of its own: priority mode, preemption on.
+    config.write_text('[policy]\nmode = "priority"\n' + config.read_text())
+    node = EdgeNode(config, state, tmp_path / "edge.log")
+    node.start()
+    try:
+        cores = node.get("/v1/status")[1]["hardware"]["cores"]
+        low = {"id": "low", "command": ["sleep", "60"], "cpu": cores, "priority": 10,
+               "mem_gib": 0.1}  # fmt: skip
+        assert node.request("POST", "/v1/tasks", low)[0] == 201
+        node.wait(lambda: node.tasks()["low"]["state"] == "running", what="low running")
+        high = {"id": "high", "command": ["sleep", "60"], "cpu": 1, "priority": 90,
+                "mem_gib": 0.1}  # fmt: skip
+        assert node.request("POST", "/v1/tasks", high)[0] == 201
+        tasks = node.wait(
+            lambda: (t := node.tasks())["high"]["state"] == "running" and t, what="preemption"
+        )
+        assert tasks["low"]["state"] == "preempted"
+        assert "preempted for high" in tasks["low"]["reason"]
+        assert tasks["high"]["decided_by"] == "edge-autonomous"
+    finally:
+        node.kill(signal.SIGTERM)
+        kill_task_processes(state)
