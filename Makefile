@@ -54,6 +54,8 @@ test: lint typecheck unit
 bench: setup
 	$(BIN)/python bench/bench_placement.py
 	$(BIN)/python bench/bench_simulator.py
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_latency.py
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_footprint.py
 
 clean:
 	rm -rf $(VENV) build out .pytest_cache .mypy_cache .ruff_cache .hypothesis
