@@ -364,6 +364,7 @@ class EdgeEngine:
             await self.store.put_task(cancelled)
         if record.state in _HELD:
             await self.executor.stop(task_id, self.edge.stop_grace_s)
+            self.executor.forget(task_id)
         self._wake.set()
         return cancelled
 
@@ -504,6 +505,7 @@ class EdgeEngine:
             by_id[record.spec.id] = preempted
             self._pins.pop(record.spec.id, None)
             await self.executor.stop(record.spec.id, self.edge.stop_grace_s)
+            self.executor.forget(record.spec.id)
             self.metrics.preemptions.inc()
         elif d.kind is DecisionKind.PIN:
             self._pins[record.spec.id] = frozenset(d.cores)
@@ -526,6 +528,7 @@ class EdgeEngine:
         async with self._lock:
             record = await self.store.get_task(event.task_id)
             if record is None or record.state not in _HELD:
+                self.executor.forget(event.task_id)
                 return  # we stopped it on purpose (cancel, preempt) or it is unknown
             now = self.clock()
             code = event.exit_code

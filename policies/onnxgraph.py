@@ -58,7 +58,6 @@ def random_mlp(path: Path, sizes: Sequence[int], seed: int = 0) -> Path:
     """An untrained MLP with the given layer sizes (e.g. 32, 64, 1), seeded."""
     rng = np.random.default_rng(seed)
     layers = [
-        (rng.normal(0, 1 / np.sqrt(a), (a, b)), np.zeros(b))
-        for a, b in itertools.pairwise(sizes)
+        (rng.normal(0, 1 / np.sqrt(a), (a, b)), np.zeros(b)) for a, b in itertools.pairwise(sizes)
     ]
     return write_mlp(path, layers)
