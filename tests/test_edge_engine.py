@@ -96,6 +96,8 @@ def test_reboot_while_offline_brings_every_task_back(edge_node: EdgeNode, tmp_pa
     after = edge_node.wait(lambda: running(edge_node, ids), what="tasks running again")
     assert set(after) == set(ids)
     assert all(after[i] != before[i] for i in ids)  # new processes
+    edge_node.wait(lambda: all(starts_of(starts).get(i, 0) >= 2 for i in ids), what="markers")
+    time.sleep(0.5)
     assert starts_of(starts) == dict.fromkeys(ids, 2)  # once per boot, never twice in one
     tasks = edge_node.tasks()
     assert all(tasks[i]["decided_by"] == "edge-autonomous" for i in ids)
@@ -145,6 +147,11 @@ def test_sigkill_during_a_burst_loses_no_acknowledged_task(
     assert len(acked) >= 20
     edge_node.start()
     edge_node.wait(lambda: running(edge_node, acked), timeout=60, what="every acked task running")
+    # "running" is committed before the child's shell writes its marker: wait for the markers.
+    edge_node.wait(
+        lambda: all(starts_of(starts).get(t, 0) >= 1 for t in acked), what="markers written"
+    )
+    time.sleep(0.5)
     counts = starts_of(starts)
     assert all(counts.get(tid) == 1 for tid in acked), counts  # none ran twice
     assert all(n == 1 for n in counts.values())
