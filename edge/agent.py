@@ -40,6 +40,7 @@ import psutil
 
 from edgesched.core.model import PowerModel
 from edgesched.edge.hal import HardwareProfile
+from edgesched.edge.sysfs import listdir, read_int, read_text
 
 GIB = 1024.0**3
 SOURCE_RAPL = "rapl"
@@ -93,27 +94,6 @@ class PowerReading:
 # --------------------------------------------------------------------------- sysfs sensors
 
 
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text(encoding="ascii").strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
-
-
-def _listdir(path: Path) -> list[Path]:
-    try:
-        return sorted(path.iterdir())
-    except OSError:
-        return []
-
-
 @dataclass(frozen=True, slots=True)
 class RaplZone:
     """A RAPL package zone: its ``energy_uj`` file and counter range (None when unknown)."""
@@ -126,13 +106,13 @@ def rapl_zones(root: Path) -> tuple[RaplZone, ...]:
     """Readable top-level RAPL package zones (``intel-rapl:N`` whose name starts "package",
     or every top-level zone when none is named)."""
     zones: list[tuple[str | None, RaplZone]] = []
-    for zone in _listdir(root / "sys/class/powercap"):
+    for zone in listdir(root / "sys/class/powercap"):
         if not re.fullmatch(r"intel-rapl:\d+", zone.name):
             continue  # subzones (intel-rapl:0:0), intel-rapl-mmio duplicates
-        if _read_int(zone / "energy_uj") is None:
+        if read_int(zone / "energy_uj") is None:
             continue  # missing, or root-only (the default since 2020)
-        name = _read_text(zone / "name")
-        zones.append((name, RaplZone(zone / "energy_uj", _read_int(zone / "max_energy_range_uj"))))
+        name = read_text(zone / "name")
+        zones.append((name, RaplZone(zone / "energy_uj", read_int(zone / "max_energy_range_uj"))))
     packages = [z for name, z in zones if name and name.startswith("package")]
     if packages:
         return tuple(packages)
@@ -160,19 +140,19 @@ class HwmonChannel:
 def hwmon_channels(root: Path) -> tuple[HwmonChannel, ...]:
     """Readable power channels; when an ACPI ``power_meter`` exists, only its channels."""
     channels: list[HwmonChannel] = []
-    for hw in _listdir(root / "sys/class/hwmon"):
-        device = _read_text(hw / "name") or hw.name
+    for hw in listdir(root / "sys/class/hwmon"):
+        device = read_text(hw / "name") or hw.name
         indices = sorted(
-            {m.group(1) for p in _listdir(hw) if (m := re.fullmatch(r"power(\d+)_\w+", p.name))},
+            {m.group(1) for p in listdir(hw) if (m := re.fullmatch(r"power(\d+)_\w+", p.name))},
             key=int,
         )
         for idx in indices:
-            label = (_read_text(hw / f"power{idx}_label") or "").lower()
+            label = (read_text(hw / f"power{idx}_label") or "").lower()
             if label.startswith("pout"):
                 continue
             for suffix in ("input", "average"):
                 path = hw / f"power{idx}_{suffix}"
-                if _read_int(path) is not None:
+                if read_int(path) is not None:
                     channels.append(HwmonChannel(path, device))
                     break
     meters = [c for c in channels if c.device == "power_meter"]
@@ -202,7 +182,7 @@ class PowerMeter:
     def _read_rapl(self, now: float) -> float | None:
         energies: list[int] = []
         for zone in self._rapl:
-            value = _read_int(zone.energy)
+            value = read_int(zone.energy)
             if value is None:
                 self._last = None
                 return None
@@ -221,7 +201,7 @@ class PowerMeter:
     def _read_hwmon(self) -> float | None:
         total = 0
         for channel in self._hwmon:
-            value = _read_int(channel.path)
+            value = read_int(channel.path)
             if value is None:
                 return None
             total += value

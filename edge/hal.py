@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgesched.core.model import Arch, CoreTopology, Node, PowerModel, Resources, ServerClass
+from edgesched.edge.sysfs import listdir, read_int, read_text
 
 #: How long ``nvidia-smi`` may take before discovery gives up on it.
 NVIDIA_SMI_TIMEOUT_S = 5.0
@@ -194,31 +195,6 @@ class HardwareProfile:
 # --------------------------------------------------------------------------- file helpers
 
 
-def _read(path: Path) -> str | None:
-    """The stripped text of ``path``, or None when it is missing or unreadable."""
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except (OSError, ValueError):
-        return None
-
-
-def _read_int(path: Path) -> int | None:
-    text = _read(path)
-    if text is None:
-        return None
-    try:
-        return int(text, 0)
-    except ValueError:
-        return None
-
-
-def _listdir(path: Path) -> list[Path]:
-    try:
-        return sorted(path.iterdir())
-    except OSError:
-        return []
-
-
 def parse_cpulist(text: str) -> tuple[int, ...]:
     """Parse a kernel CPU list such as ``"0-3,8,10-11"`` (empty text -> no CPUs).
 
@@ -280,7 +256,7 @@ def arch_of(machine: str) -> Arch:
 def _machine(root: Path, cpuinfo: list[dict[str, str]], warn: list[str]) -> str:
     if root.resolve() == Path("/"):
         return os.uname().machine
-    text = _read(root / "proc/sys/kernel/arch")
+    text = read_text(root / "proc/sys/kernel/arch")
     if text:
         return text
     first = cpuinfo[0] if cpuinfo else {}
@@ -316,7 +292,7 @@ def _cpu_model(cpuinfo: list[dict[str, str]], warn: list[str]) -> str:
 
 def _online_cpus(root: Path, cpuinfo: list[dict[str, str]], warn: list[str]) -> tuple[int, ...]:
     cpu_dir = root / "sys/devices/system/cpu"
-    text = _read(cpu_dir / "online")
+    text = read_text(cpu_dir / "online")
     if text is not None:
         try:
             cpus = parse_cpulist(text)
@@ -328,7 +304,7 @@ def _online_cpus(root: Path, cpuinfo: list[dict[str, str]], warn: list[str]) -> 
     if procs:
         warn.append("online CPU list unreadable; counted processors in /proc/cpuinfo")
         return tuple(sorted(int(p) for p in procs))
-    numbered = sorted(n for p in _listdir(cpu_dir) if (n := _cpu_number(p.name)) is not None)
+    numbered = sorted(n for p in listdir(cpu_dir) if (n := _cpu_number(p.name)) is not None)
     if numbered:
         warn.append("online CPU list unreadable; counted cpu* directories in sysfs")
         return tuple(numbered)
@@ -353,7 +329,7 @@ def _topology(
     def ids(name: str) -> dict[int, int] | None:
         out: dict[int, int] = {}
         for cpu in online:
-            value = _read_int(cpu_dir / f"cpu{cpu}/topology/{name}")
+            value = read_int(cpu_dir / f"cpu{cpu}/topology/{name}")
             if value is None or value < 0:
                 return None
             out[cpu] = value
@@ -368,9 +344,9 @@ def _topology(
                 return CoreTopology(groups), "arm-cluster"
 
     node_of: dict[int, int] = {}
-    for node_path in _listdir(root / "sys/devices/system/node"):
+    for node_path in listdir(root / "sys/devices/system/node"):
         m = re.fullmatch(r"node(\d+)", node_path.name)
-        text = _read(node_path / "cpulist") if m else None
+        text = read_text(node_path / "cpulist") if m else None
         if m is None or text is None:
             continue
         try:
@@ -398,14 +374,14 @@ def _topology(
 
 
 def _mem_gib(root: Path, warn: list[str]) -> float:
-    text = _read(root / "proc/meminfo")
+    text = read_text(root / "proc/meminfo")
     if text is not None:
         m = re.search(r"^MemTotal:\s+(\d+)\s*kB", text, re.MULTILINE)
         if m:
             return int(m.group(1)) / 1024**2
     total_kib = 0
-    for node_path in _listdir(root / "sys/devices/system/node"):
-        node_text = _read(node_path / "meminfo") if node_path.name.startswith("node") else None
+    for node_path in listdir(root / "sys/devices/system/node"):
+        node_text = read_text(node_path / "meminfo") if node_path.name.startswith("node") else None
         m = re.search(r"MemTotal:\s+(\d+)\s*kB", node_text or "")
         if m:
             total_kib += int(m.group(1))
@@ -431,12 +407,12 @@ def _llc_kib(root: Path, online: tuple[int, ...]) -> int | None:
     """Size of the highest-level data/unified cache of the first online CPU, in KiB."""
     cache_dir = root / f"sys/devices/system/cpu/cpu{online[0]}/cache"
     best: tuple[int, int] | None = None
-    for index in _listdir(cache_dir):
+    for index in listdir(cache_dir):
         if not index.name.startswith("index"):
             continue
-        level = _read_int(index / "level")
-        kind = _read(index / "type")
-        size_text = _read(index / "size")
+        level = read_int(index / "level")
+        kind = read_text(index / "type")
+        size_text = read_text(index / "size")
         if level is None or kind == "Instruction" or size_text is None:
             continue
         size = _size_kib(size_text)
@@ -450,7 +426,7 @@ def _llc_kib(root: Path, online: tuple[int, ...]) -> int | None:
 
 def _pci_names(root: Path) -> str | None:
     for rel in ("usr/share/hwdata/pci.ids", "usr/share/misc/pci.ids", "usr/share/pci.ids"):
-        text = _read(root / rel)
+        text = read_text(root / rel)
         if text:
             return text
     return None
@@ -493,9 +469,9 @@ def _bus_id(path_text: str) -> str:
 def _pci_accelerator(
     kind: str, device: Path, root: Path, pci_ids: str | None, *, force_compute: bool = False
 ) -> Accelerator:
-    vendor_id = (_read(device / "vendor") or "").lower()
-    device_id = (_read(device / "device") or "").lower()
-    pci_class = (_read(device / "class") or "").lower()
+    vendor_id = (read_text(device / "vendor") or "").lower()
+    device_id = (read_text(device / "device") or "").lower()
+    pci_class = (read_text(device / "class") or "").lower()
     vendor = PCI_VENDORS.get(vendor_id, vendor_id or "unknown")
     compute = (
         force_compute
@@ -552,22 +528,22 @@ def _accelerators(root: Path, nvidia: tuple[tuple[str, str], ...]) -> tuple[Acce
 
     found: dict[str, Accelerator] = {}  # by PCI bus id (or path when not a PCI device)
     drm = root / "sys/class/drm"
-    for card in _listdir(drm):
+    for card in listdir(drm):
         if not re.fullmatch(r"card\d+", card.name):
             continue  # connectors (card0-HDMI-A-1) and render nodes
         device = card / "device"
-        has_render = any(p.name.startswith("renderD") for p in _listdir(device / "drm"))
+        has_render = any(p.name.startswith("renderD") for p in listdir(device / "drm"))
         if not has_render:
             continue  # a display-only adapter (BMC VGA, simpledrm): not an accelerator
         acc = _pci_accelerator("gpu", device, root, names())
         found.setdefault(_bus_id(acc.path), acc)
-    for accel in _listdir(root / "sys/class/accel"):
+    for accel in listdir(root / "sys/class/accel"):
         if re.fullmatch(r"accel\d+", accel.name):
             acc = _pci_accelerator("npu", accel / "device", root, names())
             found.setdefault(_bus_id(acc.path), acc)
-    for device in _listdir(root / "sys/bus/pci/devices"):
-        pci_class = (_read(device / "class") or "").lower()
-        vendor = PCI_VENDORS.get((_read(device / "vendor") or "").lower(), "")
+    for device in listdir(root / "sys/bus/pci/devices"):
+        pci_class = (read_text(device / "class") or "").lower()
+        vendor = PCI_VENDORS.get((read_text(device / "vendor") or "").lower(), "")
         bus = _bus_id(_rel(root, device))
         if bus in found:
             continue
@@ -589,7 +565,7 @@ def _accelerators(root: Path, nvidia: tuple[tuple[str, str], ...]) -> tuple[Acce
 
 def _storage(root: Path, warn: list[str]) -> tuple[StorageDevice, ...]:
     block = root / "sys/block"
-    entries = _listdir(block)
+    entries = listdir(block)
     if not entries:
         warn.append("no /sys/block entries; storage unknown")
     out: list[StorageDevice] = []
@@ -597,9 +573,9 @@ def _storage(root: Path, warn: list[str]) -> tuple[StorageDevice, ...]:
         name = dev.name
         if not name.startswith(_STORAGE_PREFIXES) or re.search(r"boot\d+$|rpmb$", name):
             continue
-        if _read(dev / "hidden") == "1" or _read(dev / "removable") == "1":
+        if read_text(dev / "hidden") == "1" or read_text(dev / "removable") == "1":
             continue
-        sectors = _read_int(dev / "size")
+        sectors = read_int(dev / "size")
         if sectors is None:
             warn.append(f"block device {name}: size unreadable; skipped")
             continue
@@ -612,7 +588,7 @@ def _storage(root: Path, warn: list[str]) -> tuple[StorageDevice, ...]:
         elif name.startswith(("vd", "xvd")):
             kind = "virtual"
         else:
-            rotational = _read(dev / "queue/rotational")
+            rotational = read_text(dev / "queue/rotational")
             if rotational is None:
                 warn.append(f"block device {name}: rotational flag unreadable; assumed ssd")
             kind = "hdd" if rotational == "1" else "ssd"
@@ -676,7 +652,7 @@ def discover(
     for missing or malformed files (see ``warnings``).
     """
     warn: list[str] = []
-    cpuinfo_text = _read(root / "proc/cpuinfo")
+    cpuinfo_text = read_text(root / "proc/cpuinfo")
     if cpuinfo_text is None:
         warn.append("/proc/cpuinfo unreadable")
     cpuinfo = _parse_cpuinfo(cpuinfo_text or "")
