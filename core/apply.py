@@ -1,8 +1,8 @@
 """Apply a cycle's decisions to a cluster view: the core's own model of their effect.
 
-The simulator uses it to advance its state, tests use it to check invariants (no node
-overcommitted after the decisions), and tiers use it to predict the state they are steering
-to. Pure: returns new tuples, never mutates its inputs.
+Tests use it to check the core's invariants (no node overcommitted after the decisions), and
+a tier can use it to predict the state it is steering to. Pure: returns new tuples, never
+mutates its inputs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The campus experiment: every strategy over the same scenario, and the targets they are held to.
 
 Builds the strategy set (three baselines, our three modes, and tidal allocation on top of the
-energy and priority modes), runs them over one seeded scenario, adds the per-core affinity
-experiment on a 48-core ARM node, and checks the figures against the source article's targets.
+energy and priority modes) and checks a run's figures, with the per-core affinity experiment on
+a 48-core ARM node, against the source article's targets. Running them (in parallel processes)
+is :mod:`edgesched.simrun`'s job.
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from edgesched.core.affinity import arm48_experiment
 from edgesched.core.model import Task
 from edgesched.core.policy import PolicyConfig, PolicyMode
-from edgesched.core.simulator import ScenarioLike, SimReport, simulate
+from edgesched.core.simulator import ScenarioLike, SimReport
 from edgesched.core.strategies import (
     CoreStrategy,
     FirstFit,
@@ -162,27 +162,3 @@ def check_targets(
             )
         )
     return tuple(targets)
-
-
-def run_experiment(
-    scenario: ScenarioLike,
-    tidal: TidalProfile,
-    *,
-    base: PolicyConfig | None = None,
-    only: Sequence[str] | None = None,
-    affinity_load: float = 0.7,
-    seed: int = 0,
-    progress: Callable[[str, float], None] | None = None,
-) -> ExperimentResult:
-    reports = []
-    for strategy in build_strategies(scenario, tidal, base, only):
-        cb = None
-        if progress is not None:
-            name = strategy.name
-
-            def cb(t: float, name: str = name) -> None:
-                progress(name, t)
-
-        reports.append(simulate(scenario, strategy, progress=cb))
-    affinity = {k: float(v) for k, v in arm48_experiment(affinity_load, seed).items()}
-    return ExperimentResult(tuple(reports), affinity, check_targets(scenario, reports, affinity))

@@ -22,7 +22,7 @@ from edgesched.core.model import (
     Task,
 )
 from edgesched.core.policy import PolicyConfig, PolicyMode
-from edgesched.core.scheduler import TIDAL_BOOST, ClusterView, schedule
+from edgesched.core.scheduler import TIDAL_BOOST, ClusterView, Scheduler, schedule
 from edgesched.core.tidal import TidalProfile, TidalWindow
 
 POWER = PowerModel(idle_w=100, peak_w=300, parked_w=10, wake_latency_s=60)
@@ -85,9 +85,12 @@ def test_balance_spreads_and_energy_packs_on_efficient_node() -> None:
     efficient = PowerModel(idle_w=50, peak_w=150)
     nodes = (node("hungry"), node("lean", power=efficient))
     tasks = [task(f"t{i}", at=i) for i in range(4)]
-    spread = schedule(ClusterView(nodes), tasks, PolicyConfig(mode=PolicyMode.BALANCE))
+    scheduler = Scheduler(PolicyConfig(mode=PolicyMode.BALANCE))
+    spread = scheduler.schedule(ClusterView(nodes), tasks)
     assert {d.node_id for d in spread.of_kind(DecisionKind.PLACE)} == {"hungry", "lean"}
-    packed = schedule(ClusterView(nodes), tasks, PolicyConfig(mode=PolicyMode.ENERGY))
+    # Switched at run time: the next cycle packs instead.
+    scheduler = scheduler.with_policy(PolicyConfig(mode=PolicyMode.ENERGY))
+    packed = scheduler.schedule(ClusterView(nodes), tasks)
     assert {d.node_id for d in packed.of_kind(DecisionKind.PLACE)} == {"lean"}
 
 
@@ -432,3 +435,4 @@ def test_accelerator_reserve_keeps_room_for_free_accelerators() -> None:
     assert not schedule(ClusterView((gpu,), running), [urgent], policy).decisions
     no_reserve = schedule(ClusterView((gpu,), running), [urgent], PolicyConfig())
     assert no_reserve.of_kind(DecisionKind.PLACE)
+
