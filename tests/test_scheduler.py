@@ -435,4 +435,3 @@ def test_accelerator_reserve_keeps_room_for_free_accelerators() -> None:
     assert not schedule(ClusterView((gpu,), running), [urgent], policy).decisions
     no_reserve = schedule(ClusterView((gpu,), running), [urgent], PolicyConfig())
     assert no_reserve.of_kind(DecisionKind.PLACE)
-
