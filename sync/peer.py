@@ -1,0 +1,292 @@
+"""One document's peer over MQTT v5: y-sync steps and live updates, framed by :mod:`.wire`.
+
+:class:`DocPeer` keeps an aiomqtt client connected (reconnect loop with exponential backoff,
+full jitter and a cap, like :mod:`edgesched.edge.link`; aiomqtt has no reconnect of its own)
+with a persistent session (``clean_start=False`` + ``SessionExpiryInterval``) so QoS 1
+messages sent while it was away are queued by the broker. Whatever the session kept, on every
+(re)connect it subscribes to ``edgesched/v1/doc/<doc>/sync/+`` (QoS 1, no-local) and sends
+sync step 1 (its state vector); every peer answers a step 1 with step 2 (the diff), and sends
+its own step 1 back when the asker has something it lacks.
+
+Local updates are queued by the doc callback (never published from inside it) and published
+QoS 1 by a sender task, merged, with the sender's state vector attached: a receiver still
+behind after applying (out-of-order updates can leave a replica stuck) asks for a resync.
+Remote updates are applied with ``sender`` as origin, so they are not echoed. Malformed input
+is dropped and counted in :attr:`DocPeer.stats`; the peer keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+from pycrdt import YSyncMessageType, merge_updates
+
+from edgesched.sync import wire
+
+log = logging.getLogger("edgesched.sync.peer")
+
+#: Local updates queued while offline are merged into one beyond this many.
+MAX_QUEUED_UPDATES = 256
+
+
+class DocLike(Protocol):
+    """What a peer needs of :class:`edgesched.sync.doc.SyncedDoc`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def client_id(self) -> int: ...
+    def state_vector(self) -> bytes: ...
+    def diff(self, state_vector: bytes | None = None) -> bytes: ...
+    def apply_remote(self, update: bytes, *, sender: str) -> bool: ...
+    def on_local_update(self, callback: Callable[[bytes], None]) -> None: ...
+    def content_hash(self) -> str: ...
+    def missing_from(self, remote_state_vector: bytes) -> bool: ...
+
+
+class DocPeer:
+    """Syncs one document with every other peer of it through an MQTT broker."""
+
+    def __init__(
+        self,
+        doc: DocLike,
+        peer_id: str,
+        host: str,
+        port: int,
+        *,
+        keepalive: int = 5,
+        session_expiry_s: int = 3600,
+        max_packet: int = 65536,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        resync_interval_s: float = 0.2,
+        reassembler: wire.Reassembler | None = None,
+    ) -> None:
+        self.doc = doc
+        self.peer_id = peer_id
+        self.topic = wire.sync_topic(doc.name, peer_id)  # validates both names
+        self.filter = wire.sync_filter(doc.name)
+        self.host = host
+        self.port = port
+        self.keepalive = keepalive
+        self.session_expiry_s = session_expiry_s
+        self.max_packet = max_packet
+        wire.chunk_budget(doc.name, max_packet)  # fails early if no room
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.resync_interval_s = resync_interval_s
+        self.reassembler = reassembler or wire.Reassembler()
+        self.connected = False
+        self.stats: dict[str, int] = dict.fromkeys(
+            (
+                "connects",
+                "frames_in",
+                "frames_out",
+                "bytes_out",
+                "messages_in",
+                "step1_in",
+                "step1_out",
+                "step2_in",
+                "step2_out",
+                "updates_in",
+                "updates_out",
+                "resync_requests",
+                "own_dropped",
+                "rejected_frames",
+                "rejected_payloads",
+                "rejected_updates",
+            ),
+            0,
+        )
+        self._local: list[bytes] = []
+        self._answers: list[bytes] = []
+        self._want_step1 = False
+        self._last_step1 = -1e9
+        self._wake = asyncio.Event()
+        doc.on_local_update(self._on_local_update)  # once per doc lifetime
+
+    # -- local side ------------------------------------------------------------------------
+
+    def _on_local_update(self, update: bytes) -> None:
+        """Called by the doc inside its transaction: only queue and wake the sender."""
+        self._local.append(update)
+        if len(self._local) > MAX_QUEUED_UPDATES:
+            self._local = [merge_updates(*self._local)]
+        self._wake.set()
+
+    def _request_step1(self) -> None:
+        self._want_step1 = True
+        self._wake.set()
+
+    # -- MQTT ------------------------------------------------------------------------------
+
+    def _client(self) -> aiomqtt.Client:
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = self.session_expiry_s
+        return aiomqtt.Client(
+            self.host,
+            self.port,
+            identifier=f"edgesched-doc-{self.doc.name}-{self.peer_id}",
+            keepalive=self.keepalive,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            clean_start=False,
+            properties=props,
+            timeout=max(2.0, float(self.keepalive)),
+        )
+
+    async def run(self) -> None:
+        """Forever: connect, resync, exchange; on any MQTT error back off and reconnect."""
+        delay = self.backoff_initial_s
+        while True:
+            try:
+                async with self._client() as client:
+                    self.connected = True
+                    self.stats["connects"] += 1
+                    delay = self.backoff_initial_s
+                    log.info("doc %s: %s connected", self.doc.name, self.peer_id)
+                    await client.subscribe(
+                        self.filter, options=SubscribeOptions(qos=1, noLocal=True)
+                    )
+                    self._want_step1 = True  # resync by state vector on every connect
+                    self._last_step1 = -1e9
+                    await self._session(client)
+            except aiomqtt.MqttError as exc:
+                if self.connected:
+                    log.warning("doc %s: %s lost broker: %s", self.doc.name, self.peer_id, exc)
+                else:
+                    log.debug("doc %s: broker unreachable: %s", self.doc.name, exc)
+            finally:
+                self.connected = False
+            await asyncio.sleep(random.uniform(0, delay))
+            delay = min(delay * 2, self.backoff_max_s)
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        sender = asyncio.create_task(self._send_loop(client))
+        receiver = asyncio.create_task(self._receive_loop(client))
+        try:
+            done, _ = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # re-raise the MqttError that ended the session
+        finally:
+            for task in (sender, receiver):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                    await task
+
+    async def _publish(self, client: aiomqtt.Client, kind: wire.Kind, payload: bytes) -> None:
+        frames = wire.encode(kind, self.doc.name, self.doc.client_id, payload, self.max_packet)
+        for frame in frames:
+            await client.publish(self.topic, frame, qos=1)
+            self.stats["frames_out"] += 1
+            self.stats["bytes_out"] += len(frame)
+
+    async def _send_loop(self, client: aiomqtt.Client) -> None:
+        while True:
+            self._wake.clear()  # anything arriving while we publish sets it again
+            if self._want_step1:
+                wait = self._last_step1 + self.resync_interval_s - time.monotonic()
+                if wait > 0:  # coalesce resync requests
+                    asyncio.get_running_loop().call_later(wait, self._wake.set)
+                else:
+                    self._want_step1 = False
+                    self._last_step1 = time.monotonic()
+                    await self._publish(
+                        client, wire.Kind.SYNC, wire.step1_payload(self.doc.state_vector())
+                    )
+                    self.stats["step1_out"] += 1
+            while self._answers:
+                remote_sv = self._answers.pop(0)
+                try:
+                    diff = self.doc.diff(remote_sv)
+                except ValueError as exc:
+                    self.stats["rejected_payloads"] += 1
+                    log.warning("doc %s: bad state vector in step 1: %s", self.doc.name, exc)
+                    continue
+                await self._publish(client, wire.Kind.SYNC, wire.step2_payload(diff))
+                self.stats["step2_out"] += 1
+            if self._local:
+                updates, self._local = self._local, []
+                update = updates[0] if len(updates) == 1 else merge_updates(*updates)
+                payload = wire.update_payload(update, self.doc.state_vector())
+                await self._publish(client, wire.Kind.UPDATE, payload)
+                self.stats["updates_out"] += 1
+            if not (self._local or self._answers):
+                await self._wake.wait()
+
+    async def _receive_loop(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            self._handle(str(message.topic), message.payload)
+
+    # -- remote side -----------------------------------------------------------------------
+
+    def _handle(self, topic: str, payload: object) -> None:
+        sender = topic.rsplit("/", 1)[-1]
+        if sender == self.peer_id:
+            self.stats["own_dropped"] += 1
+            return
+        self.stats["frames_in"] += 1
+        if not isinstance(payload, bytes | bytearray):
+            self.stats["rejected_frames"] += 1
+            return
+        try:
+            message = self.reassembler.feed(bytes(payload))
+        except wire.FrameError as exc:
+            self.stats["rejected_frames"] += 1
+            log.warning("doc %s: dropped frame from %s: %s", self.doc.name, sender, exc)
+            return
+        if message is None:
+            return
+        self.stats["messages_in"] += 1
+        if message.sender == self.doc.client_id:
+            # Two peers with one client_id diverge silently: refuse, loudly.
+            self.stats["rejected_payloads"] += 1
+            log.error("doc %s: %s uses our client id %d", self.doc.name, sender, message.sender)
+            return
+        try:
+            sync = wire.decode_sync(message.kind, message.payload)
+            self._handle_sync(sender, sync)
+        except ValueError as exc:  # FrameError, UpdateRejected, a bad state vector
+            key = "rejected_payloads" if isinstance(exc, wire.FrameError) else "rejected_updates"
+            self.stats[key] += 1
+            log.warning("doc %s: dropped message from %s: %s", self.doc.name, sender, exc)
+
+    def _handle_sync(self, sender: str, sync: wire.SyncPayload) -> None:
+        if sync.step == YSyncMessageType.SYNC_STEP1:
+            self.stats["step1_in"] += 1
+            behind = self.doc.missing_from(sync.data)  # ValueError if garbage
+            self._answers = [sv for sv in self._answers if sv != sync.data] + [sync.data]
+            if behind:
+                self._request_step1()
+            self._wake.set()
+            return
+        self.stats["step2_in" if sync.step == YSyncMessageType.SYNC_STEP2 else "updates_in"] += 1
+        if sync.data != b"\x00\x00":
+            self.doc.apply_remote(sync.data, sender=sender)
+        if sync.state_vector is not None and self.doc.missing_from(sync.state_vector):
+            self.stats["resync_requests"] += 1
+            self._request_step1()
+
+
+async def wait_converged(
+    docs: Iterable[DocLike], timeout: float = 10.0, interval: float = 0.02
+) -> float:
+    """Wait until every doc has the same content hash; return the seconds it took."""
+    docs = list(docs)
+    start = time.monotonic()
+    while True:
+        if len({d.content_hash() for d in docs}) == 1:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            hashes = {d.name + "@" + str(d.client_id): d.content_hash() for d in docs}
+            raise TimeoutError(f"docs not converged after {timeout}s: {hashes}")
+        await asyncio.sleep(interval)

@@ -1,0 +1,359 @@
+"""Framing for document sync over MQTT: pure bytes in, bytes out, no I/O.
+
+A *message* (a y-sync step, an update) is cut into *frames*, each small enough for the
+broker's ``max_packet_size`` (oversized MQTT messages vanish or break the connection). Every
+frame carries a fixed binary header::
+
+    magic b"ES" | version 1 | kind | sender client id (u32) | message id (u64)
+    | chunk index (u32) | chunk count (u32) | chunk offset (u32) | payload length (u32)
+    | CRC32 of the whole payload (u32) | CRC32 of this frame (header fields above + chunk)
+
+The pycrdt decoder is no integrity check (bit flips apply silently), so a frame whose CRC
+does not match, or a reassembled payload whose CRC does not match, is rejected.
+
+:class:`Reassembler` takes frames in any order, drops duplicates, hands back the whole payload
+when every chunk is in, and keeps its memory bounded (message count, bytes, age).
+
+Payloads of kind :attr:`Kind.SYNC` are y-sync messages (``pycrdt.create_sync_message`` and
+friends); :attr:`Kind.UPDATE` payloads are a y-sync update message followed by the sender's
+state vector (length-prefixed), so a receiver still behind after applying can ask to resync.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import struct
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from pycrdt import YMessageType, YSyncMessageType, create_update_message, write_message
+
+MAGIC = b"ES"
+VERSION = 1
+TOPIC_ROOT = "edgesched/v1"
+
+_HEADER = struct.Struct(">2sBBIQIIIIII")
+HEADER_SIZE = _HEADER.size  # 40 bytes
+#: MQTT PUBLISH overhead we leave room for besides the topic: fixed header (≤ 5), topic
+#: length (2), packet id (2), v5 properties (a few bytes), and generous slack.
+MQTT_HEADROOM = 256
+#: Longest sender name (peer id) a topic may carry; the chunk budget accounts for it.
+MAX_PEER_ID_BYTES = 64
+DEFAULT_MAX_PACKET = 64 * 1024
+MAX_PAYLOAD = 0xFFFFFFFF
+
+
+class Kind(IntEnum):
+    SYNC = 1  # a y-sync message (step 1 or step 2)
+    UPDATE = 2  # a y-sync update message + the sender's state vector after it
+
+
+class FrameError(ValueError):
+    """A malformed, corrupted or out-of-bounds frame; the reason is in the message."""
+
+
+def doc_topic_prefix(doc: str) -> str:
+    if not doc or any(c in doc for c in "/+#\0"):
+        raise ValueError(f"invalid document name {doc!r}")
+    return f"{TOPIC_ROOT}/doc/{doc}/sync"
+
+
+def sync_topic(doc: str, sender: str) -> str:
+    """``edgesched/v1/doc/<doc>/sync/<sender>``."""
+    if not sender or any(c in sender for c in "/+#\0") or len(sender.encode()) > MAX_PEER_ID_BYTES:
+        raise ValueError(f"invalid peer id {sender!r}")
+    return f"{doc_topic_prefix(doc)}/{sender}"
+
+
+def sync_filter(doc: str) -> str:
+    """The subscription that hears every peer of ``doc``."""
+    return f"{doc_topic_prefix(doc)}/+"
+
+
+def chunk_budget(doc: str, max_packet: int) -> int:
+    """How many payload bytes one frame of ``doc`` may carry under ``max_packet``."""
+    topic_max = len(doc_topic_prefix(doc).encode()) + 1 + MAX_PEER_ID_BYTES
+    budget = max_packet - MQTT_HEADROOM - topic_max - HEADER_SIZE
+    if budget < 1:
+        raise ValueError(f"max_packet {max_packet} leaves no room for a payload")
+    return budget
+
+
+_msg_ids = itertools.count(random.getrandbits(62))
+
+
+def _frame_crc(header_wo_crc: bytes, chunk: bytes) -> int:
+    return zlib.crc32(chunk, zlib.crc32(header_wo_crc))
+
+
+def encode(
+    kind: Kind,
+    doc: str,
+    sender: int,
+    payload: bytes,
+    max_packet: int = DEFAULT_MAX_PACKET,
+    *,
+    msg_id: int | None = None,
+) -> list[bytes]:
+    """Frames carrying ``payload``, each at most ``max_packet`` bytes including MQTT overhead."""
+    kind = Kind(kind)
+    if not 0 <= sender < 2**32:
+        raise ValueError(f"sender client id {sender} is not a u32")
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"payload of {len(payload)} bytes is too large")
+    mid = next(_msg_ids) if msg_id is None else msg_id
+    if not 0 <= mid < 2**64:
+        raise ValueError(f"message id {mid} is not a u64")
+    budget = chunk_budget(doc, max_packet)
+    count = max(1, -(-len(payload) // budget))
+    total_crc = zlib.crc32(payload)
+    frames = []
+    for index in range(count):
+        offset = index * budget
+        chunk = payload[offset : offset + budget]
+        fields = (MAGIC, VERSION, int(kind), sender, mid, index, count, offset)
+        head = _HEADER.pack(*fields, len(payload), total_crc, 0)[:-4]
+        frames.append(head + struct.pack(">I", _frame_crc(head, chunk)) + chunk)
+    return frames
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: Kind
+    sender: int
+    msg_id: int
+    index: int
+    count: int
+    offset: int
+    total: int
+    total_crc: int
+    chunk: bytes
+
+
+def decode_frame(data: bytes) -> Frame:
+    """Parse and check one frame; :class:`FrameError` says why it is not one."""
+    if len(data) < HEADER_SIZE:
+        raise FrameError(f"frame of {len(data)} bytes is shorter than the header")
+    magic, version, kind, sender, mid, index, count, offset, total, total_crc, crc = (
+        _HEADER.unpack_from(data)
+    )
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {magic!r}")
+    if version != VERSION:
+        raise FrameError(f"unsupported version {version}")
+    chunk = bytes(data[HEADER_SIZE:])
+    if _frame_crc(bytes(data[: HEADER_SIZE - 4]), chunk) != crc:
+        raise FrameError("frame CRC mismatch")
+    try:
+        k = Kind(kind)
+    except ValueError:
+        raise FrameError(f"unknown kind {kind}") from None
+    if count < 1 or index >= count:
+        raise FrameError(f"chunk index {index} out of count {count}")
+    if offset + len(chunk) > total:
+        raise FrameError(f"chunk [{offset}, +{len(chunk)}) overruns payload length {total}")
+    if count > 1 and not chunk:
+        raise FrameError("empty chunk in a multi-chunk message")
+    if count > max(1, total):
+        raise FrameError(f"{count} chunks for {total} bytes")
+    if count == 1 and (offset != 0 or len(chunk) != total):
+        raise FrameError("single-chunk frame does not carry the whole payload")
+    return Frame(k, sender, mid, index, count, offset, total, total_crc, chunk)
+
+
+@dataclass(frozen=True)
+class Message:
+    kind: Kind
+    sender: int
+    msg_id: int
+    payload: bytes
+
+
+@dataclass
+class _Partial:
+    first: Frame
+    started: float
+    chunks: dict[int, Frame] = field(default_factory=dict)
+    size: int = 0
+
+
+class Reassembler:
+    """Collects frames into messages, in any order, with bounded memory.
+
+    :meth:`feed` returns the :class:`Message` once its last chunk arrives, ``None`` while
+    waiting (or for a duplicate), and raises :class:`FrameError` for a malformed frame.
+    Partial messages older than ``ttl_s``, and the oldest ones beyond ``max_messages`` or
+    ``max_bytes``, are evicted; a message larger than ``max_bytes`` is rejected outright.
+    """
+
+    def __init__(
+        self,
+        max_messages: int = 64,
+        max_bytes: int = 16 << 20,
+        ttl_s: float = 30.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        remember: int = 1024,
+    ) -> None:
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._partials: OrderedDict[tuple[int, int], _Partial] = OrderedDict()
+        self._done: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._remember = remember
+        self.buffered_bytes = 0
+        self.stats = {"completed": 0, "duplicates": 0, "evicted": 0, "rejected": 0}
+
+    def __len__(self) -> int:
+        return len(self._partials)
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        partial = self._partials.pop(key)
+        self.buffered_bytes -= partial.size
+
+    def _evict(self, now: float) -> None:
+        for key in [k for k, p in self._partials.items() if now - p.started > self.ttl_s]:
+            self._drop(key)
+            self.stats["evicted"] += 1
+
+    def feed(self, data: bytes, now: float | None = None) -> Message | None:
+        now = self.clock() if now is None else now
+        self._evict(now)
+        try:
+            frame = decode_frame(data)
+        except FrameError:
+            self.stats["rejected"] += 1
+            raise
+        if frame.total > self.max_bytes:
+            self.stats["rejected"] += 1
+            raise FrameError(f"message of {frame.total} bytes exceeds {self.max_bytes}")
+        key = (frame.sender, frame.msg_id)
+        if key in self._done:
+            self.stats["duplicates"] += 1
+            return None
+        if frame.count == 1:
+            return self._complete(key, frame, frame.chunk)
+        partial = self._partials.get(key)
+        if partial is None:
+            partial = self._partials[key] = _Partial(frame, now)
+        else:
+            f0 = partial.first
+            if (f0.kind, f0.count, f0.total, f0.total_crc) != (
+                frame.kind,
+                frame.count,
+                frame.total,
+                frame.total_crc,
+            ):
+                self.stats["rejected"] += 1
+                raise FrameError("frame disagrees with earlier chunks of its message")
+        if frame.index in partial.chunks:
+            self.stats["duplicates"] += 1
+            return None
+        partial.chunks[frame.index] = frame
+        partial.size += len(frame.chunk)
+        self.buffered_bytes += len(frame.chunk)
+        # Bounds: keep the newest message, evict the oldest others.
+        while len(self._partials) > self.max_messages or self.buffered_bytes > self.max_bytes:
+            oldest = next(iter(self._partials))
+            self._drop(oldest)
+            self.stats["evicted"] += 1
+            if oldest == key:
+                return None
+        if len(partial.chunks) < frame.count:
+            return None
+        self._drop(key)
+        parts = sorted(partial.chunks.values(), key=lambda f: f.offset)
+        end = 0
+        for part in parts:
+            if part.offset != end:
+                self.stats["rejected"] += 1
+                raise FrameError("chunks of the message overlap or leave a gap")
+            end += len(part.chunk)
+        if end != frame.total:
+            self.stats["rejected"] += 1
+            raise FrameError("chunks do not add up to the payload length")
+        return self._complete(key, frame, b"".join(p.chunk for p in parts))
+
+    def _complete(self, key: tuple[int, int], frame: Frame, payload: bytes) -> Message:
+        if zlib.crc32(payload) != frame.total_crc:
+            self.stats["rejected"] += 1
+            raise FrameError("payload CRC mismatch")
+        self._done[key] = None
+        while len(self._done) > self._remember:
+            self._done.popitem(last=False)
+        self.stats["completed"] += 1
+        return Message(frame.kind, frame.sender, frame.msg_id, payload)
+
+
+# --- y-sync payloads ------------------------------------------------------------------------
+
+
+def _read_var_uint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise FrameError("truncated varuint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise FrameError("varuint too long")
+
+
+def _read_bytes(data: bytes, pos: int) -> tuple[bytes, int]:
+    n, pos = _read_var_uint(data, pos)
+    if pos + n > len(data):
+        raise FrameError("length-prefixed field overruns the payload")
+    return data[pos : pos + n], pos + n
+
+
+def update_payload(update: bytes, state_vector: bytes) -> bytes:
+    """The payload of a :attr:`Kind.UPDATE` message."""
+    return create_update_message(update) + write_message(state_vector)
+
+
+@dataclass(frozen=True)
+class SyncPayload:
+    step: YSyncMessageType
+    data: bytes  # the state vector (step 1) or the update (step 2, update)
+    state_vector: bytes | None  # the sender's state after it (Kind.UPDATE only)
+
+
+def decode_sync(kind: Kind, payload: bytes) -> SyncPayload:
+    """Parse a reassembled payload strictly: no missing and no trailing bytes."""
+    if len(payload) < 2 or payload[0] != YMessageType.SYNC:
+        raise FrameError("not a y-sync message")
+    try:
+        step = YSyncMessageType(payload[1])
+    except ValueError:
+        raise FrameError(f"unknown y-sync message type {payload[1]}") from None
+    data, pos = _read_bytes(payload, 2)
+    sv: bytes | None = None
+    if kind == Kind.UPDATE:
+        if step != YSyncMessageType.SYNC_UPDATE:
+            raise FrameError("an UPDATE frame must carry a y-sync update")
+        sv, pos = _read_bytes(payload, pos)
+    elif step == YSyncMessageType.SYNC_UPDATE:
+        raise FrameError("a y-sync update must come as an UPDATE frame")
+    if pos != len(payload):
+        raise FrameError(f"{len(payload) - pos} trailing bytes")
+    return SyncPayload(step, data, sv)
+
+
+def step1_payload(state_vector: bytes) -> bytes:
+    """A y-sync step 1 (``pycrdt.create_sync_message`` builds the same from a doc)."""
+    return bytes([YMessageType.SYNC, YSyncMessageType.SYNC_STEP1]) + write_message(state_vector)
+
+
+def step2_payload(update: bytes) -> bytes:
+    """A y-sync step 2: the diff answering a step 1."""
+    return bytes([YMessageType.SYNC, YSyncMessageType.SYNC_STEP2]) + write_message(update)

@@ -1,0 +1,393 @@
+"""SyncedDoc on real pycrdt: convergence, no echo, bad input, identity, snapshots, persistence."""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pycrdt import Map
+
+from edgesched.edge.store import Store
+from edgesched.sync.doc import (
+    NodeDoc,
+    PolicyDoc,
+    SiteDoc,
+    SyncedDoc,
+    UpdateRejected,
+    client_id_for,
+    decode_state_vector,
+    normalise,
+)
+
+KEYS = st.sampled_from(["a", "b", "c", "d", "e"])
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=False, allow_infinity=False, width=32)
+    | st.text(max_size=8)
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+# (replica index, kind, key, value)
+OPS = st.lists(
+    st.tuples(st.integers(0, 3), st.sampled_from(["set", "delete", "nested"]), KEYS, JSON),
+    max_size=25,
+)
+
+
+def _edit(doc: SyncedDoc, model: dict[str, Any], kind: str, key: str, value: Any) -> None:
+    root = doc.root("m")
+    if kind == "set":
+        root[key] = value
+        model[key] = value
+    elif kind == "nested":
+        root[key] = Map({"inner": value, "n": 5})
+        model[key] = {"inner": value, "n": 5}
+    elif key in root:
+        del root[key]
+        model.pop(key, None)
+
+
+def _record(sent: list[tuple[int, bytes]], who: int, update: bytes) -> None:
+    sent.append((who, update))
+
+
+def _exchange(replicas: Sequence[SyncedDoc]) -> None:
+    """The y-sync steps between every ordered pair: send what the other's state vector lacks."""
+    for src in replicas:
+        for dst in replicas:
+            if src is not dst:
+                dst.apply_remote(src.diff(dst.state_vector()), sender=src.name)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(2, 4), ops=OPS, delivery=st.randoms(use_true_random=False))
+def test_partitioned_replicas_converge_after_state_vector_exchange(
+    n: int, ops: list[tuple[int, str, str, Any]], delivery: random.Random
+) -> None:
+    replicas = [SiteDoc("site", 100 + i) for i in range(n)]
+    models: list[dict[str, Any]] = [{} for _ in range(n)]
+    sent: list[tuple[int, bytes]] = []
+    for i, r in enumerate(replicas):
+        r.on_local_update(functools.partial(_record, sent, i))
+    for who, kind, key, value in ops:
+        _edit(replicas[who % n], models[who % n], kind, key, value)
+
+    # Partitioned: each replica holds only its own edits, exactly as its model says.
+    for r, model in zip(replicas, models, strict=True):
+        assert r.to_json() == ({"m": normalise(model)} if model else {})
+
+    # Lossy, reordering, duplicating delivery.
+    deliveries = [(i, u, dst) for i, u in sent for dst in range(n) if dst != i]
+    plan: list[tuple[int, bytes, int]] = []
+    for item in deliveries:
+        fate = delivery.random()
+        if fate < 0.2:
+            continue  # dropped
+        plan.append(item)
+        if fate > 0.8:
+            plan.append(item)  # duplicated
+    delivery.shuffle(plan)
+    for i, update, dst in plan:
+        replicas[dst].apply_remote(update, sender=f"r{i}")
+
+    # Note: a duplicate delivered *before* the exchange may change the doc: re-applying retries
+    # the updates pycrdt holds pending (the "stuck" case). Once integrated, it is a no-op (below).
+    _exchange(replicas)
+    hashes = {r.content_hash() for r in replicas}
+    assert len(hashes) == 1
+    for a in replicas:
+        for b in replicas:
+            assert not a.missing_from(b.state_vector())
+    # After convergence, a full re-delivery changes nothing anywhere.
+    for i, update in sent:
+        for r in replicas:
+            assert r.apply_remote(update, sender=f"r{i}") is False
+    assert {r.content_hash() for r in replicas} == hashes
+
+
+def test_out_of_order_delivery_can_stick_and_the_exchange_repairs_it() -> None:
+    stuck = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        a, b = SiteDoc("s", 1), SiteDoc("s", 2)
+        sent: list[bytes] = []
+        a.on_local_update(sent.append)
+        for i in range(8):
+            a.set(rng.choice("xyz"), i)
+        rng.shuffle(sent)
+        for update in sent:
+            b.apply_remote(update, sender="a")
+        if b.missing_from(a.state_vector()):
+            stuck += 1
+            assert b.content_hash() != a.content_hash()
+        b.apply_remote(a.diff(b.state_vector()), sender="a")
+        assert not b.missing_from(a.state_vector())
+        assert b.content_hash() == a.content_hash()
+    assert stuck > 0  # every update arrived, yet some replicas stayed behind until the resync
+
+
+def test_local_updates_reported_and_remote_ones_never_echoed() -> None:
+    a, b = NodeDoc("n", 1), NodeDoc("n", 2)
+    a_seen: list[bytes] = []
+    b_seen: list[bytes] = []
+    a.on_local_update(a_seen.append)
+    b.on_local_update(b_seen.append)
+    a.put_task("t1", {"state": "running", "node": "edge-1"})
+    a.set_node("registration", {"arch": "arm64", "cores": 4})
+    assert len(a_seen) == 2
+    for update in a_seen:
+        assert b.apply_remote(update, sender="a") is True
+    assert b_seen == []  # no echo
+    assert b.content_hash() == a.content_hash()
+    with a.doc.transaction():  # one transaction, one update
+        a.put_task("t2", {"state": "placed"})
+        a.remove_task("t1")
+    assert len(a_seen) == 3
+    # A delete-only update changes the doc without moving its state vector: still "changed".
+    assert b.apply_remote(a_seen[2], sender="a") is True
+    sv = b.state_vector()
+    a.remove_task("t2")
+    assert b.apply_remote(a_seen[3], sender="a") is True
+    assert b.tasks() == {} and b.state_vector() == sv
+    assert b_seen == []
+
+
+def test_callback_errors_do_not_break_the_transaction() -> None:
+    doc = SiteDoc("s", 1)
+
+    def boom(_: bytes) -> None:
+        raise RuntimeError("subscriber bug")
+
+    got: list[bytes] = []
+    doc.on_local_update(boom)
+    doc.on_local_update(got.append)
+    doc.set("k", 1)
+    assert doc.get("k") == 1 and len(got) == 1
+
+
+def _valid_update() -> tuple[bytes, SyncedDoc]:
+    src = SiteDoc("s", 7)
+    src.set("k", {"v": 1})
+    return src.diff(), src
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=64))
+def test_random_bytes_are_rejected_or_harmless(data: bytes) -> None:
+    doc = SiteDoc("s", 1)
+    doc.set("mine", 1)
+    before = doc.content_hash()
+    try:
+        doc.apply_remote(data, sender="fuzz")
+    except UpdateRejected:
+        assert doc.content_hash() == before  # refused: unchanged
+    doc.set("after", 2)  # still usable
+    assert doc.get("after") == 2 and doc.get("mine") == 1
+
+
+def test_truncated_updates_are_rejected_and_leave_the_doc_unchanged() -> None:
+    update, src = _valid_update()
+    rejected = 0
+    for cut in range(len(update)):
+        doc = SiteDoc("s", 1)
+        before = doc.content_hash()
+        try:
+            doc.apply_remote(update[:cut], sender="trunc")
+        except UpdateRejected:
+            rejected += 1
+        assert doc.content_hash() == before
+        doc.apply_remote(update, sender="src")  # the doc still takes the whole update
+        assert doc.content_hash() == src.content_hash()
+    assert rejected >= len(update) - 2  # nearly every prefix is refused outright
+
+
+def test_single_bit_flips_are_rejected_or_applied_silently() -> None:
+    """The decoder is no integrity check: some flips apply silently (hence TLS + checksums).
+
+    Outcomes per flip: refused (doc unchanged), applied with no visible change, or applied
+    with corrupted content. The doc stays usable in every case.
+    """
+    update, src = _valid_update()
+    outcomes = {"rejected": 0, "no-change": 0, "applied-corrupt": 0, "applied-faithful": 0}
+    for bit in range(len(update) * 8):
+        flipped = bytearray(update)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        doc = SiteDoc("s", 1)
+        before = doc.content_hash()
+        try:
+            doc.apply_remote(bytes(flipped), sender="flip")
+        except UpdateRejected:
+            outcomes["rejected"] += 1
+            assert doc.content_hash() == before
+        else:
+            after = doc.content_hash()
+            if after == before:
+                outcomes["no-change"] += 1
+            elif after == src.content_hash():
+                outcomes["applied-faithful"] += 1
+            else:
+                outcomes["applied-corrupt"] += 1
+        doc.set("still", "usable")
+        assert doc.get("still") == "usable"
+    assert sum(outcomes.values()) == len(update) * 8
+    assert outcomes["rejected"] > 0
+    assert outcomes["rejected"] < len(update) * 8  # some flips do get through silently
+
+
+def test_oversized_update_rejected() -> None:
+    src = SiteDoc("s", 7)
+    src.set("blob", "x" * 1000)
+    doc = SiteDoc("s", 1, max_update_bytes=512)
+    before = doc.content_hash()
+    with pytest.raises(UpdateRejected, match="over the cap"):
+        doc.apply_remote(src.diff(), sender="big")
+    assert doc.content_hash() == before
+    with pytest.raises(UpdateRejected):
+        doc.apply_remote(b"", sender="empty")
+    small = SiteDoc("s", 8)
+    small.set("k", 1)
+    assert doc.apply_remote(small.diff(), sender="small") is True
+
+
+@pytest.mark.parametrize(
+    "vector",
+    [b"", b"\x01", b"\x01\x05", b"\x02\x01\x01", b"\x01\x01\x01\x00", b"\xff" * 11, b"\x05\x01"],
+)
+def test_malformed_state_vector_rejected(vector: bytes) -> None:
+    doc = SiteDoc("s", 1)
+    doc.set("k", 1)
+    with pytest.raises(UpdateRejected):
+        doc.missing_from(vector)
+    with pytest.raises(UpdateRejected):
+        doc.diff(vector)
+    assert doc.get("k") == 1
+
+
+def test_state_vector_decoder_round_trips_pycrdt() -> None:
+    a, b = SiteDoc("s", 300), SiteDoc("s", 2**32 - 1)
+    for i in range(200):
+        a.set(f"k{i}", i)
+    b.set("x", 1)
+    b.apply_remote(a.diff(), sender="a")
+    assert decode_state_vector(b.state_vector()) == {300: 200, 2**32 - 1: 1}
+    assert a.missing_from(b.state_vector()) and not b.missing_from(a.state_vector())
+
+
+def test_duplicate_client_id_diverges_silently() -> None:
+    """Why content_hash exists: equal state vectors, different contents, never repaired."""
+    a, b = SiteDoc("s", 42), SiteDoc("s", 42)
+    a.set("x", "from a")
+    b.set("x", "from b")
+    _exchange([a, b])
+    assert a.state_vector() == b.state_vector()
+    assert not a.missing_from(b.state_vector()) and not b.missing_from(a.state_vector())
+    assert a.content_hash() != b.content_hash()
+    assert a.get("x") == "from a" and b.get("x") == "from b"
+
+
+def test_client_ids() -> None:
+    assert client_id_for("edge-1") == client_id_for("edge-1")
+    ids = {client_id_for(f"edge-{i}") for i in range(1000)}
+    assert all(1 <= i < 2**32 for i in ids) and len(ids) > 990
+    for bad in (0, -1, 2**32):
+        with pytest.raises(ValueError):
+            SyncedDoc("s", bad)
+    with pytest.raises(TypeError):
+        SyncedDoc("s", True)
+    with pytest.raises(ValueError):
+        client_id_for("")
+
+
+def test_content_hash_normalises_numbers_and_ignores_empty_roots() -> None:
+    a, b = SiteDoc("s", 1), SiteDoc("s", 2)
+    a.set("n", 5)
+    b.set("n", 5.0)
+    b.root("never-written")
+    assert a.content_hash() == b.content_hash()
+    assert a.to_json() == {"site": {"n": 5}}
+    with pytest.raises(ValueError, match="JSON"):
+        a.set("bad", float("nan"))
+
+
+def test_typed_accessors() -> None:
+    node = NodeDoc("node/edge-1", 1)
+    node.set_node("capabilities", {"arch": "x86_64", "accel": 0})
+    node.put_task("t1", {"state": "running", "cores": [0, 1]})
+    assert node.node() == {"capabilities": {"arch": "x86_64", "accel": 0}}
+    assert node.task("t1") == {"state": "running", "cores": [0, 1]}
+    assert node.task("nope") is None
+    policy = PolicyDoc("policy", 2)
+    assert policy.mode() is None and policy.tidal() is None
+    policy.set_mode("edge-autonomous")
+    policy.set_tidal({"peak": [8, 20], "factor": 0.5})
+    replica = PolicyDoc.restore("policy", 3, policy.snapshot(), [])
+    assert replica.mode() == "edge-autonomous"
+    assert replica.tidal() == {"peak": [8, 20], "factor": 0.5}
+
+
+def test_restore_from_snapshot_and_updates_reproduces_hash() -> None:
+    doc = NodeDoc("n", 9)
+    later: list[bytes] = []
+    for i in range(10):
+        doc.put_task(f"t{i}", {"state": "accepted"})
+    snap = doc.snapshot()
+    doc.on_local_update(later.append)
+    doc.put_task("t3", {"state": "running"})
+    doc.remove_task("t4")
+    restored = NodeDoc.restore("n", 9, snap, later)
+    assert restored.content_hash() == doc.content_hash()
+    assert restored.state_vector() == doc.state_vector()
+    # The restored replica keeps its client id and continues its clock.
+    restored.put_task("t11", {"state": "accepted"})
+    assert decode_state_vector(restored.state_vector())[9] == 12
+    # A garbled stored update is skipped, the rest still restores.
+    partial = NodeDoc.restore("n", 9, snap, [b"\xff\xff", *later])
+    assert partial.content_hash() == doc.content_hash()
+
+
+async def test_persist_and_load_through_store_with_compaction(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path / "edge.db")
+    try:
+        doc = await NodeDoc.load_from(store, "node/edge-1", 5)
+        assert doc.to_json() == {}
+        queue: list[bytes] = []
+        doc.on_local_update(queue.append)
+        for i in range(23):
+            doc.put_task(f"t{i}", {"state": "running", "i": i})
+            while queue:  # what the engine does from its callback queue, before publishing
+                await doc.log_update(store, queue.pop(0), compact_after=5)
+        snap = await store.snapshot("node/edge-1")
+        assert snap is not None and snap[0] >= 18
+        assert len(await store.updates("node/edge-1", snap[0])) <= 5
+
+        loaded = await NodeDoc.load_from(store, "node/edge-1", 5)
+        assert loaded.content_hash() == doc.content_hash()
+        assert loaded.tasks()["t22"] == {"state": "running", "i": 22}
+
+        # Carry on writing on the reloaded replica, then fold everything into a snapshot.
+        loaded.on_local_update(queue.append)
+        loaded.remove_task("t0")
+        await loaded.log_update(store, queue.pop(0))
+        await loaded.persist_to(store)
+        assert (
+            await store.updates("node/edge-1", (await store.snapshot("node/edge-1") or (0,))[0])
+            == []
+        )
+        again = await NodeDoc.load_from(store, "node/edge-1", 5)
+        assert again.content_hash() == loaded.content_hash()
+        assert again.task("t0") is None
+    finally:
+        await store.close()
