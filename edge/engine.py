@@ -47,6 +47,8 @@ from edgesched.edge.qualify import QualificationReport
 from edgesched.edge.spec import RestartPolicy, SpecError, TaskRecord, TaskSpec, TaskState
 from edgesched.edge.store import Store, StoreError, StoreFullError
 from edgesched.policies.runtime import ModelError, OnnxForecaster
+from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.peer import DocPeer
 
 log = logging.getLogger("edgesched.edge.engine")
 
@@ -54,6 +56,8 @@ _QUEUED = (TaskState.ACCEPTED, TaskState.PREEMPTED)
 QUALIFICATION_FILE = "qualification.json"  # written by `edgesched node qualify --save`
 BIN_S = 300.0  # the forecaster's sample spacing: 5-minute mean demand
 HISTORY_BINS = 288  # one day
+#: Finished tasks leave the node document after this long (SQLite keeps them): bounded growth.
+DOC_RETENTION_S = 86_400.0
 _HELD = (TaskState.PLACED, TaskState.RUNNING)
 _POWER = (DecisionKind.PARK, DecisionKind.WAKE)
 _ACT_ORDER = {
@@ -122,6 +126,8 @@ class EdgeEngine:
         self.fallback_forecaster: Forecaster = Ewma()
         self.forecaster: Forecaster = self.fallback_forecaster
         self.forecast_cpu: float | None = None
+        self._doc: NodeDoc | None = None
+        self._unlogged: asyncio.Queue[bytes] = asyncio.Queue()
         self._bins: list[float] = []  # 5-minute mean CPU cores in use, oldest first
         self._bin: tuple[float, float, int] | None = None  # (start, sum, count) being filled
 
@@ -164,6 +170,7 @@ class EdgeEngine:
             self._executor = Executor(self.state_dir / "run")
             agent = Agent(self.profile, power, self.hal_root)
             self._load_forecaster()
+            await self._open_document()
             await self._recover()
             await self._seed_history()
             async with asyncio.TaskGroup() as group:
@@ -174,6 +181,8 @@ class EdgeEngine:
                         group.create_task(self._exit_loop(), name="exits"),
                         group.create_task(self._sample_loop(agent), name="sample"),
                         group.create_task(self.link.run(), name="link"),
+                        group.create_task(self._log_loop(), name="doc-log"),
+                        group.create_task(self._doc_peer().run(), name="doc-sync"),
                     ]
                     self._ready.set()
                     log.info(
@@ -196,6 +205,81 @@ class EdgeEngine:
                 await self._executor.aclose()
             await self.store.close()
             log.info("edge node %s stopped; its tasks keep running", self.edge.node_id)
+
+    @property
+    def doc(self) -> NodeDoc:
+        if self._doc is None:
+            raise RuntimeError("engine not started")
+        return self._doc
+
+    async def _open_document(self) -> None:
+        """This node's CRDT document, rebuilt from SQLite, with its fixed client id."""
+        stored = await self.store.get_meta("client_id")
+        client_id = int(stored) if stored else client_id_for(self.edge.node_id)
+        if not stored:
+            await self.store.set_meta("client_id", str(client_id))
+        self._doc = await NodeDoc.load_from(self.store, f"node-{self.edge.node_id}", client_id)
+        self._doc.on_local_update(self._unlogged.put_nowait)  # queue only: no doc access here
+        assert self.node is not None and self.profile is not None
+        registration = {
+            "site": self.edge.site,
+            "arch": self.node.arch.value,
+            "server_class": self.node.server_class.value,
+            "cpu": self.node.capacity.cpu,
+            "mem_gib": round(self.node.capacity.mem_gib, 3),
+            "accel": self.node.capacity.accel,
+            "perf": self.node.perf,
+            "cpu_model": self.profile.cpu_model,
+        }
+        if self._doc.node().get("registration") != registration:
+            self._doc.set_node("registration", registration)
+
+    def _doc_peer(self) -> DocPeer:
+        return DocPeer(
+            self.doc,
+            self.edge.node_id,
+            self.edge.mqtt.host,
+            self.edge.mqtt.port,
+            keepalive=self.edge.mqtt.keepalive_s,
+            before_publish=self._unlogged.join,  # persisted before it is published
+        )
+
+    async def _log_loop(self) -> None:
+        """Append each local document update to SQLite, in order, retrying on failure."""
+        while True:
+            update = await self._unlogged.get()
+            while True:
+                try:
+                    await self.doc.log_update(self.store, update)
+                    break
+                except StoreError as exc:
+                    self._count_store_error(exc)
+                    log.error("document update not logged yet (publishing waits): %s", exc)
+                    await asyncio.sleep(1.0)
+            self._unlogged.task_done()
+
+    async def _put(self, record: TaskRecord) -> None:
+        """Commit a task record, then mirror it into the node document (for central)."""
+        await self.store.put_task(record)
+        entry = {
+            "state": record.state.value,
+            "node": record.node_id,
+            "decided_by": record.decided_by,
+            "workload": record.spec.workload,
+            "priority": record.spec.priority,
+            "restarts": record.restarts,
+            "exit_code": record.exit_code,
+            "updated_at": record.updated_at,
+        }
+        if self._doc is not None and self._doc.task(record.spec.id) != entry:
+            self._doc.put_task(record.spec.id, entry)
+
+    def _expire_doc_tasks(self, now: float) -> None:
+        for task_id, entry in self.doc.tasks().items():
+            finished = entry.get("state") in {s.value for s in TaskState if s.terminal}
+            updated = entry.get("updated_at")
+            if finished and isinstance(updated, int | float) and now - updated > DOC_RETENTION_S:
+                self.doc.remove_task(task_id)
 
     def _qualification(self) -> tuple[float, float | None]:
         """(perf, iops_k) from ``<state_dir>/qualification.json`` if `node qualify` saved one."""
@@ -278,7 +362,7 @@ class EdgeEngine:
                     handle = self.executor.adopt(record.spec.id, *spawned)
             if handle is not None:
                 adopted += 1
-                await self.store.put_task(
+                await self._put(
                     record.with_state(
                         TaskState.RUNNING, now, pid=handle.pid, pid_started_at=handle.started_at
                     )
@@ -287,7 +371,7 @@ class EdgeEngine:
                 pass  # finished while we were down: its exit event is queued for the exit loop
             else:
                 requeued += 1
-                await self.store.put_task(
+                await self._put(
                     record.with_state(
                         TaskState.ACCEPTED,
                         now,
@@ -324,7 +408,7 @@ class EdgeEngine:
             if await self.store.get_task(spec.id) is not None:
                 raise SubmitError(409, "id", f"task {spec.id!r} already exists")
             try:
-                await self.store.put_task(record)
+                await self._put(record)
             except StoreFullError as exc:
                 self.metrics.store_errors.labels("full").inc()
                 raise SubmitError(507, "store", f"not accepted: {exc}") from exc
@@ -361,7 +445,7 @@ class EdgeEngine:
             if record.state.terminal:
                 return record
             cancelled = record.with_state(TaskState.CANCELLED, self.clock(), reason="cancelled")
-            await self.store.put_task(cancelled)
+            await self._put(cancelled)
         if record.state in _HELD:
             await self.executor.stop(task_id, self.edge.stop_grace_s)
             self.executor.forget(task_id)
@@ -381,6 +465,14 @@ class EdgeEngine:
             "lease_s": self.edge.lease_s,
             "policy": self.config.policy.mode.value,
             "uptime_s": self.clock() - self.started_at,
+            "document": None
+            if self._doc is None
+            else {
+                "name": self._doc.name,
+                "client_id": self._doc.client_id,
+                "content_hash": self._doc.content_hash(),
+                "tasks": len(self._doc.tasks()),
+            },
             "forecast": {
                 "model": self.forecaster.name,
                 "peak_cpu_next_15min": self.forecast_cpu,
@@ -483,25 +575,25 @@ class EdgeEngine:
             placed = record.with_state(
                 TaskState.PLACED, now, decided_by=source, node_id=d.node_id, reason=d.reason
             )
-            await self.store.put_task(placed)
+            await self._put(placed)
             cores = self._pins.get(record.spec.id)
             try:
                 handle = await self.executor.start(record.spec, sorted(cores) if cores else None)
             except ExecutorError as exc:
-                await self.store.put_task(placed.with_state(TaskState.FAILED, now, reason=str(exc)))
+                await self._put(placed.with_state(TaskState.FAILED, now, reason=str(exc)))
                 self.metrics.start_failures.inc()
                 log.error("task %s failed to start: %s", record.spec.id, exc)
                 return
             by_id[record.spec.id] = running = placed.with_state(
                 TaskState.RUNNING, self.clock(), pid=handle.pid, pid_started_at=handle.started_at
             )
-            await self.store.put_task(running)
+            await self._put(running)
             self.metrics.starts.inc()
         elif d.kind is DecisionKind.PREEMPT:
             preempted = record.with_state(
                 TaskState.PREEMPTED, now, pid=None, pid_started_at=None, reason=d.reason
             )
-            await self.store.put_task(preempted)
+            await self._put(preempted)
             by_id[record.spec.id] = preempted
             self._pins.pop(record.spec.id, None)
             await self.executor.stop(record.spec.id, self.edge.stop_grace_s)
@@ -514,7 +606,7 @@ class EdgeEngine:
                 with contextlib.suppress(ExecutorError):
                     self.executor.pin(record.spec.id, d.cores)
             by_id[record.spec.id] = pinned = replace(current, cores=tuple(d.cores))
-            await self.store.put_task(pinned)
+            await self._put(pinned)
 
     async def _exit_loop(self) -> None:
         async for event in self.executor.exits():
@@ -542,7 +634,7 @@ class EdgeEngine:
             if again and record.restarts < spec.max_restarts:
                 delay = min(2.0**record.restarts, 60.0)
                 self._not_before[spec.id] = now + delay
-                await self.store.put_task(
+                await self._put(
                     record.with_state(
                         TaskState.ACCEPTED,
                         now,
@@ -559,9 +651,7 @@ class EdgeEngine:
                 why = "exited" if not failed else f"failed with exit {code}"
                 if again:
                     why += f" after {record.restarts} restarts"
-                await self.store.put_task(
-                    record.with_state(state, now, exit_code=code, reason=why, pid=None)
-                )
+                await self._put(record.with_state(state, now, exit_code=code, reason=why, pid=None))
             self.executor.forget(spec.id)  # the outcome is committed: drop the exit record
         self._wake.set()
 
@@ -576,6 +666,7 @@ class EdgeEngine:
                 await self.store.add_sample(now, sample.to_json())
                 if now - last_rollup >= 3600:
                     await self.store.downsample(now)
+                    self._expire_doc_tasks(now)
                     last_rollup = now
             except StoreError as exc:
                 self.metrics.store_errors.labels(

@@ -73,7 +73,11 @@ LimitsVia = Literal["cgroup", "rlimit", "none"]
 _MV = shutil.which("mv", path="/usr/bin:/bin") or "mv"
 # $1 is the exit file; the rest is the command. Caught signals reset to default in the
 # subshell, so the command gets TERM normally while the wrapper survives it and records.
+# The wrapper first waits for the engine's "go" on stdin, sent only once the spawn is recorded
+# (pid file written): an engine killed in between leaves a wrapper that exits 125 without
+# running anything, so a task is never running unrecorded (and never started twice).
 _WRAPPER = (
+    "IFS= read -r go || exit 125; exec </dev/null; "
     'f=$1; shift; trap : HUP INT TERM; ( exec "$@" ); c=$?; '
     f'printf "%s %s\\n" "$c" "$$" > "$f.tmp" && {shlex.quote(_MV)} -f "$f.tmp" "$f"; exit $c'
 )
@@ -190,10 +194,11 @@ class Executor:
         log_path = self._path(task_id, ".log")
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         err_r, err_w = os.pipe()  # the child's setup errors and notes (both close-on-exec)
+        go_r, go_w = os.pipe()  # the wrapper's stdin: "go" once the spawn is recorded
         try:
             popen = subprocess.Popen(
                 ["/bin/sh", "-c", _WRAPPER, "edgesched", str(exit_path), *spec.command],
-                stdin=subprocess.DEVNULL,
+                stdin=go_r,
                 stdout=log_fd,
                 stderr=log_fd,
                 cwd=cwd,
@@ -202,16 +207,18 @@ class Executor:
                 preexec_fn=_child_setup(rlimits, cpus, cgroup, memory, err_w),
             )
         except subprocess.SubprocessError:
+            os.close(go_w)
             self._remove_cgroup(cgroup)
             detail = _read_note(err_r) or "unknown error"
             raise ExecutorError(f"{task_id}: setting up the process failed: {detail}") from None
         except OSError as exc:
+            os.close(go_w)
             self._remove_cgroup(cgroup)
             raise ExecutorError(f"{task_id}: cannot spawn /bin/sh: {exc}") from exc
         else:
             note = _read_note(err_r)  # only the child's failure to join the cgroup
         finally:
-            for fd in (err_r, err_w, log_fd):
+            for fd in (err_r, err_w, log_fd, go_r):
                 os.close(fd)
         if note and cgroup is not None:
             log.warning("%s: %s; cgroups off, memory limit via RLIMIT_AS", task_id, note)
@@ -239,6 +246,10 @@ class Executor:
             },
         )
         self._tasks[task_id] = _Tracked(handle, ticks, popen, cgroup)
+        try:
+            os.write(go_w, b"go\n")  # recorded: the wrapper may run the command now
+        finally:
+            os.close(go_w)
         log.info("started %s as pid %d (limits via %s)", task_id, pid, limits_via)
         await _until_exec(popen)
         return handle

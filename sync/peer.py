@@ -22,7 +22,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 import aiomqtt
@@ -71,8 +71,13 @@ class DocPeer:
         backoff_max_s: float = 30.0,
         resync_interval_s: float = 0.2,
         reassembler: wire.Reassembler | None = None,
+        before_publish: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
+        """``before_publish`` is awaited before anything leaves: the owner's way to make sure
+        every local update in it is persisted first (a published but unpersisted update would
+        be reissued under the same client clock after a crash and diverge silently)."""
         self.doc = doc
+        self.before_publish = before_publish
         self.peer_id = peer_id
         self.topic = wire.sync_topic(doc.name, peer_id)  # validates both names
         self.filter = wire.sync_filter(doc.name)
@@ -184,6 +189,8 @@ class DocPeer:
                     await task
 
     async def _publish(self, client: aiomqtt.Client, kind: wire.Kind, payload: bytes) -> None:
+        if self.before_publish is not None:
+            await self.before_publish()
         frames = wire.encode(kind, self.doc.name, self.doc.client_id, payload, self.max_packet)
         for frame in frames:
             await client.publish(self.topic, frame, qos=1)

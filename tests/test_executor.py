@@ -509,3 +509,17 @@ async def test_aclose_ends_exits_and_leaves_tasks_running(ex: Executor) -> None:
     assert alive(handle.pid, handle.started_at)
     with pytest.raises(ExecutorError, match="closed"):
         await ex.start(spec("late", "true"))
+
+
+def test_wrapper_runs_nothing_unless_the_engine_recorded_the_spawn(tmp_path: Path) -> None:
+    """An engine killed between spawn and recording closes the wrapper's stdin without a
+    "go": the wrapper must exit without running the command (so it can never run twice)."""
+    from edgesched.edge.executor import _WRAPPER
+
+    marker = tmp_path / "ran"
+    argv = ["/bin/sh", "-c", _WRAPPER, "edgesched", str(tmp_path / "t.exit"), "touch", str(marker)]
+    orphaned = subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=10)
+    assert orphaned.returncode == 125 and not marker.exists()
+    go = subprocess.run(argv, input=b"go\n", timeout=10)
+    assert go.returncode == 0 and marker.exists()
+    assert (tmp_path / "t.exit").read_text().split()[0] == "0"

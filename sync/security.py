@@ -1,0 +1,435 @@
+"""Broker security for document sync: a private CA, per-node certificates, Mosquitto config, ACL.
+
+Identity model: one name per device. The node id is the certificate's CN, which Mosquitto
+takes as the MQTT *username* (``use_identity_as_username``), which also replaces the client id
+(``use_username_as_clientid``), so one device's credentials can neither publish as another nor
+take over (and drain) another's session. The ACL is written against ``%u`` only, never ``%c``
+(a client chooses its own client id).
+
+* :func:`make_ca` / :func:`issue`: an EC P-256 CA and leaf certificates (client certs with the
+  node id as CN, server certs with DNS/IP SANs). Keys are written 0600 and never overwritten
+  unless ``force=True``.
+* :func:`broker_config`: a Mosquitto 2.0 config (TLS with client certificates; or, for
+  loopback tests and dev only, a password file). Plain TCP on a non-loopback address is refused.
+* :func:`acl`: what each node and each central may publish and receive.
+* :func:`accept_sender`: the check central makes before applying a document frame.
+
+Mosquitto 2.0 grants every SUBSCRIBE (a granted SUBACK proves nothing) and enforces ``read``
+per message at delivery; a denied PUBLISH is acknowledged and dropped. Test what is delivered.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from edgesched.sync import wire
+
+#: What a node id / central id / MQTT username may look like. No ``/``, ``+``, ``#``, spaces or
+#: ``%``: the name is substituted into ACL topic patterns and must stay one topic level.
+IDENTITY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ROOT = wire.TOPIC_ROOT
+
+
+@dataclass(frozen=True)
+class CaFiles:
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    identity: str
+    cert: Path
+    key: Path
+    ca: Path  # the CA certificate peers verify against
+
+
+def check_identity(identity: str) -> str:
+    """``identity`` if it is a valid node/central id, else ValueError."""
+    if not isinstance(identity, str) or not IDENTITY_RE.fullmatch(identity):
+        raise ValueError(
+            f"invalid identity {identity!r}: use 1-64 of [A-Za-z0-9._-], starting alphanumeric"
+        )
+    return identity
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _refuse_existing(paths: Sequence[Path], force: bool) -> None:
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        raise FileExistsError(
+            f"refusing to overwrite {', '.join(existing)} (pass force=True to replace)"
+        )
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    data = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    tmp.chmod(0o644)
+    tmp.replace(path)
+
+
+def make_ca(
+    dir: Path, name: str = "edgesched-ca", days: int = 3650, *, force: bool = False
+) -> CaFiles:
+    """Create ``dir/ca.crt`` and ``dir/ca.key`` (0600): a self-signed EC P-256 CA."""
+    dir = Path(dir)
+    files = CaFiles(dir / "ca.crt", dir / "ca.key")
+    _refuse_existing([files.cert, files.key], force)
+    dir.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_key(files.key, key)
+    _write_cert(files.cert, cert)
+    return files
+
+
+def load_ca(dir: Path) -> CaFiles:
+    """The CA in ``dir`` made by :func:`make_ca` (FileNotFoundError if it is not there)."""
+    files = CaFiles(Path(dir) / "ca.crt", Path(dir) / "ca.key")
+    for p in (files.cert, files.key):
+        if not p.is_file():
+            raise FileNotFoundError(f"no CA file {p}")
+    return files
+
+
+def issue(
+    ca: CaFiles,
+    identity: str,
+    dir: Path,
+    *,
+    server_names: Sequence[str] = (),
+    days: int = 825,
+    force: bool = False,
+) -> CertFiles:
+    """Issue ``dir/<identity>.crt`` and ``dir/<identity>.key`` (0600), signed by ``ca``.
+
+    Without ``server_names``: a *client* certificate (extended key usage clientAuth) whose CN
+    is ``identity``, the node id the broker uses as username and client id. With
+    ``server_names``: a *server* certificate (serverAuth) with those host names and IP
+    addresses as subject alternative names (e.g. ``("localhost", "127.0.0.1")``); it cannot
+    be used to log in as a client.
+    """
+    check_identity(identity)
+    dir = Path(dir)
+    files = CertFiles(identity, dir / f"{identity}.crt", dir / f"{identity}.key", ca.cert)
+    _refuse_existing([files.cert, files.key], force)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{ca.key} is not an EC private key")
+    dir.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+    )
+    if server_names:
+        sans: list[x509.GeneralName] = []
+        for host in server_names:
+            try:
+                sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                sans.append(x509.DNSName(host))
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(sans), critical=False
+        ).add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    else:
+        builder = builder.add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+    cert = builder.sign(ca_key, hashes.SHA256())
+    _write_key(files.key, key)
+    _write_cert(files.cert, cert)
+    return files
+
+
+def is_loopback(bind: str) -> bool:
+    """True for ``localhost`` and loopback IP literals; any other name or address is not."""
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        return False
+
+
+def _conf_value(value: object, what: str) -> str:
+    text = str(value)
+    if not text or any(c in text for c in "\r\n\0"):
+        raise ValueError(f"{what} {text!r} cannot be written into a Mosquitto config")
+    return text
+
+
+def broker_config(
+    *,
+    port: int,
+    bind: str = "127.0.0.1",
+    ca: CaFiles | Path | None = None,
+    server_cert: CertFiles | None = None,
+    acl_path: Path,
+    password_file: Path | None = None,
+    tls: bool = True,
+    allow_plain_non_loopback: bool = False,
+    persistence_dir: Path | None = None,
+    username_as_clientid: bool = True,
+    log_dest: str = "stderr",
+    user: str | None = None,
+) -> str:
+    """A Mosquitto 2.0 configuration with one listener on ``bind:port``.
+
+    ``tls=True``: TLS (1.2 minimum) with ``require_certificate true`` and
+    ``use_identity_as_username true``: the client certificate's CN, signed by ``ca``, is the
+    username; MQTT passwords are ignored. ``tls=False``: plain TCP authenticated by
+    ``password_file`` (see :func:`write_password_file`): for loopback tests and dev only, so a
+    non-loopback ``bind`` raises ValueError unless ``allow_plain_non_loopback``.
+    ``allow_anonymous false`` and ``acl_file`` always. ``username_as_clientid`` (default)
+    replaces every client id with the username: one connection per identity at a time.
+    ``persistence_dir`` enables persistence there (QoS 1 sessions survive a broker restart).
+    ``user``: the account Mosquitto switches to when started as root (its default is
+    ``mosquitto``, which must then be able to read the key, ACL and password files).
+    """
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} out of range")
+    bind = _conf_value(bind, "bind address")
+    if any(c.isspace() for c in bind):
+        raise ValueError(f"bind address {bind!r} contains whitespace")
+    lines = [
+        "# edgesched broker configuration (generated by edgesched.sync.security)",
+        "per_listener_settings false",
+        "allow_anonymous false",
+        f"acl_file {_conf_value(acl_path, 'acl_file')}",
+    ]
+    if persistence_dir is not None:
+        location = _conf_value(Path(persistence_dir), "persistence_dir").rstrip("/") + "/"
+        lines += ["persistence true", f"persistence_location {location}"]
+    else:
+        lines.append("persistence false")
+    if user is not None:
+        lines.append(f"user {_conf_value(user, 'user')}")
+    lines.append(f"log_dest {_conf_value(log_dest, 'log_dest')}")
+    lines.append("log_type error")
+    lines.append("log_type warning")
+    lines.append("log_type notice")
+    lines.append("log_type information")
+    lines.append("")
+    # Listener options must come after ``listener``: placed before it, Mosquitto applies
+    # them to an implicit default listener on 0.0.0.0:1883 (plain TCP) and opens that too.
+    lines.append(f"listener {port} {bind}")
+    if username_as_clientid:
+        lines.append("use_username_as_clientid true")
+    if tls:
+        if ca is None or server_cert is None:
+            raise ValueError("a TLS listener needs ca and server_cert")
+        if password_file is not None:
+            raise ValueError(
+                "password_file is not used with TLS client certificates "
+                "(the certificate CN is the username)"
+            )
+        ca_cert = ca.cert if isinstance(ca, CaFiles) else Path(ca)
+        lines += [
+            f"cafile {_conf_value(ca_cert, 'cafile')}",
+            f"certfile {_conf_value(server_cert.cert, 'certfile')}",
+            f"keyfile {_conf_value(server_cert.key, 'keyfile')}",
+            "tls_version tlsv1.2",
+            "require_certificate true",
+            "use_identity_as_username true",
+        ]
+    else:
+        if not is_loopback(bind) and not allow_plain_non_loopback:
+            raise ValueError(
+                f"refusing a plain-TCP (no TLS) listener on non-loopback address {bind!r}: "
+                "credentials and document updates would cross the network in clear; use "
+                "tls=True, bind 127.0.0.1, or pass allow_plain_non_loopback=True"
+            )
+        if password_file is None:
+            raise ValueError("a plain listener needs a password_file (anonymous access is off)")
+        lines.insert(3, f"password_file {_conf_value(password_file, 'password_file')}")
+    return "\n".join(lines) + "\n"
+
+
+def acl(
+    central_ids: Sequence[str],
+    *,
+    site_members: Mapping[str, Sequence[str]] | None = None,
+) -> str:
+    """A Mosquitto ACL file: nodes confined to their own topics, centrals see everything.
+
+    Every authenticated user that is not a central is a node whose id is its username
+    (``%u``). A node may
+
+    * write ``edgesched/v1/node/<self>/#`` (status, will) and its own sender topic of the
+      documents it takes part in: ``doc/node-<self>/sync/<self>``, ``doc/policy/sync/<self>``
+      (it must send y-sync step 1 there; central ignores its updates to policy), and
+      ``doc/site-<site>/sync/<self>`` for the sites listed for it in ``site_members``;
+    * read ``edgesched/v1/central/#`` (heartbeat), ``edgesched/v1/node/<self>/#``,
+      ``doc/node-<self>/#``, ``doc/policy/#`` and its sites' ``doc/site-<site>/#``.
+
+    Deliberately narrower than "write ``doc/+/sync/<self>``": that would let a node inject
+    updates into another node's private document under its own name. And a node does not read
+    other nodes' status: it needs only central's heartbeat, and the fleet's liveness and
+    membership is information a compromised device should not get. MQTT wildcards match
+    whole levels only, so "every ``site-*`` document" cannot be written as ``site-+``: sites
+    are granted per member. Centrals (``user`` blocks) read ``edgesched/v1/#`` and write
+    ``edgesched/v1/central/#`` and ``doc/+/sync/<central>``.
+    """
+    centrals = [check_identity(c) for c in central_ids]
+    if not centrals:
+        raise ValueError("at least one central id is needed")
+    lines = [
+        "# edgesched MQTT ACL (generated by edgesched.sync.security). No anonymous section:",
+        "# allow_anonymous is false. Patterns use %u (the certificate CN), never %c.",
+        "",
+        "# Nodes (patterns apply to every user, centrals included).",
+        f"pattern write {ROOT}/node/%u/#",
+        f"pattern write {ROOT}/doc/node-%u/sync/%u",
+        f"pattern write {ROOT}/doc/policy/sync/%u",
+        f"pattern read {ROOT}/central/#",
+        f"pattern read {ROOT}/node/%u/#",
+        f"pattern read {ROOT}/doc/node-%u/#",
+        f"pattern read {ROOT}/doc/policy/#",
+    ]
+    for central in centrals:
+        lines += [
+            "",
+            f"user {central}",
+            f"topic read {ROOT}/#",
+            f"topic write {ROOT}/central/#",
+            f"topic write {ROOT}/doc/+/sync/{central}",
+        ]
+    for site, members in sorted((site_members or {}).items()):
+        check_identity(site)
+        for node in members:
+            check_identity(node)
+            if node in centrals:
+                raise ValueError(f"central {node!r} cannot also be a site member")
+            lines += [
+                "",
+                f"user {node}",
+                f"topic read {ROOT}/doc/site-{site}/#",
+                f"topic write {ROOT}/doc/site-{site}/sync/{node}",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def write_password_file(path: Path, users: Mapping[str, str]) -> Path:
+    """Write a Mosquitto password file (0600) for ``users`` with ``mosquitto_passwd -U``."""
+    exe = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+    if not os.access(exe, os.X_OK):
+        raise FileNotFoundError("mosquitto_passwd not found (it ships with the mosquitto package)")
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        for user, password in users.items():
+            check_identity(user)
+            if any(c in password for c in "\r\n\0"):
+                raise ValueError(f"password of {user!r} contains a line break or NUL")
+            f.write(f"{user}:{password}\n")
+    subprocess.run([exe, "-U", str(path)], check=True, capture_output=True, timeout=30)
+    return path
+
+
+_SYNC_TOPIC = re.compile(rf"{re.escape(ROOT)}/doc/([^/+#]+)/sync/([^/+#]+)")
+
+
+def accept_sender(topic: str, claimed_client_id: int, expected: Mapping[str, int]) -> bool:
+    """Whether central may apply a frame from ``topic`` whose header claims ``claimed_client_id``.
+
+    The topic must be ``edgesched/v1/doc/<doc>/sync/<sender>`` (the broker's ACL guarantees
+    that only ``<sender>`` publishes there), ``<sender>`` must be a known peer in
+    ``expected`` (peer id → its fixed pycrdt client id), and the claimed client id must be
+    exactly that peer's: a frame claiming another writer's client id would diverge replicas
+    silently, so it is rejected.
+    """
+    m = _SYNC_TOPIC.fullmatch(topic)
+    if m is None:
+        return False
+    sender = m.group(2)
+    if sender not in expected:
+        return False
+    want = expected[sender]
+    if isinstance(claimed_client_id, bool) or not isinstance(claimed_client_id, int):
+        return False
+    return claimed_client_id == want

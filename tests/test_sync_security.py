@@ -1,0 +1,374 @@
+"""Broker security against a real Mosquitto: TLS client certificates, the ACL, password mode.
+
+Every ACL claim is checked by what is *delivered* (a SUBACK or PUBACK proves nothing).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import queue
+import re
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from conftest import free_port, mosquitto_binary, wait_for_port
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edgesched.sync import security as sec
+
+ROOT = "edgesched/v1"
+
+
+@dataclass
+class Pki:
+    ca: sec.CaFiles
+    server: sec.CertFiles
+    certs: dict[str, sec.CertFiles]
+    rogue: sec.CertFiles  # "node-a" signed by another CA
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    d = tmp_path_factory.mktemp("pki")
+    ca = sec.make_ca(d / "ca")
+    server = sec.issue(ca, "broker", d / "server", server_names=("localhost", "127.0.0.1"))
+    certs = {n: sec.issue(ca, n, d / "clients") for n in ("node-a", "node-b", "central")}
+    other = sec.make_ca(d / "other-ca", name="someone-else")
+    rogue = sec.issue(other, "node-a", d / "rogue")
+    return Pki(ca, server, certs, rogue)
+
+
+@dataclass
+class RunningBroker:
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_broker(tmp: Path, conf_text: str, port: int) -> RunningBroker:
+    conf = tmp / "mosquitto.conf"
+    conf.write_text(conf_text)
+    log = tmp / "mosquitto.log"
+    with log.open("wb") as logf:
+        proc = subprocess.Popen([mosquitto_binary(), "-c", str(conf)], stdout=logf, stderr=logf)
+    broker = RunningBroker(port, proc, log)
+    try:
+        wait_for_port(port, 5)
+    except TimeoutError:
+        broker.stop()
+        raise AssertionError(f"broker did not start:\n{log.read_text()}") from None
+    return broker
+
+
+@pytest.fixture
+def tls_broker(pki: Pki, tmp_path: Path) -> Iterator[RunningBroker]:
+    port = free_port()
+    acl_path = tmp_path / "acl"
+    acl_path.write_text(sec.acl(["central"]))
+    conf = sec.broker_config(
+        port=port,
+        ca=pki.ca,
+        server_cert=pki.server,
+        acl_path=acl_path,
+        user=getpass.getuser(),  # as root Mosquitto would switch to `mosquitto` (no key access)
+    )
+    broker = start_broker(tmp_path, conf, port)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@dataclass
+class Conn:
+    client: mqtt.Client
+    messages: queue.Queue[tuple[str, bytes]] = field(default_factory=queue.Queue)
+
+    def subscribe(self, topic: str) -> None:
+        done: queue.Queue[object] = queue.Queue()
+        self.client.on_subscribe = lambda *a: done.put(a)
+        self.client.subscribe(topic, qos=1)
+        done.get(timeout=5)
+
+    def publish(self, topic: str, payload: bytes = b"x") -> None:
+        info = self.client.publish(topic, payload, qos=1)
+        info.wait_for_publish(5)  # PUBACK: also sent for a publish the ACL dropped
+
+    def drain(self) -> list[tuple[str, bytes]]:
+        out = []
+        while True:
+            try:
+                out.append(self.messages.get_nowait())
+            except queue.Empty:
+                return out
+
+    def wait_for(self, topic: str, timeout: float = 5.0) -> list[tuple[str, bytes]]:
+        """Every message up to and including the first on ``topic``."""
+        seen: list[tuple[str, bytes]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = self.messages.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            seen.append(msg)
+            if msg[0] == topic:
+                return seen
+        raise AssertionError(f"{topic} not delivered in {timeout}s; got {seen}")
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def connect(
+    port: int,
+    *,
+    ca: Path | None,
+    cert: sec.CertFiles | None = None,
+    username: str | None = None,
+    password: str | None = None,
+    client_id: str = "",
+    timeout: float = 5.0,
+) -> Conn:
+    """A connected paho client; ConnectionError if the broker does not accept it."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311)
+    client.reconnect_delay_set(30, 30)  # a refused client must not retry within the test
+    if ca is not None:
+        client.tls_set(
+            ca_certs=str(ca),
+            certfile=None if cert is None else str(cert.cert),
+            keyfile=None if cert is None else str(cert.key),
+        )
+    if username is not None:
+        client.username_pw_set(username, password)
+    conn = Conn(client)
+    events: queue.Queue[tuple[str, object]] = queue.Queue()
+    client.on_connect = lambda c, u, f, rc, p: events.put(("connect", rc))
+    client.on_disconnect = lambda c, u, f, rc, p: events.put(("disconnect", rc))
+    client.on_message = lambda c, u, m: conn.messages.put((m.topic, bytes(m.payload)))
+    try:
+        client.connect("127.0.0.1", port, keepalive=10)
+    except OSError as exc:  # ssl.SSLError included
+        raise ConnectionError(f"connect failed: {exc}") from exc
+    client.loop_start()
+    try:
+        kind, rc = events.get(timeout=timeout)
+    except queue.Empty:
+        kind, rc = "timeout", None
+    if kind != "connect" or getattr(rc, "is_failure", True):
+        client.loop_stop()
+        client.disconnect()
+        raise ConnectionError(f"not accepted: {kind} {rc}")
+    return conn
+
+
+def node(pki: Pki, broker: RunningBroker, name: str, client_id: str = "") -> Conn:
+    return connect(broker.port, ca=pki.ca.cert, cert=pki.certs[name], client_id=client_id)
+
+
+def topics(msgs: list[tuple[str, bytes]]) -> set[str]:
+    return {t for t, _ in msgs}
+
+
+def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: RunningBroker) -> None:
+    central = node(pki, tls_broker, "central")
+    a = node(pki, tls_broker, "node-a")
+    b = node(pki, tls_broker, "node-b")
+    try:
+        central.subscribe(f"{ROOT}/#")
+        a.subscribe(f"{ROOT}/#")  # granted (SUBACK), yet filtered per message on delivery
+        forged = [
+            f"{ROOT}/node/node-b/status",
+            f"{ROOT}/doc/node-b/sync/node-b",
+            f"{ROOT}/doc/node-b/sync/node-a",  # injecting into node-b's private doc
+            f"{ROOT}/central/heartbeat",
+            f"{ROOT}/doc/policy/sync/central",
+        ]
+        for t in forged:
+            a.publish(t, b"forged")
+        own = [
+            f"{ROOT}/node/node-a/status",
+            f"{ROOT}/doc/node-node-a/sync/node-a",
+            f"{ROOT}/doc/policy/sync/node-a",
+        ]
+        for t in own:
+            a.publish(t, b"own")
+        b.publish(f"{ROOT}/doc/node-node-b/sync/node-b", b"private-b")
+        b.publish(f"{ROOT}/node/node-b/status", b"status-b")
+        central.publish(f"{ROOT}/central/heartbeat", b'{"central": "central"}')
+        central.publish(f"{ROOT}/doc/policy/sync/central", b"policy")
+        central.publish(f"{ROOT}/doc/node-node-b/sync/central", b"to-b")
+        central.publish(f"{ROOT}/node/end", b"sentinel")  # central reads all; a does not
+        central.publish(f"{ROOT}/doc/policy/sync/end", b"sentinel")  # ordered after the rest
+        time.sleep(1.0)
+
+        got_central = central.drain()
+        # some forged topics are legitimately used by their owners: judge by payload
+        assert all(p != b"forged" for _, p in got_central), got_central
+        assert not [t for t in topics(got_central) if t.startswith(f"{ROOT}/doc/node-b/")]
+        assert set(own) <= topics(got_central)
+        assert f"{ROOT}/doc/node-node-b/sync/node-b" in topics(got_central)
+
+        got_a = a.drain()
+        # node-a hears central's heartbeat and policy, and its own doc/status (echo)...
+        assert {f"{ROOT}/central/heartbeat", f"{ROOT}/doc/policy/sync/central"} <= topics(got_a)
+        assert f"{ROOT}/node/node-a/status" in topics(got_a)
+        # ...but nothing of node-b: neither its private doc nor its status, nor central's
+        # traffic to it.
+        assert not [t for t in topics(got_a) if "node-b" in t], got_a
+        assert f"{ROOT}/node/end" not in topics(got_a)
+    finally:
+        for c in (central, a, b):
+            c.close()
+    log = tls_broker.log.read_text()
+    # exactly one listener: the configured one (no implicit default listener on 1883)
+    assert re.findall(r"listen socket on port (\d+)", log) == [str(tls_broker.port)], log
+
+
+def test_client_id_of_another_node_is_replaced(pki: Pki, tls_broker: RunningBroker) -> None:
+    central = node(pki, tls_broker, "central")
+    b = node(pki, tls_broker, "node-b", client_id="node-b")
+    try:
+        central.subscribe(f"{ROOT}/node/#")
+        # node-a asks for node-b's client id; use_username_as_clientid gives it "node-a",
+        # so node-b's session is neither taken over nor kicked.
+        a = node(pki, tls_broker, "node-a", client_id="node-b")
+        a.publish(f"{ROOT}/node/node-b/status", b"forged")
+        b.publish(f"{ROOT}/node/node-b/status", b"real")
+        msgs = central.wait_for(f"{ROOT}/node/node-b/status")
+        assert msgs[-1][1] == b"real"
+        time.sleep(0.2)
+        assert b.client.is_connected()  # a session takeover would have disconnected node-b
+        a.close()
+    finally:
+        central.close()
+        b.close()
+
+
+def test_unauthenticated_clients_cannot_connect(pki: Pki, tls_broker: RunningBroker) -> None:
+    port = tls_broker.port
+    with pytest.raises(ConnectionError):  # TLS without a client certificate
+        connect(port, ca=pki.ca.cert, timeout=3)
+    with pytest.raises(ConnectionError):  # a "node-a" certificate from another CA
+        connect(port, ca=pki.ca.cert, cert=pki.rogue, timeout=3)
+    with pytest.raises(ConnectionError):  # the server's certificate is not a client's
+        connect(port, ca=pki.ca.cert, cert=pki.server, timeout=3)
+    with pytest.raises(ConnectionError):  # plain MQTT on the TLS port, even with a password
+        connect(port, ca=None, username="central", password="x", timeout=3)
+    node(pki, tls_broker, "node-a").close()  # and a proper certificate does connect
+
+
+def test_plain_listener_refused_off_loopback(tmp_path: Path) -> None:
+    pw = tmp_path / "pw"
+    for bind in ("0.0.0.0", "::", "192.168.1.10", "broker.example"):
+        with pytest.raises(ValueError, match="non-loopback"):
+            sec.broker_config(port=1883, bind=bind, acl_path=tmp_path, password_file=pw, tls=False)
+    conf = sec.broker_config(
+        port=1883,
+        bind="0.0.0.0",
+        acl_path=tmp_path,
+        password_file=pw,
+        tls=False,
+        allow_plain_non_loopback=True,
+    )
+    assert "listener 1883 0.0.0.0" in conf
+    with pytest.raises(ValueError, match="password_file"):
+        sec.broker_config(port=1883, acl_path=tmp_path, tls=False)
+    with pytest.raises(ValueError, match="ca and server_cert"):
+        sec.broker_config(port=1883, acl_path=tmp_path)
+    with pytest.raises(ValueError, match="Mosquitto config"):
+        sec.broker_config(port=1883, acl_path=Path("x\nallow_anonymous true"), password_file=pw)
+
+
+def test_loopback_password_mode(tmp_path: Path) -> None:
+    users = {"central": "c-secret", "node-a": "a-secret", "node-b": "b-secret"}
+    pw = sec.write_password_file(tmp_path / "passwords", users)
+    assert stat.S_IMODE(pw.stat().st_mode) == 0o600
+    assert "a-secret" not in pw.read_text()  # hashed by mosquitto_passwd -U
+    acl_path = tmp_path / "acl"
+    acl_path.write_text(sec.acl(["central"]))
+    port = free_port()
+    conf = sec.broker_config(
+        port=port,
+        acl_path=acl_path,
+        password_file=pw,
+        tls=False,
+        persistence_dir=tmp_path / "db",
+        user=getpass.getuser(),
+    )
+    (tmp_path / "db").mkdir()
+    broker = start_broker(tmp_path, conf, port)
+    try:
+        with pytest.raises(ConnectionError):
+            connect(port, ca=None, username="node-a", password="wrong", timeout=3)
+        with pytest.raises(ConnectionError):
+            connect(port, ca=None, timeout=3)  # anonymous
+        central = connect(port, ca=None, username="central", password="c-secret")
+        a = connect(port, ca=None, username="node-a", password="a-secret")
+        try:
+            central.subscribe(f"{ROOT}/#")
+            a.publish(f"{ROOT}/node/node-b/status", b"forged")
+            a.publish(f"{ROOT}/node/node-a/status", b"own")
+            msgs = central.wait_for(f"{ROOT}/node/node-a/status")
+            time.sleep(0.3)
+            msgs += central.drain()
+            assert topics(msgs) == {f"{ROOT}/node/node-a/status"}, msgs
+        finally:
+            a.close()
+            central.close()
+    finally:
+        broker.stop()
+
+
+def test_accept_sender_rejects_claims_of_another_writer() -> None:
+    expected = {"central": 1, "node-a": 1001, "node-b": 1002}
+    topic = f"{ROOT}/doc/node-node-a/sync/node-a"
+    assert sec.accept_sender(topic, 1001, expected)
+    assert not sec.accept_sender(topic, 1002, expected)  # node-a claiming node-b's writer
+    assert not sec.accept_sender(topic, 1, expected)  # ... or central's
+    assert not sec.accept_sender(f"{ROOT}/doc/x/sync/node-c", 1003, expected)  # unknown peer
+    assert not sec.accept_sender(f"{ROOT}/doc/x/sync/node-a/extra", 1001, expected)
+    assert not sec.accept_sender(f"{ROOT}/node/node-a/status", 1001, expected)
+    assert not sec.accept_sender("other/doc/x/sync/node-a", 1001, expected)
+    assert not sec.accept_sender(topic, True, expected)
+
+
+def test_certificates(pki: Pki, tmp_path: Path) -> None:
+    for files in (pki.ca, pki.server, pki.certs["node-a"]):
+        assert stat.S_IMODE(os.stat(files.key).st_mode) == 0o600
+    cert = x509.load_pem_x509_certificate(pki.certs["node-a"].cert.read_bytes())
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "node-a"
+    server = x509.load_pem_x509_certificate(pki.server.cert.read_bytes())
+    san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    before = pki.certs["node-a"].key.read_bytes()
+    with pytest.raises(FileExistsError):
+        sec.issue(pki.ca, "node-a", pki.certs["node-a"].cert.parent)
+    with pytest.raises(FileExistsError):
+        sec.make_ca(pki.ca.cert.parent)
+    assert pki.certs["node-a"].key.read_bytes() == before
+    old = sec.issue(pki.ca, "node-a", tmp_path, days=1).key.read_bytes()
+    assert sec.issue(pki.ca, "node-a", tmp_path, force=True).key.read_bytes() != old
+    for bad in ("node/a", "node+", "#", "", "a b", "%u"):
+        with pytest.raises(ValueError):
+            sec.issue(pki.ca, bad, tmp_path)
