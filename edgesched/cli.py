@@ -386,6 +386,47 @@ def node_qualify(
         raise typer.Exit(1)
 
 
+certs_app = typer.Typer(
+    help="Certificates for the MQTT links (CA, nodes, broker).", no_args_is_help=True
+)
+app.add_typer(certs_app, name="certs")
+
+CertDir = Annotated[Path, typer.Option("--dir", help="Directory holding the CA and certs.")]
+
+
+@certs_app.command("init")
+def certs_init(directory: CertDir, force: bool = typer.Option(False, help="Overwrite.")) -> None:
+    """Create the fleet's CA (ca.crt, ca.key 0600)."""
+    from edgesched.sync.security import make_ca
+
+    try:
+        ca = make_ca(directory, force=force)
+    except (FileExistsError, ValueError, OSError) as exc:
+        fail(str(exc).replace("force=True", "--force"))
+    typer.echo(f"CA: {ca.cert}")
+
+
+@certs_app.command("issue")
+def certs_issue(
+    identity: Annotated[str, typer.Argument(help="Node id (= MQTT username = client id).")],
+    directory: CertDir,
+    server_name: Annotated[
+        list[str] | None,
+        typer.Option("--server-name", help="Issue a broker cert for these names/IPs instead."),
+    ] = None,
+    force: bool = typer.Option(False, help="Overwrite."),
+) -> None:
+    """Issue a client certificate for a node (or a broker certificate with --server-name)."""
+    from edgesched.sync.security import issue, load_ca
+
+    try:
+        files = issue(load_ca(directory), identity, directory, server_names=server_name or (),
+                      force=force)  # fmt: skip
+    except (FileExistsError, ValueError, OSError) as exc:
+        fail(str(exc).replace("force=True", "--force"))
+    typer.echo(f"{files.identity}: {files.cert} {files.key}")
+
+
 def _campus_tidal() -> Any:
     from edgesched.core.tidal import campus_profile
 

@@ -127,3 +127,14 @@ def test_sim_json_runs_the_campus_with_selected_strategies(tmp_path: Path) -> No
         assert s["completed"] > 0
     assert doc["affinity_arm48"]["planned_std"] < doc["affinity_arm48"]["naive_std"]
     assert (tmp_path / "day.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_certs_commands_make_a_ca_and_refuse_to_overwrite(tmp_path: Path) -> None:
+    d = tmp_path / "pki"
+    assert runner.invoke(app, ["certs", "init", "--dir", str(d)]).exit_code == 0
+    ok = runner.invoke(app, ["certs", "issue", "gw-01", "--dir", str(d)])
+    assert ok.exit_code == 0 and (d / "gw-01.key").stat().st_mode & 0o777 == 0o600
+    again = runner.invoke(app, ["certs", "issue", "gw-01", "--dir", str(d)])
+    assert again.exit_code == 2 and "--force" in again.output
+    bad = runner.invoke(app, ["certs", "issue", "a/b", "--dir", str(d)])
+    assert bad.exit_code == 2 and "invalid identity" in bad.output
