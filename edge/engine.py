@@ -172,9 +172,11 @@ class EdgeEngine:
             self._load_forecaster()
             await self._open_document()
             await self._recover()
+            await self._mirror_all()
             await self._seed_history()
             async with asyncio.TaskGroup() as group:
                 runner = await serve(self, self.edge.api_host, self.edge.api_port)
+                loops: list[asyncio.Task[None]] = []
                 try:
                     loops = [
                         group.create_task(self._schedule_loop(), name="schedule"),
@@ -196,6 +198,8 @@ class EdgeEngine:
                         self.api_port,
                     )
                     await self._stop.wait()
+                    with contextlib.suppress(TimeoutError):  # log what is queued, then stop
+                        await asyncio.wait_for(self._unlogged.join(), 5.0)
                 finally:
                     for task in loops:
                         task.cancel()
@@ -261,6 +265,17 @@ class EdgeEngine:
     async def _put(self, record: TaskRecord) -> None:
         """Commit a task record, then mirror it into the node document (for central)."""
         await self.store.put_task(record)
+        self._mirror(record)
+
+    async def _mirror_all(self) -> None:
+        """Bring the document in line with SQLite (the record of truth) after a restart: an
+        update that was queued but not yet logged when the engine died is re-derived here."""
+        horizon = self.clock() - DOC_RETENTION_S
+        for record in await self.store.list_tasks():
+            if not (record.state.terminal and record.updated_at < horizon):
+                self._mirror(record)
+
+    def _mirror(self, record: TaskRecord) -> None:
         entry = {
             "state": record.state.value,
             "node": record.node_id,
