@@ -225,10 +225,10 @@ def kill_task_processes(state: Path) -> None:
     """Tasks outlive the engine by design; tests clean up the ones they started."""
     import psutil
 
-    run = state / "run"
-    for proc in psutil.process_iter(["pid", "environ"]):
+    run = str(state / "run")
+    for proc in psutil.process_iter(["pid", "cmdline"]):
         with contextlib.suppress(psutil.Error):
-            env = proc.info.get("environ") or {}
-            if any(str(run) in v for v in env.values()):
+            # The executor's wrapper carries its exit-record path (in the run dir) in argv.
+            if any(run in arg for arg in proc.info.get("cmdline") or ()):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
