@@ -56,6 +56,7 @@ bench: setup
 	$(BIN)/python bench/bench_simulator.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_latency.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_footprint.py
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_sync.py
 
 clean:
 	rm -rf $(VENV) build out .pytest_cache .mypy_cache .ruff_cache .hypothesis

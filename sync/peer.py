@@ -18,7 +18,6 @@ is dropped and counted in :attr:`DocPeer.stats`; the peer keeps going.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -176,17 +175,14 @@ class DocPeer:
             delay = min(delay * 2, self.backoff_max_s)
 
     async def _session(self, client: aiomqtt.Client) -> None:
-        sender = asyncio.create_task(self._send_loop(client))
-        receiver = asyncio.create_task(self._receive_loop(client))
+        """Send and receive until the connection fails. Structured: the loop that fails
+        cancels its sibling, and a cancellation of :meth:`run` is never swallowed here."""
         try:
-            done, _ = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()  # re-raise the MqttError that ended the session
-        finally:
-            for task in (sender, receiver):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-                    await task
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._send_loop(client))
+                group.create_task(self._receive_loop(client))
+        except* aiomqtt.MqttError as failed:
+            raise failed.exceptions[0] from None
 
     async def _publish(self, client: aiomqtt.Client, kind: wire.Kind, payload: bytes) -> None:
         if self.before_publish is not None:
@@ -233,6 +229,7 @@ class DocPeer:
     async def _receive_loop(self, client: aiomqtt.Client) -> None:
         async for message in client.messages:
             self._handle(str(message.topic), message.payload)
+        raise aiomqtt.MqttError("message stream ended")  # so the session ends and reconnects
 
     # -- remote side -----------------------------------------------------------------------
 

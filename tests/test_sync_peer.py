@@ -251,3 +251,28 @@ async def test_garbage_is_dropped_and_counted(peers: Peers) -> None:
     assert pa.stats["connects"] == 1 and pb.stats["connects"] == 1
     with pytest.raises(UpdateRejected):
         a.apply_remote(b"\xff\xfe garbage", sender="evil")
+
+
+async def test_cancel_stops_a_peer_promptly_connected_or_not(broker: Broker) -> None:
+    """Cancelling run() is never swallowed: not mid-session, not while reconnecting, not
+    while the session is tearing down after a lost broker."""
+    from edgesched.sync.doc import client_id_for
+
+    for phase in ("connected", "broker-lost"):
+        doc = SiteDoc("site-cancel", client_id_for(f"cancel-{phase}"))
+        peer = DocPeer(doc, f"p-{phase}", "127.0.0.1", broker.port, backoff_max_s=0.2)
+        task = asyncio.create_task(peer.run())
+        for _ in range(100):
+            if peer.connected:
+                break
+            await asyncio.sleep(0.05)
+        assert peer.connected
+        if phase == "broker-lost":
+            broker.stop()
+            await asyncio.sleep(0.3)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 2.0)
+        assert task.done()
+        if phase == "broker-lost":
+            broker.start()
