@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from edgesched.config import EdgeschedConfig
 from edgesched.core.forecast import DemandHistory, Ewma, Forecaster, peak_next
@@ -51,6 +51,7 @@ from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
 
 log = logging.getLogger("edgesched.edge.engine")
+_T = TypeVar("_T")
 
 _QUEUED = (TaskState.ACCEPTED, TaskState.PREEMPTED)
 QUALIFICATION_FILE = "qualification.json"  # written by `edgesched node qualify --save`
@@ -135,15 +136,11 @@ class EdgeEngine:
 
     @property
     def store(self) -> Store:
-        if self._store is None:
-            raise RuntimeError("engine not started")
-        return self._store
+        return _started(self._store)
 
     @property
     def executor(self) -> Executor:
-        if self._executor is None:
-            raise RuntimeError("engine not started")
-        return self._executor
+        return _started(self._executor)
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -212,9 +209,7 @@ class EdgeEngine:
 
     @property
     def doc(self) -> NodeDoc:
-        if self._doc is None:
-            raise RuntimeError("engine not started")
-        return self._doc
+        return _started(self._doc)
 
     async def _open_document(self) -> None:
         """This node's CRDT document, rebuilt from SQLite, with its fixed client id."""
@@ -696,6 +691,13 @@ class EdgeEngine:
             for state in TaskState:
                 self.metrics.tasks.labels(state.value).set(counts.get(state.value, 0))
             await asyncio.sleep(self.edge.sample_s)
+
+
+def _started(part: _T | None) -> _T:
+    """A part the engine creates in :meth:`EdgeEngine.run`; an error before that."""
+    if part is None:
+        raise RuntimeError("engine not started")
+    return part
 
 
 def parse_submission(body: object) -> TaskSpec:
