@@ -20,7 +20,7 @@ def to_json(result: ExperimentResult, meta: dict[str, Any]) -> dict[str, Any]:
         "strategies": [r.to_dict() for r in result.reports],
         "affinity_arm48": {k: round(v, 4) for k, v in result.affinity.items()},
         "targets": [
-            {"name": t.name, "value": round(t.value, 4), "goal": t.goal, "met": t.met}
+            {"name": t.name, "value": round(t.value, 6), "goal": t.goal, "met": t.met}
             for t in result.targets
         ],
     }
