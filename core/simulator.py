@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -391,9 +391,3 @@ def simulate(
         classes=stats,
         series={k: tuple(v) for k, v in series.items()},
     )
-
-
-def run_all(
-    scenario: ScenarioLike, strategies: Sequence[Strategy], **kwargs: object
-) -> list[SimReport]:
-    return [simulate(scenario, s, **kwargs) for s in strategies]  # type: ignore[arg-type]
