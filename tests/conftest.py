@@ -48,9 +48,12 @@ def mosquitto_binary() -> str:
 
 @dataclass
 class Broker:
+    """A Mosquitto process with the config file at ``conf``; output goes to ``log`` if set."""
+
     port: int
     proc: subprocess.Popen[bytes]
     conf: Path
+    log: Path | None = None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -62,12 +65,18 @@ class Broker:
                 self.proc.wait()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [mosquitto_binary(), "-c", str(self.conf)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for_port(self.port)
+        argv = [mosquitto_binary(), "-c", str(self.conf)]
+        if self.log is None:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            with self.log.open("ab") as out:
+                self.proc = subprocess.Popen(argv, stdout=out, stderr=out)
+        try:
+            wait_for_port(self.port)
+        except TimeoutError:
+            self.stop()
+            output = self.log.read_text() if self.log is not None else "(output not kept)"
+            raise AssertionError(f"broker did not start:\n{output}") from None
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import os
 import queue
 import re
 import stat
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from conftest import free_port, mosquitto_binary, wait_for_port
+from conftest import Broker, free_port
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 from paho.mqtt.enums import CallbackAPIVersion
@@ -47,39 +46,16 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return Pki(ca, server, certs, rogue)
 
 
-@dataclass
-class RunningBroker:
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def start_broker(tmp: Path, conf_text: str, port: int) -> RunningBroker:
+def start_broker(tmp: Path, conf_text: str, port: int) -> Broker:
     conf = tmp / "mosquitto.conf"
     conf.write_text(conf_text)
-    log = tmp / "mosquitto.log"
-    with log.open("wb") as logf:
-        proc = subprocess.Popen([mosquitto_binary(), "-c", str(conf)], stdout=logf, stderr=logf)
-    broker = RunningBroker(port, proc, log)
-    try:
-        wait_for_port(port, 5)
-    except TimeoutError:
-        broker.stop()
-        raise AssertionError(f"broker did not start:\n{log.read_text()}") from None
+    broker = Broker(port, None, conf, tmp / "mosquitto.log")  # type: ignore[arg-type]
+    broker.start()
     return broker
 
 
 @pytest.fixture
-def tls_broker(pki: Pki, tmp_path: Path) -> Iterator[RunningBroker]:
+def tls_broker(pki: Pki, tmp_path: Path) -> Iterator[Broker]:
     port = free_port()
     acl_path = tmp_path / "acl"
     acl_path.write_text(sec.acl(["central"]))
@@ -181,7 +157,7 @@ def connect(
     return conn
 
 
-def node(pki: Pki, broker: RunningBroker, name: str, client_id: str = "") -> Conn:
+def node(pki: Pki, broker: Broker, name: str, client_id: str = "") -> Conn:
     return connect(broker.port, ca=pki.ca.cert, cert=pki.certs[name], client_id=client_id)
 
 
@@ -189,7 +165,7 @@ def topics(msgs: list[tuple[str, bytes]]) -> set[str]:
     return {t for t, _ in msgs}
 
 
-def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: RunningBroker) -> None:
+def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: Broker) -> None:
     central = node(pki, tls_broker, "central")
     a = node(pki, tls_broker, "node-a")
     b = node(pki, tls_broker, "node-b")
@@ -239,12 +215,13 @@ def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: Runni
     finally:
         for c in (central, a, b):
             c.close()
+    assert tls_broker.log is not None
     log = tls_broker.log.read_text()
     # exactly one listener: the configured one (no implicit default listener on 1883)
     assert re.findall(r"listen socket on port (\d+)", log) == [str(tls_broker.port)], log
 
 
-def test_client_id_of_another_node_is_replaced(pki: Pki, tls_broker: RunningBroker) -> None:
+def test_client_id_of_another_node_is_replaced(pki: Pki, tls_broker: Broker) -> None:
     central = node(pki, tls_broker, "central")
     b = node(pki, tls_broker, "node-b", client_id="node-b")
     try:
@@ -264,7 +241,7 @@ def test_client_id_of_another_node_is_replaced(pki: Pki, tls_broker: RunningBrok
         b.close()
 
 
-def test_unauthenticated_clients_cannot_connect(pki: Pki, tls_broker: RunningBroker) -> None:
+def test_unauthenticated_clients_cannot_connect(pki: Pki, tls_broker: Broker) -> None:
     port = tls_broker.port
     with pytest.raises(ConnectionError):  # TLS without a client certificate
         connect(port, ca=pki.ca.cert, timeout=3)
