@@ -106,8 +106,7 @@ class SeasonalNaive:
     period_s: float = SECONDS_PER_DAY
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.period_s) and self.period_s > 0):
-            raise ValueError(f"period_s must be finite and > 0, got {self.period_s}")
+        _check_period(self.period_s)
 
     @property
     def name(self) -> str:
@@ -175,8 +174,7 @@ class SeasonalEwma:
     season_gamma: float = 0.2
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.period_s) and self.period_s > 0):
-            raise ValueError(f"period_s must be finite and > 0, got {self.period_s}")
+        _check_period(self.period_s)
         if not 0 < self.alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
         if not 0 <= self.season_gamma <= 1:
@@ -251,6 +249,11 @@ def mae(
             abs(p - a) for p, a in zip(predicted, values[t : t + horizon_steps], strict=True)
         )
     return math.fsum(errors) / len(errors)
+
+
+def _check_period(period_s: float) -> None:
+    if not (math.isfinite(period_s) and period_s > 0):
+        raise ValueError(f"period_s must be finite and > 0, got {period_s}")
 
 
 def _check_horizon(horizon_steps: int) -> None:
