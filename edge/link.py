@@ -22,6 +22,7 @@ from collections.abc import Callable
 import aiomqtt
 
 from edgesched.config import MqttConfig
+from edgesched.sync.session import checked, reraise_if_cancelling
 
 log = logging.getLogger("edgesched.edge.link")
 
@@ -100,13 +101,18 @@ class CentralLink:
                     self.connects += 1
                     delay = self.backoff_initial_s
                     log.info("connected to broker %s:%d", self.mqtt.host, self.mqtt.port)
-                    await client.publish(
-                        status_topic(self.node_id), self._status("online"), qos=1, retain=True
+                    await checked(
+                        client.publish(
+                            status_topic(self.node_id), self._status("online"), qos=1, retain=True
+                        )
                     )
-                    await client.subscribe(HEARTBEAT_TOPIC, qos=1)
+                    await checked(client.subscribe(HEARTBEAT_TOPIC, qos=1))
                     async for message in client.messages:
                         self._handle(message.payload)
             except aiomqtt.MqttError as exc:
+                # aiomqtt's __aexit__ may turn a cancel into an MqttError (its graceful
+                # disconnect timed out): never let that swallow our cancellation.
+                reraise_if_cancelling()
                 if self.broker_connected:
                     log.warning("lost broker %s:%d: %s", self.mqtt.host, self.mqtt.port, exc)
                 else:

@@ -31,6 +31,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from pycrdt import YSyncMessageType, merge_updates
 
 from edgesched.sync import wire
+from edgesched.sync.session import checked, first_failure, reraise_if_cancelling
 
 log = logging.getLogger("edgesched.sync.peer")
 
@@ -158,13 +159,16 @@ class DocPeer:
                     self.stats["connects"] += 1
                     delay = self.backoff_initial_s
                     log.info("doc %s: %s connected", self.doc.name, self.peer_id)
-                    await client.subscribe(
-                        self.filter, options=SubscribeOptions(qos=1, noLocal=True)
+                    await checked(
+                        client.subscribe(self.filter, options=SubscribeOptions(qos=1, noLocal=True))
                     )
                     self._want_step1 = True  # resync by state vector on every connect
                     self._last_step1 = -1e9
                     await self._session(client)
             except aiomqtt.MqttError as exc:
+                # aiomqtt's __aexit__ may turn a cancel into an MqttError (its graceful
+                # disconnect timed out): never let that swallow our cancellation.
+                reraise_if_cancelling()
                 if self.connected:
                     log.warning("doc %s: %s lost broker: %s", self.doc.name, self.peer_id, exc)
                 else:
@@ -175,21 +179,16 @@ class DocPeer:
             delay = min(delay * 2, self.backoff_max_s)
 
     async def _session(self, client: aiomqtt.Client) -> None:
-        """Send and receive until the connection fails. Structured: the loop that fails
-        cancels its sibling, and a cancellation of :meth:`run` is never swallowed here."""
-        try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._send_loop(client))
-                group.create_task(self._receive_loop(client))
-        except* aiomqtt.MqttError as failed:
-            raise failed.exceptions[0] from None
+        """Send and receive until the connection fails: the loop that fails cancels its
+        sibling, and a cancellation of :meth:`run` is never swallowed here."""
+        await first_failure(self._send_loop(client), self._receive_loop(client))
 
     async def _publish(self, client: aiomqtt.Client, kind: wire.Kind, payload: bytes) -> None:
         if self.before_publish is not None:
             await self.before_publish()
         frames = wire.encode(kind, self.doc.name, self.doc.client_id, payload, self.max_packet)
         for frame in frames:
-            await client.publish(self.topic, frame, qos=1)
+            await checked(client.publish(self.topic, frame, qos=1))
             self.stats["frames_out"] += 1
             self.stats["bytes_out"] += len(frame)
 
