@@ -49,6 +49,7 @@ from edgesched.edge.store import Store, StoreError, StoreFullError
 from edgesched.policies.runtime import ModelError, OnnxForecaster
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
+from edgesched.sync.session import MqttSession
 
 log = logging.getLogger("edgesched.edge.engine")
 _T = TypeVar("_T")
@@ -111,6 +112,7 @@ class EdgeEngine:
         self.max_page_count = max_page_count
         self.metrics = EdgeMetrics()
         self.link = CentralLink(self.edge.node_id, self.edge.mqtt)
+        self._endpoint = self.edge.mqtt.endpoint(self.edge.node_id)  # bad key files fail here
         self.mode = Mode.AUTONOMOUS
         self.started_at = clock()
         self._wake = asyncio.Event()
@@ -179,9 +181,8 @@ class EdgeEngine:
                         group.create_task(self._schedule_loop(), name="schedule"),
                         group.create_task(self._exit_loop(), name="exits"),
                         group.create_task(self._sample_loop(agent), name="sample"),
-                        group.create_task(self.link.run(), name="link"),
                         group.create_task(self._log_loop(), name="doc-log"),
-                        group.create_task(self._doc_peer().run(), name="doc-sync"),
+                        group.create_task(self._mqtt_session().run(), name="mqtt"),
                     ]
                     self._ready.set()
                     log.info(
@@ -233,15 +234,18 @@ class EdgeEngine:
         if self._doc.node().get("registration") != registration:
             self._doc.set_node("registration", registration)
 
-    def _doc_peer(self) -> DocPeer:
-        return DocPeer(
-            self.doc,
-            self.edge.node_id,
-            self.edge.mqtt.host,
-            self.edge.mqtt.port,
-            keepalive=self.edge.mqtt.keepalive_s,
-            before_publish=self._unlogged.join,  # persisted before it is published
+    def _mqtt_session(self) -> MqttSession:
+        """The node's one MQTT connection, as ``node_id``: the central link and our document."""
+        session = MqttSession(self._endpoint, will=self.link.will())
+        session.add(self.link)
+        session.add(
+            DocPeer(
+                self.doc,
+                self.edge.node_id,
+                before_publish=self._unlogged.join,  # persisted before it is published
+            )
         )
+        return session
 
     async def _log_loop(self) -> None:
         """Append each local document update to SQLite, in order, retrying on failure."""

@@ -220,6 +220,10 @@ def edge_run(
     cfg = _load(config)
     if not cfg.edge.node_id:
         fail("edge.node_id: missing (required to run an edge node)")
+    try:
+        cfg.edge.mqtt.endpoint(cfg.edge.node_id)  # key and password files, read now
+    except ValueError as exc:
+        fail(f"edge.mqtt: {exc}")
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         fail(f"--log-level: unknown level {log_level!r}")

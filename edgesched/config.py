@@ -16,12 +16,13 @@ import difflib
 import json
 import math
 import re
+import ssl
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from edgesched.core.plugins import SCORES
 from edgesched.core.policy import PolicyConfig, PolicyMode
@@ -32,6 +33,9 @@ from edgesched.core.tidal import (
     format_clock,
     parse_clock,
 )
+
+if TYPE_CHECKING:
+    from edgesched.sync.session import Endpoint
 
 T = TypeVar("T")
 E = TypeVar("E", bound=StrEnum)
@@ -90,17 +94,78 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 @dataclass(frozen=True, slots=True)
 class MqttConfig:
-    """Where the node hears central: the broker (the sync issue adds TLS and credentials)."""
+    """The broker and how to reach it: one connection per peer, under its fixed identity.
+
+    ``tls`` with ``ca_file`` (the fleet CA from ``edgesched certs init``) and, for certificate
+    identity, ``cert_file``/``key_file`` (the broker then takes the certificate's CN as the
+    username). Without TLS, ``password_file`` holds the password of ``username`` (default: the
+    peer's own id). Plain TCP to a broker that is not on loopback is refused unless
+    ``allow_plain_remote``: credentials and documents would cross the network in clear.
+    ``session_expiry_s``: how long the broker keeps our QoS 1 messages while we are away.
+    """
 
     host: str = "127.0.0.1"
     port: int = 1883
     keepalive_s: int = 5
+    tls: bool = False
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    username: str = ""
+    password_file: str = ""
+    allow_plain_remote: bool = False
+    session_expiry_s: int = 86400
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if not 1 <= self.keepalive_s <= 3600:
             raise ValueError(f"keepalive_s must be in 1..3600, got {self.keepalive_s}")
+        if not 0 <= self.session_expiry_s <= 2**32 - 1:
+            raise ValueError(
+                f"session_expiry_s must be in 0..4294967295, got {self.session_expiry_s}"
+            )
+        if self.tls and not self.ca_file:
+            raise ValueError("tls = true needs ca_file (the fleet CA certificate)")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together")
+        if (self.cert_file or self.ca_file) and not self.tls:
+            raise ValueError("ca_file / cert_file / key_file are set but tls is false")
+        if not self.tls and self.host not in _LOOPBACK and not self.allow_plain_remote:
+            raise ValueError(
+                f"refusing plain MQTT (no TLS) to non-loopback host {self.host!r}: set tls = "
+                "true with ca_file, or allow_plain_remote = true on a trusted network"
+            )
+
+    def endpoint(self, identifier: str) -> Endpoint:
+        """The connection parameters for peer ``identifier``; reads the key files now, so a
+        missing or unreadable one fails at start with its path named (ValueError)."""
+        from edgesched.sync.session import Endpoint, tls_context
+
+        password: str | None = None
+        if self.password_file:
+            try:
+                password = Path(self.password_file).read_text().strip()
+            except OSError as exc:
+                raise ValueError(f"password_file {self.password_file}: {exc.strerror}") from None
+        context = None
+        if self.tls:
+            try:
+                context = tls_context(self.ca_file, self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(
+                    f"TLS files (ca_file {self.ca_file}, cert_file {self.cert_file}): {exc}"
+                ) from None
+        return Endpoint(
+            self.host,
+            self.port,
+            identifier,
+            keepalive_s=self.keepalive_s,
+            username=self.username or (identifier if password is not None else None),
+            password=password,
+            tls=context,
+            session_expiry_s=self.session_expiry_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,11 +402,23 @@ def _parse_edge(t: _Table) -> EdgeConfig:
 def _parse_mqtt(t: _Table) -> MqttConfig:
     d = MqttConfig()
     t.check_keys(*(f.name for f in fields(MqttConfig)))
+
+    def text(key: str) -> str:
+        return t.string(key, "") if key in t.data else ""
+
     return t.build(
         lambda: MqttConfig(
             host=t.string("host", d.host),
             port=t.integer("port", d.port, low=1),
             keepalive_s=t.integer("keepalive_s", d.keepalive_s, low=1),
+            tls=t.boolean("tls", d.tls),
+            ca_file=text("ca_file"),
+            cert_file=text("cert_file"),
+            key_file=text("key_file"),
+            username=text("username"),
+            password_file=text("password_file"),
+            allow_plain_remote=t.boolean("allow_plain_remote", d.allow_plain_remote),
+            session_expiry_s=t.integer("session_expiry_s", d.session_expiry_s, low=0),
         )
     )
 

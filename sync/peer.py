@@ -1,12 +1,12 @@
 """One document's peer over MQTT v5: y-sync steps and live updates, framed by :mod:`.wire`.
 
-:class:`DocPeer` keeps an aiomqtt client connected (reconnect loop with exponential backoff,
-full jitter and a cap, like :mod:`edgesched.edge.link`; aiomqtt has no reconnect of its own)
-with a persistent session (``clean_start=False`` + ``SessionExpiryInterval``) so QoS 1
-messages sent while it was away are queued by the broker. Whatever the session kept, on every
-(re)connect it subscribes to ``edgesched/v1/doc/<doc>/sync/+`` (QoS 1, no-local) and sends
-sync step 1 (its state vector); every peer answers a step 1 with step 2 (the diff), and sends
-its own step 1 back when the asker has something it lacks.
+:class:`DocPeer` is a channel of the peer's one :class:`~edgesched.sync.session.MqttSession`
+(a persistent MQTT v5 session, so QoS 1 messages sent while it was away are queued by the
+broker; :meth:`DocPeer.run` gives it a connection of its own, for tests and benchmarks).
+Whatever the session kept, on every (re)connect it subscribes to
+``edgesched/v1/doc/<doc>/sync/+`` (QoS 1, no-local) and sends sync step 1 (its state
+vector); every peer answers a step 1 with step 2 (the diff), and sends its own step 1 back
+when the asker has something it lacks.
 
 Local updates are queued by the doc callback (never published from inside it) and published
 QoS 1 by a sender task, merged, with the sender's state vector attached: a receiver still
@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 import aiomqtt
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from pycrdt import YSyncMessageType, merge_updates
 
 from edgesched.sync import wire
-from edgesched.sync.session import checked, first_failure, reraise_if_cancelling
+from edgesched.sync.session import Endpoint, MqttSession, checked
 
 log = logging.getLogger("edgesched.sync.peer")
 
@@ -55,14 +52,14 @@ class DocLike(Protocol):
 
 
 class DocPeer:
-    """Syncs one document with every other peer of it through an MQTT broker."""
+    """Syncs one document with every other peer of it: a :class:`Channel` of a session."""
 
     def __init__(
         self,
         doc: DocLike,
         peer_id: str,
-        host: str,
-        port: int,
+        host: str = "127.0.0.1",
+        port: int = 1883,
         *,
         keepalive: int = 5,
         session_expiry_s: int = 3600,
@@ -72,15 +69,29 @@ class DocPeer:
         resync_interval_s: float = 0.2,
         reassembler: wire.Reassembler | None = None,
         before_publish: Callable[[], Awaitable[object]] | None = None,
+        accept: Callable[[str, int], bool] | None = None,
+        subscribe: bool = True,
     ) -> None:
         """``before_publish`` is awaited before anything leaves: the owner's way to make sure
         every local update in it is persisted first (a published but unpersisted update would
-        be reissued under the same client clock after a crash and diverge silently)."""
+        be reissued under the same client clock after a crash and diverge silently).
+
+        ``accept(topic, claimed_client_id)`` vets each reassembled message before it is
+        applied (central's :func:`edgesched.sync.security.accept_sender`); refused ones are
+        counted in ``stats["rejected_senders"]``. ``subscribe=False`` for a peer whose
+        messages arrive through a wildcard another channel subscribes. ``host``, ``port``,
+        ``keepalive``, ``session_expiry_s`` and the backoff apply only to :meth:`run`, the
+        stand-alone mode with a connection of its own."""
         self.doc = doc
         self.before_publish = before_publish
+        self.accept = accept
         self.peer_id = peer_id
         self.topic = wire.sync_topic(doc.name, peer_id)  # validates both names
         self.filter = wire.sync_filter(doc.name)
+        self.routes: tuple[str, ...] = (self.filter,)
+        self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
+            ((self.filter, SubscribeOptions(qos=1, noLocal=True)),) if subscribe else ()
+        )
         self.host = host
         self.port = port
         self.keepalive = keepalive
@@ -110,6 +121,7 @@ class DocPeer:
                 "rejected_frames",
                 "rejected_payloads",
                 "rejected_updates",
+                "rejected_senders",
             ),
             0,
         )
@@ -135,53 +147,34 @@ class DocPeer:
 
     # -- MQTT ------------------------------------------------------------------------------
 
-    def _client(self) -> aiomqtt.Client:
-        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        props.SessionExpiryInterval = self.session_expiry_s
-        return aiomqtt.Client(
-            self.host,
-            self.port,
-            identifier=f"edgesched-doc-{self.doc.name}-{self.peer_id}",
-            keepalive=self.keepalive,
-            protocol=aiomqtt.ProtocolVersion.V5,
-            clean_start=False,
-            properties=props,
-            timeout=max(2.0, float(self.keepalive)),
-        )
-
     async def run(self) -> None:
-        """Forever: connect, resync, exchange; on any MQTT error back off and reconnect."""
-        delay = self.backoff_initial_s
-        while True:
-            try:
-                async with self._client() as client:
-                    self.connected = True
-                    self.stats["connects"] += 1
-                    delay = self.backoff_initial_s
-                    log.info("doc %s: %s connected", self.doc.name, self.peer_id)
-                    await checked(
-                        client.subscribe(self.filter, options=SubscribeOptions(qos=1, noLocal=True))
-                    )
-                    self._want_step1 = True  # resync by state vector on every connect
-                    self._last_step1 = -1e9
-                    await self._session(client)
-            except aiomqtt.MqttError as exc:
-                # aiomqtt's __aexit__ may turn a cancel into an MqttError (its graceful
-                # disconnect timed out): never let that swallow our cancellation.
-                reraise_if_cancelling()
-                if self.connected:
-                    log.warning("doc %s: %s lost broker: %s", self.doc.name, self.peer_id, exc)
-                else:
-                    log.debug("doc %s: broker unreachable: %s", self.doc.name, exc)
-            finally:
-                self.connected = False
-            await asyncio.sleep(random.uniform(0, delay))
-            delay = min(delay * 2, self.backoff_max_s)
+        """Stand-alone: a connection of our own (client id ``edgesched-doc-<doc>-<peer>``),
+        kept up forever. A node or central shares one :class:`MqttSession` instead."""
+        session = MqttSession(
+            Endpoint(
+                self.host,
+                self.port,
+                f"edgesched-doc-{self.doc.name}-{self.peer_id}",
+                keepalive_s=self.keepalive,
+                session_expiry_s=self.session_expiry_s,
+            ),
+            backoff_initial_s=self.backoff_initial_s,
+            backoff_max_s=self.backoff_max_s,
+        )
+        session.add(self)
+        await session.run()
 
-    async def _session(self, client: aiomqtt.Client) -> None:
-        """Send and receive until the connection fails: the loop that fails cancels its
-        sibling, and a cancellation of :meth:`run` is never swallowed here."""
-        await first_failure(self._send_loop(client), self._receive_loop(client))
+    async def serve(self, client: aiomqtt.Client) -> None:
+        """While connected: resync by state vector, then send whatever is due."""
+        self.connected = True
+        self.stats["connects"] += 1
+        log.info("doc %s: %s connected", self.doc.name, self.peer_id)
+        self._want_step1 = True  # resync by state vector on every connect
+        self._last_step1 = -1e9
+        await self._send_loop(client)
+
+    def disconnected(self) -> None:
+        self.connected = False
 
     async def _publish(self, client: aiomqtt.Client, kind: wire.Kind, payload: bytes) -> None:
         if self.before_publish is not None:
@@ -225,24 +218,16 @@ class DocPeer:
             if not (self._local or self._answers):
                 await self._wake.wait()
 
-    async def _receive_loop(self, client: aiomqtt.Client) -> None:
-        async for message in client.messages:
-            self._handle(str(message.topic), message.payload)
-        raise aiomqtt.MqttError("message stream ended")  # so the session ends and reconnects
-
     # -- remote side -----------------------------------------------------------------------
 
-    def _handle(self, topic: str, payload: object) -> None:
+    def handle(self, topic: str, payload: bytes) -> None:
         sender = topic.rsplit("/", 1)[-1]
         if sender == self.peer_id:
             self.stats["own_dropped"] += 1
             return
         self.stats["frames_in"] += 1
-        if not isinstance(payload, bytes | bytearray):
-            self.stats["rejected_frames"] += 1
-            return
         try:
-            message = self.reassembler.feed(bytes(payload))
+            message = self.reassembler.feed(payload)
         except wire.FrameError as exc:
             self.stats["rejected_frames"] += 1
             log.warning("doc %s: dropped frame from %s: %s", self.doc.name, sender, exc)
@@ -250,6 +235,15 @@ class DocPeer:
         if message is None:
             return
         self.stats["messages_in"] += 1
+        if self.accept is not None and not self.accept(topic, message.sender):
+            self.stats["rejected_senders"] += 1
+            log.warning(
+                "doc %s: refused a message on %s claiming client id %d",
+                self.doc.name,
+                topic,
+                message.sender,
+            )
+            return
         if message.sender == self.doc.client_id:
             # Two peers with one client_id diverge silently: refuse, loudly.
             self.stats["rejected_payloads"] += 1

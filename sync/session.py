@@ -1,9 +1,15 @@
-"""The node's one MQTT connection: reconnect loop, TLS, and cancellation that is never lost.
+"""A peer's one MQTT connection: reconnect loop, TLS, channels, and cancels never lost.
 
-aiomqtt has no reconnect of its own; every long-lived client here runs the same loop:
-connect, serve until an :class:`aiomqtt.MqttError`, back off with full jitter and a cap,
-reconnect. Two traps can make such a loop swallow its own cancellation and hang a shutdown
-forever, and the helpers here close both:
+Each peer (an edge node, central) has exactly one MQTT connection, under its fixed identity:
+the broker's ``use_username_as_clientid`` allows one connection per identity, and the ACL
+grants topics per identity. :class:`MqttSession` owns it; the things that talk over it (the
+central link, one :class:`~edgesched.sync.peer.DocPeer` per document) are :class:`Channel` objects
+that it subscribes for, dispatches to by topic, and serves while connected.
+
+aiomqtt has no reconnect of its own; the session runs the loop: connect, serve until an
+:class:`aiomqtt.MqttError`, back off with full jitter and a cap, reconnect. Two traps
+can make such a loop swallow its own cancellation and hang a shutdown forever; the helpers
+here close both:
 
 - Python 3.11's ``asyncio.wait_for`` (which aiomqtt uses for every publish, subscribe and
   connect) returns the result instead of raising when the awaited future completes in the same
@@ -22,8 +28,19 @@ caller's cancel count.
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+import ssl
 from collections.abc import Awaitable, Coroutine
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+log = logging.getLogger("edgesched.sync.session")
 
 T = TypeVar("T")
 
@@ -55,3 +72,187 @@ async def first_failure(*loops: Coroutine[Any, Any, object]) -> None:
     for task in tasks:  # in start order, so the report does not depend on timing
         if task in done and not task.cancelled() and (exc := task.exception()) is not None:
             raise exc
+
+
+# --- the shared connection -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and as whom to connect. ``identifier`` is the MQTT client id; with the broker's
+    ``use_username_as_clientid`` it is also the username (or the TLS certificate's CN)."""
+
+    host: str
+    port: int
+    identifier: str
+    keepalive_s: int = 5
+    username: str | None = None
+    password: str | None = None
+    tls: ssl.SSLContext | None = None
+    session_expiry_s: int = 3600
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if not self.identifier or any(c in self.identifier for c in "/+#\0"):
+            raise ValueError(f"invalid MQTT client id {self.identifier!r}")
+
+
+def tls_context(ca_file: str, cert_file: str = "", key_file: str = "") -> ssl.SSLContext:
+    """A client TLS context that trusts only ``ca_file`` and presents our certificate."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file:
+        context.load_cert_chain(cert_file, key_file or None)
+    return context
+
+
+class Channel(Protocol):
+    """One user of the shared connection (the central link, a document peer, ...).
+
+    ``routes`` are the topic filters whose messages go to :meth:`handle`; ``subscriptions``
+    are what the session subscribes for it on every connect (a channel whose messages arrive
+    through another channel's wildcard subscribes nothing). :meth:`serve` runs while the
+    connection is up and ends only by failing (an ``MqttError`` ends the connection); a return
+    is taken as "nothing more to do". :meth:`disconnected` is called when the connection ends.
+    """
+
+    routes: tuple[str, ...]
+    subscriptions: tuple[tuple[str, SubscribeOptions], ...]
+
+    async def serve(self, client: aiomqtt.Client) -> None: ...
+    def handle(self, topic: str, payload: bytes) -> None: ...
+    def disconnected(self) -> None: ...
+
+
+class MqttSession:
+    """One aiomqtt client for many channels: connect, subscribe, dispatch, reconnect.
+
+    A persistent MQTT v5 session (``clean_start=False`` and a session expiry) so QoS 1
+    messages sent while we were away are queued by the broker; reconnect with exponential
+    backoff, full jitter (a fleet that lost its broker together does not come back together)
+    and a cap. Channels may be added at any time (:meth:`add`): a connected session subscribes
+    for them and starts their :meth:`Channel.serve` at once. Messages whose topic no channel
+    routes are counted in ``stats["unrouted"]`` and dropped.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        will: aiomqtt.Will | None = None,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        fallback: Channel | None = None,
+    ) -> None:
+        """``fallback`` gets the messages no other channel routes (for example central's
+        discovery of documents it has not seen yet, which then adds a channel)."""
+        self.endpoint = endpoint
+        self.will = will
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.fallback = fallback
+        self.channels: list[Channel] = []
+        self.connected = False
+        self.stats: dict[str, int] = {"connects": 0, "messages_in": 0, "unrouted": 0}
+        self._added: asyncio.Queue[Channel] = asyncio.Queue()
+
+    def add(self, channel: Channel) -> None:
+        """Register ``channel``; a connected session starts serving it right away."""
+        self.channels.append(channel)
+        self._added.put_nowait(channel)
+
+    def _client(self) -> aiomqtt.Client:
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = self.endpoint.session_expiry_s
+        return aiomqtt.Client(
+            self.endpoint.host,
+            self.endpoint.port,
+            identifier=self.endpoint.identifier,
+            username=self.endpoint.username,
+            password=self.endpoint.password,
+            keepalive=self.endpoint.keepalive_s,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            clean_start=False,
+            properties=props,
+            will=self.will,
+            tls_context=self.endpoint.tls,
+            timeout=max(2.0, float(self.endpoint.keepalive_s)),
+        )
+
+    async def run(self) -> None:
+        """Forever: connect, serve every channel, and on any MQTT error back off and retry."""
+        delay = self.backoff_initial_s
+        where = f"{self.endpoint.host}:{self.endpoint.port}"
+        while True:
+            try:
+                async with self._client() as client:
+                    self.connected = True
+                    self.stats["connects"] += 1
+                    delay = self.backoff_initial_s
+                    log.info("%s connected to broker %s", self.endpoint.identifier, where)
+                    await self._connected(client)
+            except aiomqtt.MqttError as exc:
+                reraise_if_cancelling()
+                if self.connected:
+                    log.warning("%s lost broker %s: %s", self.endpoint.identifier, where, exc)
+                else:
+                    log.debug("broker %s unreachable: %s", where, exc)
+            finally:
+                if self.connected:
+                    for channel in self.channels:
+                        channel.disconnected()
+                self.connected = False
+            await asyncio.sleep(random.uniform(0, delay))
+            delay = min(delay * 2, self.backoff_max_s)
+
+    async def _connected(self, client: aiomqtt.Client) -> None:
+        """Subscribe and serve every channel (and each one added meanwhile) until one fails.
+
+        The same structure as :func:`first_failure`, with a set of tasks that grows."""
+        while not self._added.empty():  # everything added so far is served below
+            self._added.get_nowait()
+        serving = [asyncio.create_task(self._dispatch(client), name="mqtt-dispatch")]
+        added: asyncio.Task[Channel] | None = None
+        try:
+            for channel in [*self.channels, *([self.fallback] if self.fallback else [])]:
+                serving.append(await self._start(client, channel))
+            while True:
+                added = asyncio.create_task(self._added.get())
+                done, _ = await asyncio.wait([*serving, added], return_when=asyncio.FIRST_COMPLETED)
+                for task in serving:
+                    if task in done and not task.cancelled() and (exc := task.exception()):
+                        raise exc
+                serving = [t for t in serving if t not in done]
+                if added in done:
+                    serving.append(await self._start(client, added.result()))
+                else:
+                    added.cancel()
+        finally:
+            if added is not None:
+                added.cancel()
+            for task in serving:
+                task.cancel()
+            await asyncio.gather(*serving, return_exceptions=True)
+
+    async def _start(self, client: aiomqtt.Client, channel: Channel) -> asyncio.Task[None]:
+        for topic_filter, options in channel.subscriptions:
+            await checked(client.subscribe(topic_filter, options=options))
+        return asyncio.create_task(channel.serve(client))
+
+    async def _dispatch(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            self.stats["messages_in"] += 1
+            payload = bytes(message.payload)  # aiomqtt delivers bytes (or bytearray)
+            for channel in self.channels:
+                if any(message.topic.matches(route) for route in channel.routes):
+                    channel.handle(message.topic.value, payload)
+                    break
+            else:
+                if self.fallback is not None and any(
+                    message.topic.matches(route) for route in self.fallback.routes
+                ):
+                    self.fallback.handle(message.topic.value, payload)
+                else:
+                    self.stats["unrouted"] += 1
+        raise aiomqtt.MqttError("message stream ended")  # so the connection is renewed

@@ -138,3 +138,18 @@ def test_certs_commands_make_a_ca_and_refuse_to_overwrite(tmp_path: Path) -> Non
     assert again.exit_code == 2 and "--force" in again.output
     bad = runner.invoke(app, ["certs", "issue", "a/b", "--dir", str(d)])
     assert bad.exit_code == 2 and "invalid identity" in bad.output
+
+
+def test_edge_run_with_an_unreadable_mqtt_key_file_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "edge.toml"
+    path.write_text(
+        f"[edge]\nnode_id = 'gw1'\nstate_dir = '{tmp_path / 'state'}'\n"
+        f"[edge.mqtt]\npassword_file = '{tmp_path / 'missing.pw'}'\n"
+    )
+    out = subprocess.run(
+        [entry_point(), "edge", "run", "-c", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "edge.mqtt" in lines[0] and "missing.pw" in lines[0], out.stderr
+    assert not (tmp_path / "state").exists()  # refused before touching anything

@@ -439,3 +439,48 @@ def test_valid_windows_round_trip(specs: list[WindowSpec]) -> None:
         assert window.rotate == spec.rotate
         assert window.rotate_share == spec.rotate_share
         assert window.slice_s == 60.0 * spec.slice_minutes
+
+
+# --- [edge.mqtt]: TLS, credentials, and no plain TCP off loopback -----------------------------
+
+
+def test_mqtt_defaults_are_loopback_plain() -> None:
+    mqtt = parse("[edge]\nnode_id = 'gw1'\n").edge.mqtt
+    assert (mqtt.host, mqtt.port, mqtt.tls) == ("127.0.0.1", 1883, False)
+    endpoint = mqtt.endpoint("gw1")
+    assert endpoint.identifier == "gw1" and endpoint.tls is None and endpoint.password is None
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("host = 'broker.example'", "refusing plain MQTT"),
+        ("tls = true", "needs ca_file"),
+        ("tls = true\nca_file = 'ca.crt'\ncert_file = 'n.crt'", "go together"),
+        ("ca_file = 'ca.crt'", "tls is false"),
+        ("session_expiry_s = -1", "session_expiry_s"),
+        ("tsl = true", "did you mean 'tls'"),
+    ],
+)
+def test_mqtt_mistakes_are_named(body: str, needle: str) -> None:
+    err = error_of(f"[edge.mqtt]\n{body}\n")
+    assert "edge.mqtt" in str(err) and needle in str(err)
+
+
+def test_mqtt_plain_remote_only_when_allowed() -> None:
+    mqtt = parse("[edge.mqtt]\nhost = '10.0.0.5'\nallow_plain_remote = true\n").edge.mqtt
+    assert mqtt.host == "10.0.0.5" and not mqtt.tls
+
+
+def test_mqtt_endpoint_reads_password_and_names_missing_files(tmp_path: Path) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    mqtt = parse(f"[edge.mqtt]\npassword_file = '{pw}'\n").edge.mqtt
+    endpoint = mqtt.endpoint("gw1")
+    assert (endpoint.username, endpoint.password) == ("gw1", "s3cret")
+    gone = parse(f"[edge.mqtt]\npassword_file = '{tmp_path / 'nope'}'\n").edge.mqtt
+    with pytest.raises(ValueError, match="nope"):
+        gone.endpoint("gw1")
+    tls = parse(f"[edge.mqtt]\ntls = true\nca_file = '{tmp_path / 'no-ca.crt'}'\n").edge.mqtt
+    with pytest.raises(ValueError, match=r"no-ca\.crt"):
+        tls.endpoint("gw1")

@@ -1,13 +1,27 @@
-"""The cancellation guards of the MQTT session loops (the cause of a CI hang)."""
+"""The MQTT session: cancellation guards (the cause of a CI hang), and one connection per
+peer carrying several channels through a real Mosquitto with the fleet's ACL, TLS or passwords."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
+from collections.abc import Callable
+from pathlib import Path
 
+import aiomqtt
 import pytest
+from conftest import Broker, free_port
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from edgesched.sync.session import checked, first_failure, reraise_if_cancelling
+from edgesched.central.heartbeat import Heartbeat
+from edgesched.config import MqttConfig
+from edgesched.edge.link import CentralLink
+from edgesched.sync import security as sec
+from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.peer import DocPeer
+from edgesched.sync.session import MqttSession, checked, first_failure, reraise_if_cancelling
+from edgesched.sync.topics import status_topic
 
 
 async def _race(guard: bool) -> asyncio.Task[None]:
@@ -93,3 +107,115 @@ async def test_first_failure_is_cancelled_as_a_whole() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert sorted(finished) == ["a", "b"]
+
+
+# --- one connection per peer, against a real Mosquitto with the generated ACL ------------------
+
+
+def _secured_broker(tmp: Path, *, tls: bool) -> tuple[Broker, sec.CaFiles, Path]:
+    """Mosquitto as the fleet runs it: no anonymous access, use_username_as_clientid, the ACL;
+    TLS with client certificates, or (loopback only) passwords."""
+    port = free_port()
+    ca = sec.make_ca(tmp / "ca")
+    acl_path = tmp / "acl"
+    acl_path.write_text(sec.acl(["central"]))
+    if tls:
+        server = sec.issue(ca, "broker", tmp / "server", server_names=("127.0.0.1",))
+        for name in ("node-a", "central"):
+            sec.issue(ca, name, tmp / "clients")
+        conf = sec.broker_config(
+            port=port, ca=ca, server_cert=server, acl_path=acl_path, user=getpass.getuser()
+        )
+    else:
+        users = {"node-a": "a-secret", "central": "c-secret"}
+        for name, secret in users.items():
+            (tmp / f"{name}.pw").write_text(secret + "\n")
+        pw = sec.write_password_file(tmp / "passwords", users)
+        conf = sec.broker_config(
+            port=port, acl_path=acl_path, password_file=pw, tls=False, user=getpass.getuser()
+        )
+    (tmp / "mosquitto.conf").write_text(conf)
+    broker = Broker(port, None, tmp / "mosquitto.conf", tmp / "mosquitto.log")  # type: ignore[arg-type]
+    broker.start()
+    return broker, ca, tmp
+
+
+def _mqtt(tmp: Path, port: int, name: str, *, tls: bool) -> MqttConfig:
+    if tls:
+        return MqttConfig(
+            port=port,
+            tls=True,
+            ca_file=str(tmp / "ca" / "ca.crt"),
+            cert_file=str(tmp / "clients" / f"{name}.crt"),
+            key_file=str(tmp / "clients" / f"{name}.key"),
+            keepalive_s=2,
+        )
+    return MqttConfig(port=port, password_file=str(tmp / f"{name}.pw"), keepalive_s=2)
+
+
+async def _until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["password", "tls"])
+async def test_one_connection_carries_link_and_document(tmp_path: Path, tls: bool) -> None:
+    """A node's heartbeat link and its document peer share one connection under the node's
+    identity (two would take each other over: use_username_as_clientid), through the ACL."""
+    broker, _, tmp = _secured_broker(tmp_path, tls=tls)
+    try:
+        node_cfg = _mqtt(tmp, broker.port, "node-a", tls=tls)
+        link = CentralLink("node-a", node_cfg)
+        node_doc = NodeDoc("node-node-a", client_id_for("node-a"))
+        node = MqttSession(node_cfg.endpoint("node-a"), will=link.will(), backoff_max_s=0.5)
+        node.add(link)
+        node.add(DocPeer(node_doc, "node-a"))
+
+        replica = NodeDoc("node-node-a", client_id_for("central"))
+        heard: list[tuple[str, bytes]] = []
+        central = MqttSession(
+            _mqtt(tmp, broker.port, "central", tls=tls).endpoint("central"), backoff_max_s=0.5
+        )
+        central.add(DocPeer(replica, "central"))
+        central.add(_Recorder(status_topic("node-a"), heard))
+        central.add(Heartbeat("central", interval_s=0.2))
+        node_doc.put_task("t1", {"state": "running"})
+
+        async with asyncio.TaskGroup() as group:
+            runs = [group.create_task(node.run()), group.create_task(central.run())]
+            await _until(lambda: node.connected and central.connected)
+            await _until(lambda: replica.task("t1") is not None)
+            assert replica.content_hash() == node_doc.content_hash()
+            # central's heartbeat reaches the node's link over the same connection
+            await _until(lambda: link.last_heard is not None)
+            await _until(lambda: any(b'"online"' in p for _, p in heard))
+            node_doc.put_task("t2", {"state": "running"})
+            await _until(lambda: replica.task("t2") is not None)
+            await asyncio.sleep(1.0)  # a second connection as node-a would have kicked us off
+            assert node.stats["connects"] == 1 and central.stats["connects"] == 1
+            assert link.broker_connected
+            for run in runs:
+                run.cancel()
+    finally:
+        broker.stop()
+
+
+class _Recorder:
+    """A channel that records what arrives on one topic."""
+
+    def __init__(self, topic: str, into: list[tuple[str, bytes]]) -> None:
+        self.routes: tuple[str, ...] = (topic,)
+        self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
+            (topic, SubscribeOptions(qos=1)),
+        )
+        self.into = into
+
+    async def serve(self, client: aiomqtt.Client) -> None:
+        return None
+
+    def handle(self, topic: str, payload: bytes) -> None:
+        self.into.append((topic, payload))
+
+    def disconnected(self) -> None:
+        return None

@@ -1,0 +1,26 @@
+"""The MQTT topics of edgesched, versioned under ``edgesched/v1``, in one place.
+
+Documents travel on ``doc/<doc>/sync/<sender>`` (see :mod:`edgesched.sync.wire`); liveness on
+the retained ``node/<id>/status``; central's heartbeat on ``central/heartbeat``; telemetry,
+which is not CRDT state, on ``node/<id>/telemetry``.
+"""
+
+from __future__ import annotations
+
+from edgesched.sync.wire import TOPIC_ROOT
+
+HEARTBEAT_TOPIC = f"{TOPIC_ROOT}/central/heartbeat"
+STATUS_FILTER = f"{TOPIC_ROOT}/node/+/status"
+DOC_SYNC_FILTER = f"{TOPIC_ROOT}/doc/+/sync/+"
+
+
+def status_topic(node_id: str) -> str:
+    return f"{TOPIC_ROOT}/node/{node_id}/status"
+
+
+def node_of_status_topic(topic: str) -> str | None:
+    """``edgesched/v1/node/<id>/status`` → ``<id>``; anything else → None."""
+    parts = topic.split("/")
+    if len(parts) == 5 and "/".join(parts[:3]) == f"{TOPIC_ROOT}/node" and parts[4] == "status":
+        return parts[3] or None
+    return None
