@@ -13,7 +13,7 @@ the issue's target and MET/MISSED next to it:
    Mosquitto start (heal) to every node/central pair having equal content hashes; baseline:
    the in-process merge of the same documents. [target p99 < 1 s]
 2. Bytes on the wire per resync: a node reconnects with D decisions central lacks; every byte
-   both DocPeers publish (their ``stats["bytes_out"]``: frames incl. our 40-byte header)
+   both DocPeers publish (their ``stats["bytes_out"]``: frames incl. our 44-byte header)
    until converged and quiet, against ``len(node.diff(central_state_vector))``. Also the
    framing alone (``wire.encode`` of the step 2) and an estimate with MQTT PUBLISH headers.
    [target <= 1.25x]
@@ -24,9 +24,12 @@ the issue's target and MET/MISSED next to it:
 4. One node's document over a simulated month: T tasks/day, each accepted -> placed ->
    running -> exited/failed/cancelled (4 ``put_task`` s), the engine's policy (an hourly sweep
    removes tasks finished more than a day ago; SQLite is the durable log), the update log
-   compacted every 256 updates as ``log_update`` does. Snapshot bytes at the end and the max
-   along the way, and the store's doc footprint (snapshot + uncompacted log). Baseline: the same
-   operations without removing finished tasks. [target < 1 MB]
+   compacted every 256 updates as ``log_update`` does, and at each compaction the document
+   rotated to a new epoch when ``NodeDoc.should_rotate`` says so (the default
+   ``RotationPolicy``: over 64 KiB and over twice a fresh document of the live content), as
+   ``log_update`` does. Snapshot bytes at the end and the max along the way, and the store's
+   doc footprint (snapshot + uncompacted log). Baselines: the same operations without epochs
+   (tombstones of removed tasks stay), and without removing finished tasks. [target < 1 MB]
 
 Pinned to one core. Mosquitto (``/usr/sbin/mosquitto`` or on PATH) is started on a free port
 for 1 (networked) and 2 and stopped at the end. Default run well under 2 minutes; full sizes
@@ -36,6 +39,8 @@ networked variant to 20 nodes x 1,000 decisions.
     .venv/bin/python bench/bench_sync.py [--nodes 100] [--decisions 1000] [--net-nodes 10]
         [--net-decisions 200] [--fanin-nodes 100] [--fanin-updates 100] [--days 30]
         [--tasks-per-day 2000] [--only converge,net,wire,fanin,month] [--full]
+
+``--only month`` runs the month alone (about 35 s).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from typing import Any
 from pycrdt import Doc, YSyncMessageType
 
 from edgesched.sync import wire
-from edgesched.sync.doc import NodeDoc, client_id_for, decode_state_vector
+from edgesched.sync.doc import LocalUpdate, NodeDoc, client_id_for, decode_state_vector
 from edgesched.sync.peer import DocPeer
 
 CENTRAL_ID = client_id_for("central")
@@ -567,16 +572,31 @@ class MonthResult:
     samples: list[int]
     ops: int
     seconds: float
+    rotations: int = 0
 
 
 def simulate_month(
-    events: list[tuple[float, int, str, str]], days: int, remove: bool, sample_compaction: bool
+    events: list[tuple[float, int, str, str]],
+    days: int,
+    remove: bool,
+    sample_compaction: bool,
+    epochs: bool = False,
 ) -> MonthResult:
     rng = random.Random(5)
     doc = NodeDoc("node-month", client_id_for("month"))
+    if not epochs:
+        doc.rotation_policy = None
     doc.set_node("registration", {"node_id": "month", "arch": "amd64", "cpu": 16})
     logged: list[int] = []
-    doc.on_local_update(lambda u: logged.append(len(u)))
+    rotations = 0
+
+    def on_update(update: bytes) -> None:
+        if isinstance(update, LocalUpdate) and update.rotation:
+            logged.append(-len(update))  # log_update makes it the snapshot, drops the log
+        else:
+            logged.append(len(update))
+
+    doc.on_local_update(on_update)
     finished: dict[str, float] = {}
     snapshot = len(doc.snapshot())
     peak = peak_store = snapshot
@@ -588,18 +608,29 @@ def simulate_month(
     t0 = time.perf_counter()
 
     def after_update() -> None:
-        # log_update: append, and fold the log into a snapshot past COMPACT_AFTER entries.
-        nonlocal log_bytes, since, snapshot, peak, peak_store
+        # log_update: append, and fold the log into a snapshot past COMPACT_AFTER entries
+        # (or rotate then, if the policy says so: the rotation's state becomes the snapshot).
+        nonlocal log_bytes, since, snapshot, peak, peak_store, rotations
         if not sample_compaction:
             return
-        log_bytes += sum(logged)
-        since += len(logged)
+        for size in logged:
+            if size < 0:
+                snapshot, log_bytes, since = -size, 0, 0
+            else:
+                log_bytes += size
+                since += 1
         logged.clear()
         peak_store = max(peak_store, snapshot + log_bytes)
         if since > COMPACT_AFTER:
-            snapshot = len(doc.snapshot())
-            peak = max(peak, snapshot)
-            log_bytes = since = 0
+            state = len(doc.snapshot())
+            peak = max(peak, state)
+            if doc.should_rotate(state):
+                doc.rotate()
+                rotations += 1
+                after_update()
+            else:
+                snapshot = state
+                log_bytes = since = 0
 
     for at, _, task, state in events:
         while at >= next_day:
@@ -627,7 +658,7 @@ def simulate_month(
     for tid, entry in doc.tasks().items():
         live.put_task(tid, entry)
     return MonthResult(
-        final, max(peak, final), peak_store, len(live.snapshot()), samples, ops, seconds
+        final, max(peak, final), peak_store, len(live.snapshot()), samples, ops, seconds, rotations
     )
 
 
@@ -635,29 +666,39 @@ def bench_month(days: int, per_day: int) -> None:
     print(
         f"\n4. one node's document over {days} days: {per_day:,} tasks/day x 4 state changes; "
         f"policy: hourly sweep removes tasks finished > {RETENTION_S / 3600:.0f} h ago "
-        f"(edge/engine.py), update log compacted every {COMPACT_AFTER} updates"
+        f"(edge/engine.py), update log compacted every {COMPACT_AFTER} updates, epochs rotated "
+        "by the default RotationPolicy at compaction (sync/doc.py)"
     )
     events = month_events(days, per_day, seed=6)
+    ep = simulate_month(events, days, remove=True, sample_compaction=True, epochs=True)
     kept = simulate_month(events, days, remove=True, sample_compaction=True)
     base = simulate_month(events, days, remove=False, sample_compaction=False)
     mb = 1e6
     print(
-        f"   with retention    end {kept.final / mb:6.2f} MB  max {kept.peak / mb:6.2f} MB  "
-        f"store max (snapshot + log) {kept.peak_store / mb:6.2f} MB  "
-        f"[< 1 MB: {verdict(kept.peak < 1e6)}]   ({kept.ops:,} transactions, {kept.seconds:.1f} s)"
+        f"   with epochs       end {ep.final / mb:6.2f} MB  max {ep.peak / mb:6.2f} MB  "
+        f"store max (snapshot + log) {ep.peak_store / mb:6.2f} MB  "
+        f"[< 1 MB: {verdict(ep.peak < 1e6)}]   ({ep.rotations} rotations, {ep.ops:,} "
+        f"transactions, {ep.seconds:.1f} s)"
+    )
+    print(
+        f"   without epochs    end {kept.final / mb:6.2f} MB  max {kept.peak / mb:6.2f} MB  "
+        f"store max (snapshot + log) {kept.peak_store / mb:6.2f} MB  ({kept.seconds:.1f} s) | "
+        f"ratio with/without epochs: end x{ep.final / kept.final:.3f}, "
+        f"max x{ep.peak / kept.peak:.3f}"
     )
     print(
         f"   without removal   end {base.final / mb:6.2f} MB  ({base.ops:,} transactions) | "
-        f"ratio with/without x{kept.final / base.final:.3f}"
+        f"ratio without epochs/without removal x{kept.final / base.final:.3f}"
     )
     print(
-        f"   the live content alone, in a fresh doc: {kept.live / mb:.2f} MB; the rest "
-        f"({(kept.final - kept.live) / mb:.2f} MB) is the deleted keys' tombstones"
+        f"   the live content alone, in a fresh doc: {kept.live / mb:.2f} MB; without epochs the "
+        f"rest ({(kept.final - kept.live) / mb:.2f} MB) is the deleted keys' tombstones"
     )
     marks = sorted({0, len(kept.samples) // 4, len(kept.samples) // 2, len(kept.samples) - 1})
-    if kept.samples:
-        growth = "  ".join(f"day {i + 1}: {kept.samples[i] / mb:.2f}" for i in marks)
-        print(f"   snapshot MB by day (with retention): {growth}")
+    for label, run in (("with epochs", ep), ("without epochs", kept)):
+        if run.samples:
+            growth = "  ".join(f"day {i + 1}: {run.samples[i] / mb:.2f}" for i in marks)
+            print(f"   snapshot MB by day ({label}): {growth}")
 
 
 # ---------------------------------------------------------------------- main

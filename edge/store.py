@@ -106,6 +106,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             data BLOB NOT NULL
         )""",
     ),
+    # 3: document epochs (sync/doc.py): the snapshot's epoch; the log after it shares it
+    ("ALTER TABLE doc_snapshots ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",),
 )
 #: The schema version this code writes.
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -498,14 +500,40 @@ class Store:
                     f"its snapshot already covers seq {current}"
                 )
             await conn.execute(
-                "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data) VALUES (?, ?, ?)",
+                "INSERT INTO doc_snapshots (doc, seq, data) VALUES (?, ?, ?) "
+                "ON CONFLICT (doc) DO UPDATE SET seq = excluded.seq, data = excluded.data",
                 (doc, upto_seq, data),
-            )
+            )  # the epoch stays
             await conn.execute(
                 "DELETE FROM doc_updates WHERE doc = ? AND seq <= ?", (doc, upto_seq)
             )
 
         await self._write(f"cannot compact document {doc}", body)
+
+    async def rotate_doc(self, doc: str, snapshot: bytes, epoch: int) -> int:
+        """Start ``doc``'s ``epoch``: ``snapshot`` replaces the snapshot and the whole log.
+
+        One transaction: a crash leaves the old epoch (snapshot and log) or the new one. The
+        snapshot's seq is the last seq so far, so seqs keep counting. ``epoch`` must be newer
+        than the stored one. Returns the snapshot's seq.
+        """
+        data = bytes(snapshot)
+
+        async def body(conn: aiosqlite.Connection) -> int:
+            current = await _snapshot_epoch(conn, doc)
+            if epoch <= current:
+                raise StoreError(
+                    f"cannot rotate document {doc} to epoch {epoch}: it is at epoch {current}"
+                )
+            last = await _last_seq(conn, doc)
+            await conn.execute(
+                "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data, epoch) VALUES (?, ?, ?, ?)",
+                (doc, last, data, epoch),
+            )
+            await conn.execute("DELETE FROM doc_updates WHERE doc = ?", (doc,))
+            return last
+
+        return await self._write(f"cannot rotate document {doc}", body)
 
     async def snapshot(self, doc: str) -> tuple[int, bytes] | None:
         """``(upto_seq, snapshot)`` of ``doc``'s last compaction, or None."""
@@ -517,6 +545,19 @@ class Store:
                 )
             )
             return (rows[0][0], bytes(rows[0][1])) if rows else None
+
+        return await self._read(f"cannot read the snapshot of document {doc}", body)
+
+    async def snapshot_with_epoch(self, doc: str) -> tuple[int, bytes, int] | None:
+        """``(upto_seq, snapshot, epoch)`` of ``doc``'s snapshot, or None (epoch 0 then)."""
+
+        async def body(conn: aiosqlite.Connection) -> tuple[int, bytes, int] | None:
+            rows = list(
+                await conn.execute_fetchall(
+                    "SELECT seq, data, epoch FROM doc_snapshots WHERE doc = ?", (doc,)
+                )
+            )
+            return (int(rows[0][0]), bytes(rows[0][1]), int(rows[0][2])) if rows else None
 
         return await self._read(f"cannot read the snapshot of document {doc}", body)
 
@@ -722,6 +763,13 @@ async def _last_seq(conn: aiosqlite.Connection, doc: str) -> int:
     return int(rows[0][0])
 
 
+async def _snapshot_epoch(conn: aiosqlite.Connection, doc: str) -> int:
+    rows = list(
+        await conn.execute_fetchall("SELECT epoch FROM doc_snapshots WHERE doc = ?", (doc,))
+    )
+    return int(rows[0][0]) if rows else 0
+
+
 async def _snapshot_seq(conn: aiosqlite.Connection, doc: str) -> int | None:
     rows = list(await conn.execute_fetchall("SELECT seq FROM doc_snapshots WHERE doc = ?", (doc,)))
     return int(rows[0][0]) if rows else None
@@ -891,6 +939,8 @@ class _Table:
     name: str
     columns: tuple[str, ...]
     clean: Callable[[tuple[Any, ...]], tuple[object, ...]]  # raises on a bad row
+    #: What to select instead from a file of an older schema that lacks some columns.
+    older: tuple[str, ...] = ()
 
 
 def _clean_task(row: tuple[Any, ...]) -> tuple[object, ...]:
@@ -943,7 +993,12 @@ _TABLES = (
         _each(_finite, _finite, _int, _float, _clean_json_dict, _clean_json_dict),
     ),
     _Table("doc_updates", ("doc", "seq", "data"), _each(_str, _int, _clean_blob)),
-    _Table("doc_snapshots", ("doc", "seq", "data"), _each(_str, _int, _clean_blob)),
+    _Table(
+        "doc_snapshots",
+        ("doc", "seq", "data", "epoch"),
+        _each(_str, _int, _clean_blob, _int),
+        older=("doc", "seq", "data", "0"),  # schema 2: no epochs yet
+    ),
 )
 
 
@@ -1000,14 +1055,17 @@ def _salvage_table(src: sqlite3.Connection, dst: sqlite3.Connection, table: _Tab
 
 def _readable_rows(src: sqlite3.Connection, table: _Table) -> Iterator[tuple[object, ...]]:
     """Scan ``table`` by rowid, stepping over unreadable stretches; yield cleaned rows."""
-    sql = (
-        f"SELECT rowid, {', '.join(table.columns)} FROM {table.name} "
-        "WHERE rowid >= ? ORDER BY rowid"
-    )
-    try:
-        src.execute(f"SELECT {', '.join(table.columns)} FROM {table.name} LIMIT 0")
-    except sqlite3.Error:
-        return  # table missing (older schema) or schema unreadable
+    for columns in (table.columns, table.older):
+        if not columns:
+            continue
+        try:
+            src.execute(f"SELECT {', '.join(columns)} FROM {table.name} LIMIT 0")
+            break
+        except sqlite3.Error:
+            continue  # table or column missing (older schema) or schema unreadable
+    else:
+        return
+    sql = f"SELECT rowid, {', '.join(columns)} FROM {table.name} WHERE rowid >= ? ORDER BY rowid"
     start = _MIN_ROWID
     for _ in range(10_000):  # bound on unreadable stretches
         try:

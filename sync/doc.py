@@ -6,7 +6,7 @@ error for remote updates (:class:`UpdateRejected`), no echo of remote updates to
 update callbacks, a lib0 state-vector decoder (:meth:`SyncedDoc.missing_from`), a canonical
 content hash (replicas that share a client id by mistake diverge with *equal* state vectors,
 so convergence is checked by hash), and persistence over the edge store's update log with
-compaction into a snapshot.
+compaction into a snapshot, and *document epochs* (below).
 
 Only small, durable state belongs in a document (registrations, task placements, policy);
 telemetry never does: every overwrite of a key grows the document.
@@ -14,6 +14,31 @@ telemetry never does: every overwrite of a key grows the document.
 Three document kinds get thin typed accessors: :class:`NodeDoc` (``node`` and ``tasks`` maps),
 :class:`PolicyDoc` (``policy`` map) and :class:`SiteDoc` (``site`` map). Values are JSON-able;
 pycrdt returns numbers as floats, the accessors give integral numbers back as ints.
+
+**Epochs.** pycrdt never forgets a deleted key: its tombstone stays in every snapshot, so a
+node document that keeps adding and removing tasks grows without bound. A *single-writer*
+document (:class:`NodeDoc`: only the node writes it, everyone else holds a read-only replica)
+can start over: :meth:`SyncedDoc.rotate` replaces the pycrdt document by a fresh one (same
+client id) holding the same JSON content, and bumps :attr:`SyncedDoc.epoch`. Client clocks
+restart in the fresh document, so updates of two epochs must never meet: frames carry the
+epoch (:mod:`.wire`, :func:`.wire.epoch_action` is the receive rule) and a replica that hears a
+newer epoch from the writer discards its replica (:meth:`SyncedDoc.reset_to_epoch`).
+
+A rotation reaches the owner the same way every local change does: the local-update callbacks
+get one :class:`LocalUpdate` with ``rotation=True`` holding the new epoch's whole state. Logging
+it (:meth:`SyncedDoc.log_update`) writes that state as the snapshot, with the new epoch, and
+drops the old epoch's log in one SQLite transaction, so a node restarted from its store is at
+the epoch it last persisted, with that epoch's content. Every local update is a
+:class:`LocalUpdate` tagged with its epoch; one of an epoch older than the store's is skipped.
+Nothing of a new epoch may be published before its rotation is logged (the peer's
+``before_publish`` waits for the log): otherwise a crash could hand out one epoch twice, with
+different histories under the same client clocks. :meth:`SyncedDoc.log_update` also decides
+when to rotate (:meth:`SyncedDoc.should_rotate`, at each compaction), so the owner needs to do
+nothing more than log every local update in order.
+
+Multi-writer documents (:class:`PolicyDoc`, :class:`SiteDoc`) never rotate: a rotation cuts
+history at one point of one replica, and another writer's concurrent updates at the old epoch
+would then be dropped (lost writes); only agreement among the writers could pick the cut.
 """
 
 from __future__ import annotations
@@ -23,9 +48,10 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Self
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-from pycrdt import Doc, Map, TransactionEvent
+from pycrdt import Doc, Map, Subscription, TransactionEvent
 
 if TYPE_CHECKING:
     from edgesched.edge.store import Store
@@ -42,6 +68,49 @@ DEFAULT_COMPACT_AFTER = 256
 _EMPTY_UPDATE = b"\x00\x00"
 _MAX_VARUINT_BYTES = 10  # 64-bit values at most
 _NO_CAP = 1 << 40  # stored updates and snapshots were checked when they arrived
+#: Epochs travel as a u32 in every frame (:mod:`.wire`).
+EPOCH_LIMIT = 2**32
+
+
+@dataclass(frozen=True)
+class RotationPolicy:
+    """When a single-writer document starts a new epoch (see :meth:`SyncedDoc.should_rotate`).
+
+    Rotate once the encoded document exceeds both ``min_bytes`` and ``ratio`` times the size
+    of a fresh document of its live content. With ``ratio`` 2 the document never holds more
+    garbage (tombstones, overwritten values) than live content, and each rotation, which costs
+    O(live size) to build, persist and send to every replica, is paid for by at least as many
+    bytes of garbage: rotation traffic stays below the update traffic that made the garbage.
+    Below ``min_bytes`` (64 KiB: one MQTT packet at the default broker limit) size does not
+    matter, and small documents never churn epochs.
+    """
+
+    min_bytes: int = 64 * 1024
+    ratio: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.min_bytes < 0 or not self.ratio > 1.0:
+            raise ValueError("RotationPolicy needs min_bytes >= 0 and ratio > 1")
+
+
+class EpochError(ValueError):
+    """An epoch change that is not allowed (a multi-writer document, an epoch going back)."""
+
+
+class LocalUpdate(bytes):
+    """A local update as the :meth:`SyncedDoc.on_local_update` callbacks get it: plain bytes,
+    tagged with the ``epoch`` it belongs to. ``rotation`` marks the one update a rotation
+    emits: the whole state of the new epoch (log it like any other; a peer replaces whatever
+    it still queues by it, since older queued updates belong to the previous epoch)."""
+
+    epoch: int
+    rotation: bool
+
+    def __new__(cls, data: bytes, epoch: int, rotation: bool = False) -> Self:
+        out = super().__new__(cls, data)
+        out.epoch = epoch
+        out.rotation = rotation
+        return out
 
 
 class UpdateRejected(ValueError):
@@ -147,8 +216,17 @@ def decode_state_vector(state_vector: bytes) -> dict[int, int]:
 class SyncedDoc:
     """A pycrdt document with a fixed identity, guarded remote input and a content hash."""
 
+    #: Whether only one peer ever writes this kind of document: only those may rotate.
+    single_writer: ClassVar[bool] = False
+
     def __init__(
-        self, name: str, client_id: int, *, max_update_bytes: int = DEFAULT_MAX_UPDATE_BYTES
+        self,
+        name: str,
+        client_id: int,
+        *,
+        max_update_bytes: int = DEFAULT_MAX_UPDATE_BYTES,
+        epoch: int = 0,
+        rotation_policy: RotationPolicy | None = None,
     ) -> None:
         if not name:
             raise ValueError("document name must not be empty")
@@ -157,13 +235,42 @@ class SyncedDoc:
         self.name = name
         self.client_id = _check_client_id(client_id)
         self.max_update_bytes = max_update_bytes
-        self.doc: Doc[Any] = Doc(client_id=client_id)
+        #: Which epoch :attr:`doc` belongs to (0 at creation; see the module docstring).
+        self.epoch = self._check_epoch(epoch)
+        #: When :meth:`log_update` rotates (single-writer documents only; None: never).
+        self.rotation_policy = (rotation_policy or RotationPolicy()) if self.single_writer else None
+        self._subscription: Subscription | None = None
+        self.doc: Doc[Any] = self._observed(Doc(client_id=self.client_id))
         self._callbacks: list[Callable[[bytes], None]] = []
+        self._epoch_callbacks: list[Callable[[int], None]] = []
         self._applying_remote = False
         self._remote_changed = False
         self._logged = 0  # updates in the store's log since its last compaction
-        # One subscription for the document's lifetime: unobserve() leaks in pycrdt 0.14.
-        self.doc.observe(self._on_transaction)
+        self._stored_epoch = self.epoch  # the epoch of the store's snapshot and log
+        self._fresh_size = 0  # bytes of a fresh doc of the live content, when last measured
+
+    def _check_epoch(self, epoch: int) -> int:
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise TypeError(f"epoch must be an int, got {type(epoch).__name__}")
+        if not 0 <= epoch < EPOCH_LIMIT:
+            raise EpochError(f"epoch {epoch} is not in [0, 2**32)")
+        if epoch and not self.single_writer:
+            raise EpochError(f"{type(self).__name__} {self.name} has several writers: no epochs")
+        return epoch
+
+    def _observed(self, doc: Doc[Any]) -> Doc[Any]:
+        """``doc``, observed for the current epoch, replacing :attr:`doc`'s subscription.
+
+        One subscription per pycrdt document. pycrdt's subscription refers back to its
+        document from the Rust side, where the garbage collector cannot see it, so a document
+        rotated away is only freed once unobserved. A write to it through a stale reference
+        is logged and not reported to the callbacks (the observer knows its epoch).
+        """
+        if self._subscription is not None:
+            self.doc.unobserve(self._subscription)
+        epoch = self.epoch
+        self._subscription = doc.observe(lambda event: self._on_transaction(event, epoch))
+        return doc
 
     # ------------------------------------------------------------------ sync primitives
 
@@ -222,13 +329,24 @@ class SyncedDoc:
         """
         self._callbacks.append(callback)
 
-    def _on_transaction(self, event: TransactionEvent) -> None:
-        update = bytes(event.update)
+    def _on_transaction(self, event: TransactionEvent, epoch: int) -> None:
+        update = LocalUpdate(event.update, epoch)
         if update == _EMPTY_UPDATE:
+            return
+        if epoch != self.epoch:
+            log.error(
+                "document %s: a write to epoch %d after the rotation to %d is lost",
+                self.name,
+                epoch,
+                self.epoch,
+            )
             return
         if self._applying_remote:
             self._remote_changed = True
             return
+        self._emit(update)
+
+    def _emit(self, update: LocalUpdate) -> None:
         for callback in self._callbacks:
             try:
                 callback(update)
@@ -243,6 +361,119 @@ class SyncedDoc:
         ours = decode_state_vector(self.doc.get_state())
         theirs = decode_state_vector(remote_state_vector)
         return any(clock > ours.get(client, 0) for client, clock in theirs.items())
+
+    # ------------------------------------------------------------------ epochs
+
+    def on_epoch_change(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(new_epoch)`` after :meth:`rotate` or :meth:`reset_to_epoch`.
+
+        It runs outside any transaction (it may read the document). A peer uses it to forget
+        what it queued for the old epoch; the writer's persistence needs nothing more than
+        logging the rotation's :class:`LocalUpdate` like every other.
+        """
+        self._epoch_callbacks.append(callback)
+
+    def _epoch_changed(self) -> None:
+        for callback in self._epoch_callbacks:
+            try:
+                callback(self.epoch)
+            except Exception:
+                log.exception("epoch callback of document %s failed", self.name)
+
+    def _live_content(self) -> dict[str, dict[str, Any]]:
+        """Every non-empty root map as pycrdt gives it (not normalised: values are copied as
+        they are, so the fresh document holds the same floats, bytes and nested values)."""
+        out: dict[str, dict[str, Any]] = {}
+        for key in sorted(self.doc.keys()):
+            content = self.doc.get(key, type=Map).to_py()
+            if content:
+                out[key] = dict(content)
+        return out
+
+    def _fresh(self) -> Doc[Any]:
+        """A new pycrdt document (unobserved) holding the live content, in one transaction."""
+        fresh: Doc[Any] = Doc(client_id=self.client_id)
+        content = self._live_content()
+        with fresh.transaction(origin=("rotate", self.name)):
+            for key, entries in content.items():
+                root: Map[Any] = fresh.get(key, type=Map)
+                for k, v in entries.items():
+                    root[k] = v
+        return fresh
+
+    def rotate(self, *, min_epoch: int | None = None) -> LocalUpdate:
+        """Start a new epoch holding the same content; the writer's side. Returns its state.
+
+        The pycrdt document is replaced by a fresh one (same client id) built from the live
+        content only, so the tombstones of removed keys and overwritten values are gone, and
+        :attr:`epoch` becomes ``max(epoch + 1, min_epoch)`` (``min_epoch``: to jump past an
+        epoch another peer announced, see :func:`.wire.epoch_action`). The content hash is
+        unchanged. The local-update callbacks get the new epoch's whole state as one
+        :class:`LocalUpdate` with ``rotation=True`` (the owner logs it: that persists the
+        rotation), then the :meth:`on_epoch_change` callbacks run. Callbacks stay registered.
+
+        Must not run inside a transaction. Raises :class:`EpochError` for a multi-writer
+        document (see the module docstring) or when the epoch would leave the u32 range.
+        """
+        if not self.single_writer:
+            raise EpochError(
+                f"{type(self).__name__} {self.name} has several writers and never rotates"
+            )
+        new_epoch = max(self.epoch + 1, min_epoch if min_epoch is not None else 0)
+        if new_epoch >= EPOCH_LIMIT:
+            raise EpochError(f"document {self.name} cannot rotate to epoch {new_epoch}")
+        fresh = self._fresh()  # built unobserved: its content is no local change
+        state = fresh.get_update()
+        self.epoch = new_epoch
+        self.doc = self._observed(fresh)
+        self._fresh_size = len(state)
+        update = LocalUpdate(state, new_epoch, rotation=True)
+        log.info(
+            "document %s: rotated to epoch %d (%d bytes of live state)",
+            self.name,
+            new_epoch,
+            len(state),
+        )
+        self._emit(update)
+        self._epoch_changed()
+        return update
+
+    def reset_to_epoch(self, epoch: int) -> None:
+        """Replica side: discard everything and start, empty, at the newer ``epoch``.
+
+        Called when data of a newer epoch arrives from the document's writer (the rule is
+        :func:`.wire.epoch_action`); apply that data next, then resync by state vector as
+        usual. The :meth:`on_epoch_change` callbacks run; nothing is reported as a local
+        update. Raises :class:`EpochError` unless ``epoch`` is newer than :attr:`epoch`, or
+        for a multi-writer document.
+        """
+        self._check_epoch(epoch)
+        if epoch <= self.epoch:
+            raise EpochError(
+                f"document {self.name} is at epoch {self.epoch}: cannot reset to {epoch}"
+            )
+        self.epoch = epoch
+        self.doc = self._observed(Doc(client_id=self.client_id))
+        self._fresh_size = 0
+        log.info("document %s: replica reset to epoch %d", self.name, epoch)
+        self._epoch_changed()
+
+    def should_rotate(self, size: int | None = None) -> bool:
+        """Whether the :attr:`rotation_policy` says to rotate now (False if there is none).
+
+        ``size`` is the encoded document's size if the caller has it (a snapshot it just took).
+        Building a fresh document to measure the live content costs about as much as a
+        rotation, so it is done only when ``size`` exceeds ``ratio`` times the last
+        measurement; each measurement that does not lead to a rotation raises that mark.
+        """
+        policy = self.rotation_policy
+        if policy is None:
+            return False
+        size = len(self.snapshot()) if size is None else size
+        if size <= policy.min_bytes or size <= policy.ratio * self._fresh_size:
+            return False
+        self._fresh_size = len(self._fresh().get_update())
+        return size > policy.ratio * self._fresh_size
 
     # ------------------------------------------------------------------ content
 
@@ -276,14 +507,21 @@ class SyncedDoc:
 
     @classmethod
     def restore(
-        cls, name: str, client_id: int, snapshot: bytes | None, updates: Iterable[bytes]
+        cls,
+        name: str,
+        client_id: int,
+        snapshot: bytes | None,
+        updates: Iterable[bytes],
+        *,
+        epoch: int = 0,
     ) -> Self:
-        """A document rebuilt from ``snapshot`` (if any) then ``updates``, in order.
+        """A document rebuilt from ``snapshot`` (if any) then ``updates``, in order, at
+        ``epoch`` (every part must belong to it).
 
         The restored document keeps ``client_id`` and continues its clock. An update that no
         longer decodes is logged and skipped (a state-vector exchange refills what it held).
         """
-        out = cls(name, client_id, max_update_bytes=_NO_CAP)
+        out = cls(name, client_id, max_update_bytes=_NO_CAP, epoch=epoch)
         parts = ([snapshot] if snapshot is not None else []) + list(updates)
         for i, part in enumerate(parts):
             try:
@@ -298,35 +536,82 @@ class SyncedDoc:
     async def log_update(
         self, store: Store, update: bytes, *, compact_after: int = DEFAULT_COMPACT_AFTER
     ) -> int:
-        """Append ``update`` to this document's log in ``store``; returns its seq.
+        """Persist one local update in ``store``; returns its seq (0 if nothing was written).
 
-        The engine calls this from its queue of :meth:`on_local_update` bytes and publishes an
-        update only after this returns (so nothing published is lost on a crash). Once the
-        log holds more than ``compact_after`` updates, they are folded into a snapshot.
+        The engine calls this, in order, for every :meth:`on_local_update` bytes and publishes
+        an update only after this returns (so nothing published is lost on a crash).
+
+        - An update of the store's epoch is appended to the log. Once the log holds more than
+          ``compact_after`` updates, it is folded into a snapshot; that is also when the
+          :attr:`rotation_policy` is consulted, and a rotation started (its update reaches the
+          callbacks, hence this method, next).
+        - A rotation update (:class:`LocalUpdate` ``rotation=True``) of a newer epoch becomes
+          the snapshot, with its epoch, and the old epoch's log is dropped: one transaction,
+          so a crash leaves the store at the old epoch or the new one, whole.
+        - An update of an epoch older than the store's is already in the store's snapshot (it
+          was made before the rotation that wrote it): skipped.
+
+        Plain bytes count as being of the current epoch.
         """
+        epoch = update.epoch if isinstance(update, LocalUpdate) else self.epoch
+        rotation = isinstance(update, LocalUpdate) and update.rotation
+        if epoch < self._stored_epoch or (rotation and epoch == self._stored_epoch):
+            return 0
+        if epoch > self._stored_epoch:
+            # A rotation (or, if the owner missed it, anything after one: then our whole
+            # state, which was transacted after it and so holds it).
+            snapshot = bytes(update) if rotation else self.snapshot()
+            epoch = epoch if rotation else self.epoch
+            seq = await store.rotate_doc(self.name, snapshot, epoch)
+            self._stored_epoch = epoch
+            self._logged = 0
+            return seq
         seq = await store.append_update(self.name, update)
         self._logged += 1
-        if self._logged > compact_after:
+        if self._logged > compact_after and self.epoch == self._stored_epoch:
             # No await between the snapshot and seq: every update with a seq <= ours was
             # transacted before it was appended, hence is in this snapshot.
-            await store.compact(self.name, self.snapshot(), seq)
-            self._logged = 0
+            snapshot = self.snapshot()
+            if self.should_rotate(len(snapshot)):
+                self.rotate()  # its update comes back here and is persisted then
+            else:
+                await store.compact(self.name, snapshot, seq)
+                self._logged = 0
         return seq
 
     async def persist_to(self, store: Store) -> None:
-        """Write the whole current state to ``store`` as the snapshot, folding the log into it."""
+        """Write the whole current state to ``store`` as the snapshot, folding the log into it.
+
+        At a newer epoch than the store's, this is a rotation (one transaction: the snapshot
+        with its epoch, the old log dropped). Raises :class:`EpochError` if the store already
+        holds a newer epoch than this document.
+        """
+        stored = await store.snapshot_with_epoch(self.name)
+        stored_epoch = stored[2] if stored is not None else 0
+        if stored_epoch > self.epoch:
+            raise EpochError(
+                f"store holds document {self.name} at epoch {stored_epoch}, "
+                f"newer than this copy's {self.epoch}"
+            )
+        if stored_epoch < self.epoch:
+            await store.rotate_doc(self.name, self.snapshot(), self.epoch)
+            self._stored_epoch = self.epoch
+            self._logged = 0
+            return
         last = await _last_logged_seq(store, self.name)
         # Read the last seq first, then snapshot: updates logged up to it are all included.
         await store.compact(self.name, self.snapshot(), last)
+        self._stored_epoch = self.epoch
         self._logged = len(await store.updates(self.name, last))
 
     @classmethod
     async def load_from(cls, store: Store, name: str, client_id: int) -> Self:
-        """Rebuild document ``name`` from ``store`` (its snapshot, then the later updates)."""
-        snap = await store.snapshot(name)
-        after = snap[0] if snap is not None else 0
+        """Rebuild document ``name`` from ``store`` (its snapshot, then the later updates), at
+        the epoch of that snapshot (0 without one)."""
+        snap = await store.snapshot_with_epoch(name)
+        after, data, epoch = snap if snap is not None else (0, None, 0)
         logged = await store.updates(name, after)
-        out = cls.restore(name, client_id, snap[1] if snap else None, (u for _, u in logged))
+        out = cls.restore(name, client_id, data, (u for _, u in logged), epoch=epoch)
         out._logged = len(logged)
         return out
 
@@ -342,7 +627,18 @@ async def _last_logged_seq(store: Store, name: str) -> int:
 
 
 class NodeDoc(SyncedDoc):
-    """An edge node's own document: ``node`` (registration, capabilities), ``tasks``."""
+    """An edge node's own document: ``node`` (registration, capabilities), ``tasks``.
+
+    Single writer (the node), so it has epochs: see the module docstring.
+    """
+
+    single_writer = True
+
+    @property
+    def writer(self) -> str | None:
+        """The writer's peer id by the naming convention ``node-<id>`` (None otherwise)."""
+        prefix = "node-"
+        return self.name[len(prefix) :] if self.name.startswith(prefix) else None
 
     def set_node(self, key: str, value: object) -> None:
         """Set ``node[key]`` (e.g. ``"registration"``, ``"capabilities"``) to a JSON value."""

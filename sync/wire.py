@@ -4,9 +4,15 @@ A *message* (a y-sync step, an update) is cut into *frames*, each small enough f
 broker's ``max_packet_size`` (oversized MQTT messages vanish or break the connection). Every
 frame carries a fixed binary header::
 
-    magic b"ES" | version 1 | kind | sender client id (u32) | message id (u64)
-    | chunk index (u32) | chunk count (u32) | chunk offset (u32) | payload length (u32)
-    | CRC32 of the whole payload (u32) | CRC32 of this frame (header fields above + chunk)
+    magic b"ES" | version 2 | kind | sender client id (u32) | document epoch (u32)
+    | message id (u64) | chunk index (u32) | chunk count (u32) | chunk offset (u32)
+    | payload length (u32) | CRC32 of the whole payload (u32)
+    | CRC32 of this frame (header fields above + chunk)
+
+Version 2 added the epoch (see :mod:`.doc`: a single-writer document restarts as a fresh
+pycrdt document at each epoch, with client clocks starting over, so data of two epochs must
+never be merged). Every chunk of a message carries the same epoch; version 1 frames are
+refused. :func:`epoch_action` is the receive rule.
 
 The pycrdt decoder is no integrity check (bit flips apply silently), so a frame whose CRC
 does not match, or a reassembled payload whose CRC does not match, is rejected.
@@ -30,15 +36,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Literal
 
 from pycrdt import YMessageType, YSyncMessageType, create_update_message, write_message
 
 MAGIC = b"ES"
-VERSION = 1
+VERSION = 2
 TOPIC_ROOT = "edgesched/v1"
 
-_HEADER = struct.Struct(">2sBBIQIIIIII")
-HEADER_SIZE = _HEADER.size  # 40 bytes
+_HEADER = struct.Struct(">2sBBIIQIIIIII")
+HEADER_SIZE = _HEADER.size  # 44 bytes
 #: MQTT PUBLISH overhead we leave room for besides the topic: fixed header (≤ 5), topic
 #: length (2), packet id (2), v5 properties (a few bytes), and generous slack.
 MQTT_HEADROOM = 256
@@ -46,6 +53,7 @@ MQTT_HEADROOM = 256
 MAX_PEER_ID_BYTES = 64
 DEFAULT_MAX_PACKET = 64 * 1024
 MAX_PAYLOAD = 0xFFFFFFFF
+MAX_EPOCH = 0xFFFFFFFF
 
 
 class Kind(IntEnum):
@@ -99,11 +107,19 @@ def encode(
     max_packet: int = DEFAULT_MAX_PACKET,
     *,
     msg_id: int | None = None,
+    epoch: int = 0,
 ) -> list[bytes]:
-    """Frames carrying ``payload``, each at most ``max_packet`` bytes including MQTT overhead."""
+    """Frames carrying ``payload``, each at most ``max_packet`` bytes including MQTT overhead.
+
+    ``epoch`` is the document epoch the payload belongs to: read it together with the state
+    the payload was built from (``doc.epoch`` in the same synchronous step as
+    ``doc.state_vector()`` / ``doc.diff()``), not later.
+    """
     kind = Kind(kind)
     if not 0 <= sender < 2**32:
         raise ValueError(f"sender client id {sender} is not a u32")
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise ValueError(f"epoch {epoch} is not a u32")
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"payload of {len(payload)} bytes is too large")
     mid = next(_msg_ids) if msg_id is None else msg_id
@@ -116,7 +132,7 @@ def encode(
     for index in range(count):
         offset = index * budget
         chunk = payload[offset : offset + budget]
-        fields = (MAGIC, VERSION, int(kind), sender, mid, index, count, offset)
+        fields = (MAGIC, VERSION, int(kind), sender, epoch, mid, index, count, offset)
         head = _HEADER.pack(*fields, len(payload), total_crc, 0)[:-4]
         frames.append(head + struct.pack(">I", _frame_crc(head, chunk)) + chunk)
     return frames
@@ -126,6 +142,7 @@ def encode(
 class Frame:
     kind: Kind
     sender: int
+    epoch: int
     msg_id: int
     index: int
     count: int
@@ -139,7 +156,7 @@ def decode_frame(data: bytes) -> Frame:
     """Parse and check one frame; :class:`FrameError` says why it is not one."""
     if len(data) < HEADER_SIZE:
         raise FrameError(f"frame of {len(data)} bytes is shorter than the header")
-    magic, version, kind, sender, mid, index, count, offset, total, total_crc, crc = (
+    magic, version, kind, sender, epoch, mid, index, count, offset, total, total_crc, crc = (
         _HEADER.unpack_from(data)
     )
     if magic != MAGIC:
@@ -163,7 +180,7 @@ def decode_frame(data: bytes) -> Frame:
         raise FrameError(f"{count} chunks for {total} bytes")
     if count == 1 and (offset != 0 or len(chunk) != total):
         raise FrameError("single-chunk frame does not carry the whole payload")
-    return Frame(k, sender, mid, index, count, offset, total, total_crc, chunk)
+    return Frame(k, sender, epoch, mid, index, count, offset, total, total_crc, chunk)
 
 
 @dataclass(frozen=True)
@@ -172,6 +189,7 @@ class Message:
     sender: int
     msg_id: int
     payload: bytes
+    epoch: int = 0
 
 
 @dataclass
@@ -244,8 +262,9 @@ class Reassembler:
             partial = self._partials[key] = _Partial(frame, now)
         else:
             f0 = partial.first
-            if (f0.kind, f0.count, f0.total, f0.total_crc) != (
+            if (f0.kind, f0.epoch, f0.count, f0.total, f0.total_crc) != (
                 frame.kind,
+                frame.epoch,
                 frame.count,
                 frame.total,
                 frame.total_crc,
@@ -288,7 +307,55 @@ class Reassembler:
         while len(self._done) > self._remember:
             self._done.popitem(last=False)
         self.stats["completed"] += 1
-        return Message(frame.kind, frame.sender, frame.msg_id, payload)
+        return Message(frame.kind, frame.sender, frame.msg_id, payload, frame.epoch)
+
+
+# --- epochs ---------------------------------------------------------------------------------
+
+EpochAction = Literal["apply", "adopt", "drop", "announce", "rotate_past"]
+
+
+def epoch_action(
+    local_epoch: int, remote_epoch: int, *, from_writer: bool, is_writer: bool = False
+) -> EpochAction:
+    """What a peer does with a message of ``remote_epoch`` while its document is at
+    ``local_epoch``.
+
+    ``is_writer``: this peer is the document's writer. ``from_writer``: the message comes from
+    the writer (the topic's sender is the writer's peer id; the broker ACL lets only the writer
+    publish as itself). Multi-writer documents have no writer: pass False for both (they stay at
+    epoch 0, so anything else is dropped).
+
+    - ``"apply"``: same epoch; handle the message as usual.
+    - ``"announce"``: the sender is behind (an older epoch). Drop the message, count it, and
+      send our step 1: it carries our epoch, so the sender learns of it (a replica resets, a
+      writer rotates past it) and then resyncs. Never merge it: client clocks restart at
+      each epoch, so its operations would collide with ours.
+    - ``"adopt"``: the writer is at a newer epoch. Reset the replica to it
+      (``doc.reset_to_epoch(remote_epoch)``), forget what was queued for the old epoch (step-1
+      answers, updates), then apply the message; the usual state-vector check asks for the rest.
+    - ``"drop"``: a newer epoch from a peer that is not the writer; count it. Only the writer
+      starts epochs. A replica at that epoch may well be relaying the writer's content, but a
+      bogus epoch (a bug, a compromised peer) would make every replica adopt it and then drop
+      all of the writer's real data as old; and the writer announces its epoch itself (on
+      rotation, and in answer to our step 1) whenever it is reachable. Until then the replica
+      keeps its older, consistent content.
+    - ``"rotate_past"``: we are the writer and a peer holds a newer epoch than ours: an epoch
+      we handed out was lost from our store (restored from an old backup, salvaged). Never
+      reuse it, since other replicas hold different operations under the same clocks: rotate
+      to ``remote_epoch + 1`` (``doc.rotate(min_epoch=remote_epoch + 1)``), which republishes
+      our content at an epoch nobody has seen; the message itself is dropped.
+    """
+    for what, value in (("local", local_epoch), ("remote", remote_epoch)):
+        if not 0 <= value <= MAX_EPOCH:
+            raise ValueError(f"{what} epoch {value} is not a u32")
+    if remote_epoch == local_epoch:
+        return "apply"
+    if remote_epoch < local_epoch:
+        return "announce"
+    if is_writer:
+        return "rotate_past" if remote_epoch < MAX_EPOCH else "drop"
+    return "adopt" if from_writer else "drop"
 
 
 # --- y-sync payloads ------------------------------------------------------------------------

@@ -117,7 +117,8 @@ def test_bit_flips_never_accept_corruption(
     ("mutate", "reason"),
     [
         (lambda f: b"XX" + f[2:], "magic"),
-        (lambda f: f[:2] + b"\x02" + f[3:], "version"),
+        (lambda f: f[:2] + b"\x01" + f[3:], "unsupported version 1"),  # before epochs
+        (lambda f: f[:2] + b"\x03" + f[3:], "unsupported version 3"),
         (lambda f: f[:10], "shorter than the header"),
         (lambda f: f + b"!", "CRC"),
         (lambda f: f[:-1], "CRC"),
@@ -129,9 +130,12 @@ def test_malformed_frames_name_the_reason(mutate: object, reason: str) -> None:
         Reassembler().feed(mutate(frame))  # type: ignore[operator]
 
 
-def forge(index: int, count: int, offset: int, total: int, chunk: bytes, crc: int = 0) -> bytes:
+def forge(
+    index: int, count: int, offset: int, total: int, chunk: bytes, crc: int = 0, epoch: int = 0
+) -> bytes:
     """A frame with a valid frame CRC but arbitrary (possibly inconsistent) fields."""
-    head = wire._HEADER.pack(wire.MAGIC, 1, 1, 5, 77, index, count, offset, total, crc, 0)[:-4]
+    fields = (wire.MAGIC, wire.VERSION, 1, 5, epoch, 77, index, count, offset, total, crc, 0)
+    head = wire._HEADER.pack(*fields)[:-4]
     return head + zlib.crc32(chunk, zlib.crc32(head)).to_bytes(4, "big") + chunk
 
 
