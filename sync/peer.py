@@ -25,9 +25,10 @@ from typing import Protocol
 
 import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from pycrdt import YSyncMessageType, merge_updates
+from pycrdt import YSyncMessageType, get_state, merge_updates
 
 from edgesched.sync import wire
+from edgesched.sync.doc import UpdateRejected, decode_state_vector
 from edgesched.sync.session import Endpoint, MqttSession, checked
 
 log = logging.getLogger("edgesched.sync.peer")
@@ -49,6 +50,10 @@ class DocLike(Protocol):
     def on_local_update(self, callback: Callable[[bytes], None]) -> None: ...
     def content_hash(self) -> str: ...
     def missing_from(self, remote_state_vector: bytes) -> bool: ...
+    @property
+    def epoch(self) -> int: ...
+    def rotate(self, *, min_epoch: int | None = None) -> bytes: ...
+    def reset_to_epoch(self, epoch: int) -> None: ...
 
 
 class DocPeer:
@@ -70,6 +75,7 @@ class DocPeer:
         reassembler: wire.Reassembler | None = None,
         before_publish: Callable[[], Awaitable[object]] | None = None,
         accept: Callable[[str, int], bool] | None = None,
+        writers: frozenset[int] | None = None,
         subscribe: bool = True,
     ) -> None:
         """``before_publish`` is awaited before anything leaves: the owner's way to make sure
@@ -78,13 +84,17 @@ class DocPeer:
 
         ``accept(topic, claimed_client_id)`` vets each reassembled message before it is
         applied (central's :func:`edgesched.sync.security.accept_sender`); refused ones are
-        counted in ``stats["rejected_senders"]``. ``subscribe=False`` for a peer whose
+        counted in ``stats["rejected_senders"]``. ``writers``: the client ids allowed to
+        author content in this document (a node's own document: the node's alone); an update
+        carrying operations of any other client id is refused whole, whoever relays it.
+        ``subscribe=False`` for a peer whose
         messages arrive through a wildcard another channel subscribes. ``host``, ``port``,
         ``keepalive``, ``session_expiry_s`` and the backoff apply only to :meth:`run`, the
         stand-alone mode with a connection of its own."""
         self.doc = doc
         self.before_publish = before_publish
         self.accept = accept
+        self.writers = writers
         self.peer_id = peer_id
         self.topic = wire.sync_topic(doc.name, peer_id)  # validates both names
         self.filter = wire.sync_filter(doc.name)
@@ -122,11 +132,17 @@ class DocPeer:
                 "rejected_payloads",
                 "rejected_updates",
                 "rejected_senders",
+                "epoch_adopted",
+                "epoch_stale",
+                "epoch_refused",
+                "epoch_rotated",
             ),
             0,
         )
         self._local: list[bytes] = []
-        self._answers: list[bytes] = []
+        self._answers: list[tuple[bytes, int]] = []  # (remote state vector, our epoch then)
+        writer = getattr(doc, "writer", None)  # single-writer documents name their writer
+        self.writer: str | None = writer if isinstance(writer, str) else None
         self._want_step1 = False
         self._last_step1 = -1e9
         self._wake = asyncio.Event()
@@ -136,9 +152,14 @@ class DocPeer:
 
     def _on_local_update(self, update: bytes) -> None:
         """Called by the doc inside its transaction: only queue and wake the sender."""
-        self._local.append(update)
-        if len(self._local) > MAX_QUEUED_UPDATES:
-            self._local = [merge_updates(*self._local)]
+        if getattr(update, "rotation", False):
+            # A new epoch's whole state: what was queued belongs to the old epoch.
+            self._local = [update]
+            self._answers.clear()
+        else:
+            self._local.append(update)
+            if len(self._local) > MAX_QUEUED_UPDATES:
+                self._local = [merge_updates(*self._local)]
         self._wake.set()
 
     def _request_step1(self) -> None:
@@ -176,10 +197,15 @@ class DocPeer:
     def disconnected(self) -> None:
         self.connected = False
 
-    async def _publish(self, client: aiomqtt.Client, kind: wire.Kind, payload: bytes) -> None:
+    async def _publish(
+        self, client: aiomqtt.Client, kind: wire.Kind, payload: bytes, epoch: int
+    ) -> None:
+        """``epoch``: read with the state ``payload`` was built from, before any await."""
         if self.before_publish is not None:
             await self.before_publish()
-        frames = wire.encode(kind, self.doc.name, self.doc.client_id, payload, self.max_packet)
+        frames = wire.encode(
+            kind, self.doc.name, self.doc.client_id, payload, self.max_packet, epoch=epoch
+        )
         for frame in frames:
             await checked(client.publish(self.topic, frame, qos=1))
             self.stats["frames_out"] += 1
@@ -195,25 +221,27 @@ class DocPeer:
                 else:
                     self._want_step1 = False
                     self._last_step1 = time.monotonic()
-                    await self._publish(
-                        client, wire.Kind.SYNC, wire.step1_payload(self.doc.state_vector())
-                    )
+                    step1 = wire.step1_payload(self.doc.state_vector())
+                    await self._publish(client, wire.Kind.SYNC, step1, self.doc.epoch)
                     self.stats["step1_out"] += 1
             while self._answers:
-                remote_sv = self._answers.pop(0)
+                remote_sv, epoch = self._answers.pop(0)
+                if epoch != self.doc.epoch:
+                    continue  # asked of an epoch we left: the asker learns of the new one
                 try:
                     diff = self.doc.diff(remote_sv)
                 except ValueError as exc:
                     self.stats["rejected_payloads"] += 1
                     log.warning("doc %s: bad state vector in step 1: %s", self.doc.name, exc)
                     continue
-                await self._publish(client, wire.Kind.SYNC, wire.step2_payload(diff))
+                await self._publish(client, wire.Kind.SYNC, wire.step2_payload(diff), epoch)
                 self.stats["step2_out"] += 1
             if self._local:
                 updates, self._local = self._local, []
+                epoch = getattr(updates[-1], "epoch", self.doc.epoch)
                 update = updates[0] if len(updates) == 1 else merge_updates(*updates)
                 payload = wire.update_payload(update, self.doc.state_vector())
-                await self._publish(client, wire.Kind.UPDATE, payload)
+                await self._publish(client, wire.Kind.UPDATE, payload, epoch)
                 self.stats["updates_out"] += 1
             if not (self._local or self._answers):
                 await self._wake.wait()
@@ -249,6 +277,8 @@ class DocPeer:
             self.stats["rejected_payloads"] += 1
             log.error("doc %s: %s uses our client id %d", self.doc.name, sender, message.sender)
             return
+        if not self._follow_epoch(sender, message.epoch):
+            return
         try:
             sync = wire.decode_sync(message.kind, message.payload)
             self._handle_sync(sender, sync)
@@ -261,17 +291,78 @@ class DocPeer:
         if sync.step == YSyncMessageType.SYNC_STEP1:
             self.stats["step1_in"] += 1
             behind = self.doc.missing_from(sync.data)  # ValueError if garbage
-            self._answers = [sv for sv in self._answers if sv != sync.data] + [sync.data]
+            asked = (sync.data, self.doc.epoch)
+            self._answers = [a for a in self._answers if a != asked] + [asked]
             if behind:
                 self._request_step1()
             self._wake.set()
             return
         self.stats["step2_in" if sync.step == YSyncMessageType.SYNC_STEP2 else "updates_in"] += 1
         if sync.data != b"\x00\x00":
+            if self.writers is not None:
+                self._check_writers(sender, sync.data)
             self.doc.apply_remote(sync.data, sender=sender)
         if sync.state_vector is not None and self.doc.missing_from(sync.state_vector):
             self.stats["resync_requests"] += 1
             self._request_step1()
+
+    def _follow_epoch(self, sender: str, epoch: int) -> bool:
+        """Apply :func:`edgesched.sync.wire.epoch_action`; True if the message is to be
+        handled (at our epoch, possibly after adopting the writer's newer one)."""
+        action = wire.epoch_action(
+            self.doc.epoch,
+            epoch,
+            from_writer=self.writer is not None and sender == self.writer,
+            is_writer=self.writer is not None and self.peer_id == self.writer,
+        )
+        if action == "apply":
+            return True
+        if action == "adopt":
+            log.info("doc %s: %s moved to epoch %d", self.doc.name, sender, epoch)
+            self.doc.reset_to_epoch(epoch)
+            self._local.clear()
+            self._answers.clear()
+            self.stats["epoch_adopted"] += 1
+            return True
+        if action == "announce":  # the sender is behind: our step 1 tells it our epoch
+            self.stats["epoch_stale"] += 1
+            self._request_step1()
+        elif action == "rotate_past":
+            self.stats["epoch_rotated"] += 1
+            log.warning(
+                "doc %s: %s holds epoch %d, newer than ours (%d): our store lost an epoch; "
+                "rotating past it",
+                self.doc.name,
+                sender,
+                epoch,
+                self.doc.epoch,
+            )
+            try:
+                self.doc.rotate(min_epoch=epoch + 1)
+            except ValueError as exc:
+                log.error("doc %s: cannot rotate past epoch %d: %s", self.doc.name, epoch, exc)
+        else:
+            self.stats["epoch_refused"] += 1
+            log.warning(
+                "doc %s: dropped epoch %d from %s (only the writer starts epochs)",
+                self.doc.name,
+                epoch,
+                sender,
+            )
+        return False
+
+    def _check_writers(self, sender: str, update: bytes) -> None:
+        """UpdateRejected unless every operation in ``update`` is by one of :attr:`writers`."""
+        assert self.writers is not None
+        try:
+            authors = set(decode_state_vector(get_state(update)))
+        except ValueError as exc:
+            raise UpdateRejected(f"update from {sender} is not decodable: {exc}") from None
+        if not authors <= self.writers:
+            raise UpdateRejected(
+                f"update from {sender} carries operations of client ids "
+                f"{sorted(authors - self.writers)}, not a writer of {self.doc.name}"
+            )
 
 
 async def wait_converged(

@@ -276,3 +276,81 @@ async def test_cancel_stops_a_peer_promptly_connected_or_not(broker: Broker) -> 
         assert task.done()
         if phase == "broker-lost":
             broker.start()
+
+
+def test_central_refuses_operations_of_anyone_but_the_writer() -> None:
+    """A node's document accepts only the node's own operations, whoever relays them: an
+    update carrying another client id's items is refused whole and counted."""
+    from edgesched.sync.doc import NodeDoc, client_id_for
+
+    writer = NodeDoc("node-gw1", client_id_for("gw1"))
+    forger = NodeDoc("node-gw1", client_id_for("gw2"))
+    replica = NodeDoc("node-gw1", client_id_for("central"))
+    peer = DocPeer(replica, "central", writers=frozenset({writer.client_id}))
+
+    def frame(doc: NodeDoc, update: bytes) -> bytes:
+        payload = wire.update_payload(update, doc.state_vector())
+        (only,) = wire.encode(wire.Kind.UPDATE, doc.name, doc.client_id, payload, 65536)
+        return only
+
+    writer.put_task("t1", {"state": "running"})
+    peer.handle(wire.sync_topic("node-gw1", "gw1"), frame(writer, writer.diff()))
+    assert replica.task("t1") == {"state": "running"}
+
+    forger.put_task("t1", {"state": "stopped"})  # gw2 forging gw1's task
+    forger.put_task("evil", {"state": "running"})
+    for sender in ("gw2", "gw1"):  # on its own topic, or relayed under the writer's name
+        peer.handle(wire.sync_topic("node-gw1", sender), frame(forger, forger.diff()))
+    assert peer.stats["rejected_updates"] == 2
+    assert replica.task("evil") is None and replica.task("t1") == {"state": "running"}
+    assert replica.content_hash() == writer.content_hash()
+
+    garbage = frame(writer, b"\xff\xfe not an update")
+    peer.handle(wire.sync_topic("node-gw1", "gw1"), garbage)
+    assert peer.stats["rejected_updates"] == 3
+
+
+async def test_replicas_follow_the_writer_across_epochs(peers: Peers) -> None:
+    """A rotation (fresh document of the live content, epoch + 1) reaches the replicas over
+    Mosquitto: an online replica adopts it at once, one that was away across two rotations
+    adopts the latest when it returns; neither ever merges two epochs."""
+    from edgesched.sync.doc import NodeDoc, client_id_for
+
+    broker, _, tasks = peers
+
+    def peer(doc: NodeDoc, name: str) -> DocPeer:
+        p = DocPeer(
+            doc,
+            name,
+            "127.0.0.1",
+            broker.port,
+            keepalive=2,
+            backoff_initial_s=0.1,
+            backoff_max_s=0.5,
+        )
+        tasks.append(asyncio.create_task(p.run()))
+        return p
+
+    writer = NodeDoc("node-gw1", client_id_for("gw1"))
+    online = NodeDoc("node-gw1", client_id_for("central"))
+    late = NodeDoc("node-gw1", client_id_for("central-2"))
+    pw, po = peer(writer, "gw1"), peer(online, "central")
+    await until(lambda: pw.connected and po.connected)
+    for i in range(50):
+        writer.put_task(f"t{i}", {"state": "running", "pad": "x" * 200})
+    await wait_converged([writer, online], timeout=5)
+
+    for round_ in range(2):
+        for i in range(1, 50, 2):
+            writer.remove_task(f"t{i}")
+        writer.rotate()
+        writer.put_task(f"after-{round_}", {"state": "running"})
+        await wait_converged([writer, online], timeout=5)
+        assert online.epoch == writer.epoch == round_ + 1
+    assert po.stats["epoch_adopted"] == 2 and po.stats["rejected_updates"] == 0
+
+    pl = peer(late, "central-2")  # was away for both rotations
+    await until(lambda: pl.connected)
+    await wait_converged([writer, online, late], timeout=5)
+    assert late.epoch == writer.epoch == 2
+    assert late.task("after-1") == {"state": "running"} and late.task("t1") is None
