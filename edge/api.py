@@ -194,14 +194,25 @@ def build_app(engine: EdgeEngine, token: str) -> web.Application:
     return app
 
 
-async def serve(engine: EdgeEngine, host: str, port: int) -> web.AppRunner:
-    """Start the API; the bound port (useful with port 0) lands in ``engine.api_port``."""
-    token = load_or_create_token(engine.state_dir)
-    runner = web.AppRunner(build_app(engine, token), access_log=None)
+async def start_app(
+    app: web.Application, state_dir: Path, host: str, port: int
+) -> tuple[web.AppRunner, int]:
+    """Start ``app`` on ``host:port``; the bound port (useful with port 0) is returned and
+    written to ``<state_dir>/api-port`` for the CLI."""
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     addresses = runner.addresses
-    engine.api_port = int(addresses[0][1]) if addresses else port
-    (engine.state_dir / "api-port").write_text(f"{engine.api_port}\n")
+    bound = int(addresses[0][1]) if addresses else port
+    (state_dir / "api-port").write_text(f"{bound}\n")
+    return runner, bound
+
+
+async def serve(engine: EdgeEngine, host: str, port: int) -> web.AppRunner:
+    """Start the API; the bound port (useful with port 0) lands in ``engine.api_port``."""
+    token = load_or_create_token(engine.state_dir)
+    runner, engine.api_port = await start_app(
+        build_app(engine, token), engine.state_dir, host, port
+    )
     return runner

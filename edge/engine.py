@@ -236,7 +236,12 @@ class EdgeEngine:
 
     def _mqtt_session(self) -> MqttSession:
         """The node's one MQTT connection, as ``node_id``: the central link and our document."""
-        session = MqttSession(self._endpoint, will=self.link.will())
+        session = MqttSession(
+            self._endpoint,
+            will=self.link.will(),
+            backoff_initial_s=min(0.5, self.edge.mqtt.reconnect_max_s),
+            backoff_max_s=self.edge.mqtt.reconnect_max_s,
+        )
         session.add(self.link)
         session.add(
             DocPeer(

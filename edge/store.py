@@ -548,6 +548,17 @@ class Store:
 
         return await self._read(f"cannot read the snapshot of document {doc}", body)
 
+    async def doc_names(self) -> list[str]:
+        """Every document with a snapshot or a logged update, sorted."""
+
+        async def body(conn: aiosqlite.Connection) -> list[str]:
+            rows = await conn.execute_fetchall(
+                "SELECT doc FROM doc_snapshots UNION SELECT doc FROM doc_updates ORDER BY 1"
+            )
+            return [str(r[0]) for r in rows]
+
+        return await self._read("cannot list the stored documents", body)
+
     async def snapshot_with_epoch(self, doc: str) -> tuple[int, bytes, int] | None:
         """``(upto_seq, snapshot, epoch)`` of ``doc``'s snapshot, or None (epoch 0 then)."""
 

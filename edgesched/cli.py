@@ -195,6 +195,18 @@ def sim(
         err.print(f"plot written to {written}")
 
 
+def _logging(log_level: str) -> None:
+    import logging
+
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        fail(f"--log-level: unknown level {log_level!r}")
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call otherwise
+
+
 edge_app = typer.Typer(help="Run and talk to an edge node's sub-engine.", no_args_is_help=True)
 app.add_typer(edge_app, name="edge")
 node_app = typer.Typer(help="Node bring-up checks.", no_args_is_help=True)
@@ -210,7 +222,6 @@ def edge_run(
 ) -> None:
     """Run the edge sub-engine in the foreground until SIGTERM or Ctrl-C (tasks keep running)."""
     import asyncio
-    import logging
     import signal
 
     from edgesched.edge.engine import EdgeEngine, IdentityError
@@ -224,13 +235,7 @@ def edge_run(
         cfg.edge.mqtt.endpoint(cfg.edge.node_id)  # key and password files, read now
     except ValueError as exc:
         fail(f"edge.mqtt: {exc}")
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        fail(f"--log-level: unknown level {log_level!r}")
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call otherwise
+    _logging(log_level)
 
     async def main_async() -> None:
         engine = EdgeEngine(cfg)
@@ -245,24 +250,27 @@ def edge_run(
         fail(str(exc), 1)
 
 
-def _edge_client(config: Path) -> tuple[str, str]:
-    """(base URL, token) of the local API of the node configured in ``config``."""
+def _api_client(config: Path, tier: str) -> tuple[str, str]:
+    """(base URL, token) of the API of the ``tier`` ("edge" or "central") in ``config``."""
     cfg = _load(config)
-    state = Path(cfg.edge.state_dir)
+    section = cfg.edge if tier == "edge" else cfg.central
+    state = Path(section.state_dir)
     try:
         token = (state / "api-token").read_text().strip()
         port = int((state / "api-port").read_text().strip())
     except (OSError, ValueError):
-        fail(f"no running edge node found in {state} (start it with: edgesched edge run)")
-    host = cfg.edge.api_host if ":" not in cfg.edge.api_host else f"[{cfg.edge.api_host}]"
+        fail(f"no running {tier} found in {state} (start it with: edgesched {tier} run)")
+    host = section.api_host if ":" not in section.api_host else f"[{section.api_host}]"
     return f"http://{host}:{port}", token
 
 
-def _call(config: Path, method: str, path: str, body: object | None = None) -> Any:
+def _call(
+    config: Path, method: str, path: str, body: object | None = None, tier: str = "edge"
+) -> Any:
     import urllib.error
     import urllib.request
 
-    base, token = _edge_client(config)
+    base, token = _api_client(config, tier)
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
         base + path,
@@ -281,7 +289,7 @@ def _call(config: Path, method: str, path: str, body: object | None = None) -> A
         except (ValueError, KeyError):
             fail(f"HTTP {exc.code}: {exc.reason}")
     except (urllib.error.URLError, OSError) as exc:
-        fail(f"cannot reach the edge node at {base}: {exc}")
+        fail(f"cannot reach the {tier} at {base}: {exc}")
 
 
 @edge_app.command("status")
@@ -388,6 +396,55 @@ def node_qualify(
             typer.echo(f"problem: {p}")
     if not report.passed:
         raise typer.Exit(1)
+
+
+central_app = typer.Typer(help="Run and talk to the central engine.", no_args_is_help=True)
+app.add_typer(central_app, name="central")
+CentralConfigOption = Annotated[
+    Path, typer.Option("--config", "-c", help="Central's TOML config ([central] section).")
+]
+
+
+@central_app.command("run")
+def central_run(
+    config: CentralConfigOption,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the central engine until SIGTERM/SIGINT: fan-in of node documents, heartbeat, API."""
+    import asyncio
+
+    from edgesched.central.engine import CentralEngine, run_until_signalled
+    from edgesched.edge.store import StoreError
+
+    cfg = _load(config)
+    try:
+        cfg.central.mqtt.endpoint(cfg.central.central_id)  # key and password files, read now
+    except ValueError as exc:
+        fail(f"central.mqtt: {exc}")
+    _logging(log_level)
+    try:
+        asyncio.run(run_until_signalled(CentralEngine(cfg)))
+    except (StoreError, OSError) as exc:
+        fail(str(exc), 1)
+
+
+@central_app.command("status")
+def central_status(config: CentralConfigOption) -> None:
+    """Central's broker link, node counts and refused input, as JSON."""
+    typer.echo(json.dumps(_call(config, "GET", "/v1/status", tier="central"), indent=2))
+
+
+@central_app.command("nodes")
+def central_nodes(config: CentralConfigOption) -> None:
+    """Every node central holds: status, document epoch and hash, tasks by state."""
+    nodes = _call(config, "GET", "/v1/nodes", tier="central")["nodes"]
+    for n in nodes:
+        tasks = ", ".join(f"{k} {v}" for k, v in sorted(n["tasks"].items())) or "no tasks"
+        doc = n["document"]
+        typer.echo(
+            f"{n['id']:<24} {n['status']:<8} epoch {doc['epoch']:<3} "
+            f"{doc['content_hash'][:12]}  {tasks}"
+        )
 
 
 certs_app = typer.Typer(

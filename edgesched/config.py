@@ -102,6 +102,9 @@ class MqttConfig:
     peer's own id). Plain TCP to a broker that is not on loopback is refused unless
     ``allow_plain_remote``: credentials and documents would cross the network in clear.
     ``session_expiry_s``: how long the broker keeps our QoS 1 messages while we are away.
+    ``reconnect_max_s``: the cap of the reconnect backoff (full jitter below it): after a long
+    partition the link returns within about this long, and a fleet cut off together spreads its
+    reconnects over it.
     """
 
     host: str = "127.0.0.1"
@@ -115,6 +118,7 @@ class MqttConfig:
     password_file: str = ""
     allow_plain_remote: bool = False
     session_expiry_s: int = 86400
+    reconnect_max_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -125,6 +129,8 @@ class MqttConfig:
             raise ValueError(
                 f"session_expiry_s must be in 0..4294967295, got {self.session_expiry_s}"
             )
+        if not (math.isfinite(self.reconnect_max_s) and self.reconnect_max_s > 0):
+            raise ValueError(f"reconnect_max_s must be finite and > 0, got {self.reconnect_max_s}")
         if self.tls and not self.ca_file:
             raise ValueError("tls = true needs ca_file (the fleet CA certificate)")
         if bool(self.cert_file) != bool(self.key_file):
@@ -213,12 +219,54 @@ class EdgeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CentralConfig:
+    """The central engine: identity, state, heartbeat, REST API and the broker.
+
+    ``central_id`` is central's fixed identity (MQTT username and client id; the ACL's
+    ``user`` block). ``nodes``: the node ids central accepts documents from; empty accepts
+    any node id that publishes its own document on its own topic (the broker's ACL decides
+    who may). ``heartbeat_s``: how often central tells nodes it is alive (keep it well under
+    the nodes' ``lease_s``). ``snapshot_s``: how often changed replicas are written to SQLite.
+    """
+
+    central_id: str = "central"
+    state_dir: str = "/var/lib/edgesched-central"
+    api_host: str = "127.0.0.1"
+    api_port: int = 7300
+    allow_remote_api: bool = False
+    heartbeat_s: float = 1.0
+    snapshot_s: float = 5.0
+    nodes: tuple[str, ...] = ()
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+
+    def __post_init__(self) -> None:
+        for name in (self.central_id, *self.nodes):
+            if not _NODE_ID.fullmatch(name):
+                raise ValueError(
+                    f"ids must be 1-64 letters, digits, '-' or '_' starting with a letter or "
+                    f"digit, got {name!r}"
+                )
+        if not 0 <= self.api_port < 65536:
+            raise ValueError(f"api_port must be in 0..65535, got {self.api_port}")
+        if self.api_host not in _LOOPBACK and not self.allow_remote_api:
+            raise ValueError(
+                f"api_host {self.api_host!r} is not loopback; set allow_remote_api = true to "
+                "expose the API beyond this machine"
+            )
+        for name in ("heartbeat_s", "snapshot_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
 class EdgeschedConfig:
     """The whole configuration, one field per top-level TOML table."""
 
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     edge: EdgeConfig = field(default_factory=EdgeConfig)
+    central: CentralConfig = field(default_factory=CentralConfig)
 
 
 def builtin_profiles() -> dict[str, TidalProfile]:
@@ -248,11 +296,12 @@ def parse_config(data: Mapping[str, object], source: str = "<config>") -> Edgesc
     if not isinstance(data, Mapping):
         raise ConfigError(source, f"expected a table, got {_type_name(data)}", source)
     root = _Table(data, "", source)
-    root.check_keys("policy", "sim", "edge")
+    root.check_keys("policy", "sim", "edge", "central")
     return EdgeschedConfig(
         policy=_parse_policy(root.table("policy")),
         sim=_parse_sim(root.table("sim")),
         edge=_parse_edge(root.table("edge")),
+        central=_parse_central(root.table("central")),
     )
 
 
@@ -399,6 +448,25 @@ def _parse_edge(t: _Table) -> EdgeConfig:
     )
 
 
+def _parse_central(t: _Table) -> CentralConfig:
+    d = CentralConfig()
+    t.check_keys(*(f.name for f in fields(CentralConfig)))
+    mqtt = _parse_mqtt(t.table("mqtt"))
+    return t.build(
+        lambda: CentralConfig(
+            central_id=t.string("central_id", d.central_id),
+            state_dir=t.string("state_dir", d.state_dir),
+            api_host=t.string("api_host", d.api_host),
+            api_port=t.integer("api_port", d.api_port, low=0),
+            allow_remote_api=t.boolean("allow_remote_api", d.allow_remote_api),
+            heartbeat_s=t.number("heartbeat_s", d.heartbeat_s, low=0, low_open=True),
+            snapshot_s=t.number("snapshot_s", d.snapshot_s, low=0, low_open=True),
+            nodes=t.strings("nodes"),
+            mqtt=mqtt,
+        )
+    )
+
+
 def _parse_mqtt(t: _Table) -> MqttConfig:
     d = MqttConfig()
     t.check_keys(*(f.name for f in fields(MqttConfig)))
@@ -419,6 +487,7 @@ def _parse_mqtt(t: _Table) -> MqttConfig:
             password_file=text("password_file"),
             allow_plain_remote=t.boolean("allow_plain_remote", d.allow_plain_remote),
             session_expiry_s=t.integer("session_expiry_s", d.session_expiry_s, low=0),
+            reconnect_max_s=t.number("reconnect_max_s", d.reconnect_max_s, low=0, low_open=True),
         )
     )
 

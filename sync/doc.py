@@ -245,6 +245,7 @@ class SyncedDoc:
         self._epoch_callbacks: list[Callable[[int], None]] = []
         self._applying_remote = False
         self._remote_changed = False
+        self._remote_callbacks: list[Callable[[str], None]] = []
         self._logged = 0  # updates in the store's log since its last compaction
         self._stored_epoch = self.epoch  # the epoch of the store's snapshot and log
         self._fresh_size = 0  # bytes of a fresh doc of the live content, when last measured
@@ -319,7 +320,19 @@ class SyncedDoc:
             raise UpdateRejected(f"update from {sender} refused: {exc}") from None
         finally:
             self._applying_remote = False
-        return self._remote_changed or self.doc.get_state() != before
+        changed = self._remote_changed or self.doc.get_state() != before
+        if changed:
+            for callback in self._remote_callbacks:
+                try:
+                    callback(sender)
+                except Exception:  # one bad subscriber must not undo an applied update
+                    log.exception("remote change callback of document %s failed", self.name)
+        return changed
+
+    def on_remote_change(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(sender)`` after a remote update changed this document (outside the
+        transaction: it may read the document). Replicas use it to react to what arrived."""
+        self._remote_callbacks.append(callback)
 
     def on_local_update(self, callback: Callable[[bytes], None]) -> None:
         """Call ``callback(update)`` after each local transaction that changed the document.

@@ -104,12 +104,14 @@ def edgesched_binary() -> str:
 
 @dataclass
 class EdgeNode:
-    """A real `edgesched edge run` process and a small client for its local API."""
+    """A real `edgesched edge run` (or, with ``tier="central"``, `edgesched central run`)
+    process and a small client for its API."""
 
     config: Path
     state: Path
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    tier: str = "edge"
 
     def start(self, timeout: float = 20.0) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -118,7 +120,7 @@ class EdgeNode:
         self.proc = subprocess.Popen(
             [
                 edgesched_binary(),
-                "edge",
+                self.tier,
                 "run",
                 "--config",
                 str(self.config),
@@ -133,7 +135,7 @@ class EdgeNode:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"edge node exited {self.proc.returncode}:\n{self.log.read_text()}"
+                    f"{self.tier} exited {self.proc.returncode}:\n{self.log.read_text()}"
                 )
             with contextlib.suppress(OSError, ValueError):
                 port = int((self.state / "api-port").read_text())
@@ -141,7 +143,7 @@ class EdgeNode:
                     self.port = port
                     return
             time.sleep(0.1)
-        raise TimeoutError(f"edge node not up after {timeout}s:\n{self.log.read_text()}")
+        raise TimeoutError(f"{self.tier} not up after {timeout}s:\n{self.log.read_text()}")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None
@@ -212,6 +214,23 @@ def write_edge_config(tmp_path: Path, mqtt_port: int, **edge: Any) -> tuple[Path
         lines.append(f"{key} = {json.dumps(value)}")
     lines += ["[edge.mqtt]", f"port = {mqtt_port}", "keepalive_s = 2"]
     config = tmp_path / "edge.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return config, state
+
+
+def write_central_config(tmp_path: Path, mqtt_port: int, **central: Any) -> tuple[Path, Path]:
+    state = tmp_path / "central-state"
+    settings = {
+        "central_id": "central",
+        "state_dir": str(state),
+        "api_port": 0,
+        "heartbeat_s": 0.5,
+        "snapshot_s": 0.5,
+        **central,
+    }
+    lines = ["[central]"] + [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
+    lines += ["[central.mqtt]", f"port = {mqtt_port}", "keepalive_s = 2"]
+    config = tmp_path / "central.toml"
     config.write_text("\n".join(lines) + "\n")
     return config, state
 

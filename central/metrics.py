@@ -1,0 +1,27 @@
+"""Prometheus metrics of the central engine, on a registry of its own (served at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+
+class CentralMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.nodes = Gauge("edgesched_central_nodes", "Node replicas held", registry=r)
+        self.online = Gauge("edgesched_central_nodes_online", "Nodes announcing online", registry=r)
+        self.broker_connected = Gauge(
+            "edgesched_central_broker_connected", "1 while central's MQTT session is up", registry=r
+        )
+        self.rejected = Gauge(
+            "edgesched_central_rejected",
+            "Messages refused since start, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.snapshots = Counter(
+            "edgesched_central_replica_snapshots", "Replica snapshots written", registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,190 @@
+"""Central's fan-in: a replica of every node's document, vetted, persisted, discovered live.
+
+Central subscribes once to every document's sync topic (``edgesched/v1/doc/+/sync/+``) as the
+session's fallback channel. A message for a node document central does not hold yet
+(``node-<id>``) creates the replica, but only when it comes from ``<id>`` itself on its own
+topic (the broker's ACL guarantees that only ``<id>`` publishes there) and, if central was
+given a node list, only for a listed node. Each replica then gets its own
+:class:`~edgesched.sync.peer.DocPeer` channel (it subscribes nothing: the wildcard carries its
+messages) that
+
+* accepts a message only from the node's own topic with the node's fixed client id in the
+  frame header (:func:`edgesched.sync.security.accept_sender`), or from a fellow central;
+* applies an update only if every operation in it is the node's (``writers``), so nobody
+  can author content in another node's document, not even by relaying it;
+* follows the node's document epochs.
+
+Replicas are caches of what the nodes hold (a node's document is rebuilt from the node's own
+SQLite, and every reconnect resyncs by state vector), so they are written to central's SQLite
+as snapshots every ``snapshot_s`` when they changed rather than per update: a central restart
+loses nothing that the next resync does not bring back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from edgesched.edge.store import Store, StoreError
+from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.peer import DocPeer
+from edgesched.sync.security import accept_sender
+from edgesched.sync.session import MqttSession
+from edgesched.sync.topics import DOC_SYNC_FILTER
+from edgesched.sync.wire import TOPIC_ROOT
+
+log = logging.getLogger("edgesched.central.replicas")
+
+NODE_DOC_PREFIX = "node-"
+
+
+def parse_sync_topic(topic: str) -> tuple[str, str] | None:
+    """``edgesched/v1/doc/<doc>/sync/<sender>`` → ``(doc, sender)``; else None."""
+    parts = topic.split("/")
+    if len(parts) != 6 or f"{parts[0]}/{parts[1]}" != TOPIC_ROOT:
+        return None
+    if parts[2] != "doc" or parts[4] != "sync" or not parts[3] or not parts[5]:
+        return None
+    return parts[3], parts[5]
+
+
+@dataclass
+class Replica:
+    """One node's document as central holds it, with its peer and persistence bookkeeping."""
+
+    node_id: str
+    doc: NodeDoc
+    peer: DocPeer
+    first_seen: float
+    persisted: tuple[int, str] = (-1, "")  # (epoch, content hash) last written to SQLite
+    changed_at: float = field(default=0.0)
+
+
+class NodeReplicas:
+    """The replica set and the fallback channel that discovers new node documents."""
+
+    def __init__(
+        self,
+        central_id: str,
+        session: MqttSession,
+        *,
+        store: Store | None = None,
+        nodes: Collection[str] = (),
+        centrals: Collection[str] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``nodes``: accept only these node ids (empty: any node that speaks for itself).
+        ``centrals``: fellow central replicas whose relayed messages are accepted too."""
+        self.central_id = central_id
+        self.client_id = client_id_for(central_id)
+        self.session = session
+        self.store = store
+        self.allowed = frozenset(nodes)
+        self.centrals = frozenset(centrals) | {central_id}
+        self.clock = clock
+        self.replicas: dict[str, Replica] = {}
+        self.routes: tuple[str, ...] = (DOC_SYNC_FILTER,)
+        self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
+            (DOC_SYNC_FILTER, SubscribeOptions(qos=1, noLocal=True)),
+        )
+        self.stats: dict[str, int] = {"discovered": 0, "refused_unknown": 0, "ignored": 0}
+        self.on_change: Callable[[str], None] | None = None
+
+    # --- the fallback channel: messages for documents no replica routes yet -----------------
+
+    async def serve(self, client: object) -> None:
+        return None
+
+    def disconnected(self) -> None:
+        return None
+
+    def handle(self, topic: str, payload: bytes) -> None:
+        parsed = parse_sync_topic(topic)
+        if parsed is None or not parsed[0].startswith(NODE_DOC_PREFIX):
+            self.stats["ignored"] += 1  # policy and site documents have channels of their own
+            return
+        doc_name, sender = parsed
+        node_id = doc_name[len(NODE_DOC_PREFIX) :]
+        if sender != node_id or (self.allowed and node_id not in self.allowed):
+            self.stats["refused_unknown"] += 1
+            log.warning("ignored %s: not the node itself, or not a node of this fleet", topic)
+            return
+        try:
+            replica = self.add(node_id)
+        except ValueError as exc:
+            self.stats["refused_unknown"] += 1
+            log.warning("ignored %s: %s", topic, exc)
+            return
+        self.stats["discovered"] += 1
+        log.info("discovered node %s", node_id)
+        replica.peer.handle(topic, payload)
+
+    # --- the replica set ------------------------------------------------------------------
+
+    def add(self, node_id: str, doc: NodeDoc | None = None) -> Replica:
+        """Hold a replica of ``node-<node_id>`` (``doc``: one restored from SQLite)."""
+        if node_id in self.replicas:
+            return self.replicas[node_id]
+        name = f"{NODE_DOC_PREFIX}{node_id}"
+        doc = doc or NodeDoc(name, self.client_id)
+        expected = {node_id: client_id_for(node_id)}
+        expected |= {c: client_id_for(c) for c in self.centrals}
+        peer = DocPeer(
+            doc,
+            self.central_id,
+            accept=lambda topic, claimed: accept_sender(topic, claimed, expected),
+            writers=frozenset({client_id_for(node_id)}),
+            subscribe=False,  # the wildcard subscription carries its messages
+        )
+        replica = Replica(node_id, doc, peer, first_seen=self.clock())
+        doc.on_remote_change(lambda _sender: self._changed(node_id))
+        doc.on_epoch_change(lambda _epoch: self._changed(node_id))
+        self.replicas[node_id] = replica
+        self.session.add(peer)
+        return replica
+
+    def _changed(self, node_id: str) -> None:
+        replica = self.replicas.get(node_id)
+        if replica is not None:
+            replica.changed_at = self.clock()
+        if self.on_change is not None:
+            self.on_change(node_id)
+
+    async def load(self) -> int:
+        """Restore every node replica kept in SQLite; returns how many."""
+        if self.store is None:
+            return 0
+        count = 0
+        for name in await self.store.doc_names():
+            if not name.startswith(NODE_DOC_PREFIX):
+                continue
+            node_id = name[len(NODE_DOC_PREFIX) :]
+            if self.allowed and node_id not in self.allowed:
+                continue
+            doc = await NodeDoc.load_from(self.store, name, self.client_id)
+            replica = self.add(node_id, doc)
+            replica.persisted = (doc.epoch, doc.content_hash())
+            count += 1
+        return count
+
+    async def persist_changed(self) -> int:
+        """Snapshot every replica whose content or epoch moved since its last snapshot."""
+        if self.store is None:
+            return 0
+        written = 0
+        for replica in list(self.replicas.values()):
+            now = (replica.doc.epoch, replica.doc.content_hash())
+            if now == replica.persisted:
+                continue
+            try:
+                await replica.doc.persist_to(self.store)
+            except (StoreError, ValueError) as exc:  # a full disk, or a stale epoch
+                log.error("replica of %s not saved: %s", replica.node_id, exc)
+                continue
+            replica.persisted = now
+            written += 1
+        return written

@@ -1,0 +1,120 @@
+"""Central's parts in isolation: status messages, discovery of node documents, persistence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edgesched.central.liveness import Liveness, parse_status
+from edgesched.central.replicas import NodeReplicas, parse_sync_topic
+from edgesched.edge.store import Store
+from edgesched.sync import wire
+from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.session import Endpoint, MqttSession
+
+
+def status(node: str, state: str) -> bytes:
+    return json.dumps({"node": node, "state": state}).encode()
+
+
+def test_liveness_follows_status_and_refuses_forgeries() -> None:
+    now = [100.0]
+    live = Liveness(clock=lambda: now[0])
+    changes: list[tuple[str, str]] = []
+    live.on_change = lambda node, s: changes.append((node, s.state))
+    live.handle("edgesched/v1/node/gw1/status", status("gw1", "online"))
+    now[0] = 105.0
+    live.handle("edgesched/v1/node/gw1/status", status("gw1", "online"))  # no change
+    live.handle("edgesched/v1/node/gw1/status", status("gw1", "offline"))
+    assert changes == [("gw1", "online"), ("gw1", "offline")]
+    assert live.nodes["gw1"].since == 105.0 and live.state("gw2") == "unknown"
+    for topic, payload in [
+        ("edgesched/v1/node/gw1/status", status("gw2", "offline")),  # names another node
+        ("edgesched/v1/node/gw1/status", b"\xff not json"),
+        ("edgesched/v1/node/gw1/status", status("gw1", "sleeping")),
+        ("edgesched/v1/node/gw1/status", b"x" * 5000),
+        ("edgesched/v1/node/gw1/other", status("gw1", "online")),
+    ]:
+        live.handle(topic, payload)
+    assert live.rejected == 5 and live.state("gw1") == "offline"
+
+
+@given(st.binary(max_size=64), st.text(max_size=40))
+def test_parse_status_never_crashes(payload: bytes, topic: str) -> None:
+    try:
+        node, state = parse_status(topic, payload)
+    except ValueError:
+        return
+    assert state in ("online", "offline") and node
+
+
+def test_parse_sync_topic() -> None:
+    assert parse_sync_topic("edgesched/v1/doc/node-a/sync/a") == ("node-a", "a")
+    for bad in ("edgesched/v1/doc/node-a/sync/", "edgesched/v2/doc/x/sync/y", "a/b/c"):
+        assert parse_sync_topic(bad) is None
+
+
+def _frame(doc: NodeDoc) -> bytes:
+    payload = wire.update_payload(doc.diff(), doc.state_vector())
+    (only,) = wire.encode(wire.Kind.UPDATE, doc.name, doc.client_id, payload)
+    return only
+
+
+def _replicas(**kw: object) -> NodeReplicas:
+    session = MqttSession(Endpoint("127.0.0.1", 1883, "central"))  # never started here
+    return NodeReplicas("central", session, **kw)  # type: ignore[arg-type]
+
+
+def test_a_node_document_is_discovered_only_from_the_node_itself() -> None:
+    replicas = _replicas()
+    node = NodeDoc("node-gw1", client_id_for("gw1"))
+    node.put_task("t1", {"state": "running"})
+    replicas.handle("edgesched/v1/doc/node-gw1/sync/gw2", _frame(node))  # someone else
+    assert replicas.replicas == {} and replicas.stats["refused_unknown"] == 1
+    replicas.handle("edgesched/v1/doc/policy/sync/gw1", b"whatever")  # not a node document
+    assert replicas.stats["ignored"] == 1
+    replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(node))
+    assert set(replicas.replicas) == {"gw1"}
+    assert replicas.replicas["gw1"].doc.task("t1") == {"state": "running"}
+    assert replicas.session.channels == [replicas.replicas["gw1"].peer]
+
+
+def test_a_node_list_limits_discovery() -> None:
+    replicas = _replicas(nodes=["gw1"])
+    other = NodeDoc("node-gw9", client_id_for("gw9"))
+    other.put_task("t", {"state": "running"})
+    replicas.handle("edgesched/v1/doc/node-gw9/sync/gw9", _frame(other))
+    assert replicas.replicas == {} and replicas.stats["refused_unknown"] == 1
+
+
+async def test_replicas_survive_a_restart_through_sqlite(tmp_path: Path) -> None:
+    node = NodeDoc("node-gw1", client_id_for("gw1"))
+    node.put_task("t1", {"state": "running"})
+    async with await Store.open(tmp_path / "central.db") as store:
+        replicas = _replicas(store=store)
+        replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(node))
+        assert await replicas.persist_changed() == 1
+        assert await replicas.persist_changed() == 0  # nothing moved since
+    async with await Store.open(tmp_path / "central.db") as store:
+        again = _replicas(store=store)
+        assert await again.load() == 1
+        assert again.replicas["gw1"].doc.content_hash() == node.content_hash()
+        assert again.replicas["gw1"].doc.client_id == client_id_for("central")
+
+
+@pytest.mark.parametrize("nodes", [(), ("gw1",)])
+def test_replica_peers_refuse_other_writers(nodes: tuple[str, ...]) -> None:
+    replicas = _replicas(nodes=nodes)
+    node = NodeDoc("node-gw1", client_id_for("gw1"))
+    node.put_task("t1", {"state": "running"})
+    replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(node))
+    forger = NodeDoc("node-gw1", client_id_for("gw1") ^ 1)
+    forger.put_task("evil", {"state": "running"})
+    peer = replicas.replicas["gw1"].peer
+    peer.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(forger))  # claims another id
+    assert peer.stats["rejected_senders"] == 1
+    assert replicas.replicas["gw1"].doc.task("evil") is None

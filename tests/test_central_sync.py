@@ -1,0 +1,202 @@
+"""Central and three edge nodes as real processes through a real Mosquitto: one node is cut
+off by a fault proxy, decides on its own, and after the heal every replica holds byte-equal
+content (by content hash) with every offline decision at central. Also: central killed and
+restarted from its SQLite alone, and a broker restart with and without broker persistence."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import (
+    Broker,
+    EdgeNode,
+    free_port,
+    kill_task_processes,
+    write_central_config,
+    write_edge_config,
+)
+
+from edgesched.fieldtest.faultproxy import FaultProxy
+
+NODES = ("gw-a", "gw-b", "gw-c")
+
+
+@dataclass
+class Fleet:
+    central: EdgeNode
+    nodes: dict[str, EdgeNode]
+
+    def central_nodes(self) -> dict[str, dict[str, Any]]:
+        status, body = self.central.get("/v1/nodes")
+        assert status == 200, body
+        return {n["id"]: n for n in body["nodes"]}
+
+    def node_hash(self, node_id: str) -> str:
+        status, body = self.nodes[node_id].get("/v1/status")
+        assert status == 200, body
+        return str(body["document"]["content_hash"])
+
+    def converged(self) -> dict[str, str] | None:
+        """Every node's replica at central equals the node's own document (by hash)."""
+        seen = self.central_nodes()
+        hashes = {n: self.node_hash(n) for n in self.nodes}
+        for node_id, node_hash in hashes.items():
+            replica = seen.get(node_id)
+            if replica is None or replica["document"]["content_hash"] != node_hash:
+                return None
+        return hashes
+
+
+async def until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await asyncio.to_thread(pred)
+        if last:
+            return last
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"{what} not reached in {timeout}s; last={last!r}")
+
+
+def submit(node: EdgeNode, task_id: str, seconds: int = 120) -> None:
+    body = {"id": task_id, "command": ["sleep", str(seconds)], "cpu": 0.05, "mem_gib": 0.05}
+    status, reply = node.request("POST", "/v1/tasks", body)
+    assert status == 201, reply
+
+
+@asynccontextmanager
+async def fleet(tmp_path: Path, ports: dict[str, int], central_port: int) -> AsyncIterator[Fleet]:
+    """Start central and the nodes (node ``n`` talks to MQTT on ``ports[n]``); stop all."""
+    nodes: dict[str, EdgeNode] = {}
+    config, state = write_central_config(tmp_path, central_port)
+    central = EdgeNode(config, state, tmp_path / "central.log", tier="central")
+    try:
+        await asyncio.to_thread(central.start)
+        for node_id in NODES:
+            d = tmp_path / node_id
+            d.mkdir()
+            config, state = write_edge_config(d, ports[node_id], node_id=node_id, lease_s=2.0)
+            nodes[node_id] = EdgeNode(config, state, d / "edge.log")
+            await asyncio.to_thread(nodes[node_id].start)
+        yield Fleet(central, nodes)
+    finally:
+        for proc in [central, *nodes.values()]:
+            if proc.proc is not None and proc.proc.poll() is None:
+                await asyncio.to_thread(proc.kill, signal.SIGTERM)
+        for node in nodes.values():
+            kill_task_processes(node.state)
+
+
+async def test_partitioned_node_decides_alone_and_merges_at_central(
+    broker: Broker, tmp_path: Path
+) -> None:
+    async with FaultProxy("127.0.0.1", 0, "127.0.0.1", broker.port) as proxy:
+        ports = {"gw-a": broker.port, "gw-b": broker.port, "gw-c": proxy.port}
+        async with fleet(tmp_path, ports, broker.port) as f:
+            for node_id, node in f.nodes.items():
+                for i in range(2):
+                    await asyncio.to_thread(submit, node, f"{node_id}-t{i}")
+            await until(f.converged, 30, "central holding every node's document")
+            c = f.nodes["gw-c"]
+
+            # The partition: a silent one (packets vanish), as a dead WAN link does.
+            proxy.blackhole()
+            await until(
+                lambda: c.get("/v1/status")[1]["mode"] == "autonomous", 20, "gw-c autonomous"
+            )
+            await until(
+                lambda: f.central_nodes()["gw-c"]["status"] == "offline",
+                20,
+                "central seeing gw-c's last will",
+            )
+            offline = [f"gw-c-offline-{i}" for i in range(3)]
+            for task_id in offline:
+                await asyncio.to_thread(submit, c, task_id)
+            status, _ = await asyncio.to_thread(c.request, "DELETE", "/v1/tasks/gw-c-t0")
+            assert status in (200, 202)
+            await asyncio.to_thread(submit, f.nodes["gw-a"], "gw-a-during")
+
+            def offline_decided() -> bool:
+                tasks = c.tasks()
+                running = all(tasks.get(t, {}).get("state") == "running" for t in offline)
+                return running and tasks["gw-c-t0"]["state"] == "cancelled"
+
+            await until(offline_decided, 20, "gw-c deciding while cut off")
+            # The rest of the fleet goes on syncing; gw-c's replica stays as it was.
+            await until(
+                lambda: (
+                    f.central_nodes()["gw-a"]["document"]["content_hash"] == f.node_hash("gw-a")
+                ),
+                20,
+                "gw-a still syncing",
+            )
+            assert f.central_nodes()["gw-c"]["document"]["content_hash"] != f.node_hash("gw-c")
+
+            # Central dies while gw-c is away, and comes back from its SQLite alone.
+            await asyncio.to_thread(f.central.kill, signal.SIGKILL)
+            await asyncio.to_thread(f.central.start)
+            restored = await asyncio.to_thread(f.central_nodes)
+            assert set(restored) == set(NODES)
+
+            t_heal = time.monotonic()
+            proxy.heal()
+            hashes = await until(f.converged, 30, "every replica byte-equal after the heal")
+            healed_in = time.monotonic() - t_heal
+            status, detail = await asyncio.to_thread(f.central.get, "/v1/nodes/gw-c")
+            assert status == 200
+            at_central = detail["content"]["tasks"]
+            at_node = await asyncio.to_thread(c.tasks)
+            for task_id in offline:  # every offline decision is at central, as the node has it
+                assert at_central[task_id]["state"] == at_node[task_id]["state"] == "running"
+                assert at_central[task_id]["decided_by"] == "edge-autonomous"
+            assert at_central["gw-c-t0"]["state"] == "cancelled"
+            assert len(set(hashes.values())) == len(NODES)  # three different documents
+            await until(
+                lambda: f.central_nodes()["gw-c"]["status"] == "online", 10, "gw-c online again"
+            )
+            status, central_status = await asyncio.to_thread(f.central.get, "/v1/status")
+            assert central_status["rejected"]["rejected_senders"] == 0
+            print(f"healed in {healed_in:.2f}s (detection by keepalive 2 s)")
+
+
+@pytest.mark.parametrize("persistence", [False, True], ids=["volatile", "persistent"])
+async def test_broker_restart_loses_nothing(tmp_path: Path, persistence: bool) -> None:
+    """The broker restarts (its queued QoS 1 messages gone unless it persists them); nodes
+    keep deciding meanwhile; the state-vector resync on reconnect brings everything."""
+    port = free_port()
+    conf = tmp_path / "mosquitto.conf"
+    lines = [f"listener {port} 127.0.0.1", "allow_anonymous true", "log_dest none"]
+    if persistence:
+        (tmp_path / "mq").mkdir()
+        lines += ["persistence true", f"persistence_location {tmp_path / 'mq'}/"]
+    else:
+        lines.append("persistence false")
+    conf.write_text("\n".join(lines) + "\n")
+    broker = Broker(port, None, conf)  # type: ignore[arg-type]
+    broker.start()
+    try:
+        ports = dict.fromkeys(NODES, port)
+        async with fleet(tmp_path, ports, port) as f:
+            await asyncio.to_thread(submit, f.nodes["gw-a"], "before")
+            await until(f.converged, 30, "converged before the restart")
+            broker.stop()
+            for node_id, node in f.nodes.items():
+                await asyncio.to_thread(submit, node, f"{node_id}-while-down")
+            await asyncio.sleep(1.0)
+            broker.start()
+            await until(f.converged, 30, "converged after the broker restart")
+            seen = await asyncio.to_thread(f.central_nodes)
+            for node_id in NODES:
+                assert seen[node_id]["tasks"].get("running", 0) >= 1
+            status, detail = await asyncio.to_thread(f.central.get, "/v1/nodes/gw-b")
+            assert status == 200 and "gw-b-while-down" in detail["content"]["tasks"]
+    finally:
+        broker.stop()
