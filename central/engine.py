@@ -6,10 +6,16 @@
 * :class:`~edgesched.central.heartbeat.Heartbeat`: the nodes' lease on central;
 * :class:`~edgesched.central.liveness.Liveness`: retained status and last wills;
 * :class:`~edgesched.central.replicas.NodeReplicas`: a vetted replica of every node's
-  document (fan-in), discovered as nodes speak, snapshotted to SQLite.
+  document (fan-in), discovered as nodes speak, snapshotted to SQLite;
+* the policy document (desired state), which central writes (journaled to SQLite before
+  anything leaves) and the nodes follow: the assignments of tasks submitted at central, and
+  the stop orders of the reconcile rule.
 
-Loops run in one ``asyncio.TaskGroup`` owned by :meth:`CentralEngine.run`; :meth:`stop`
-ends them, saves the replicas and closes the store.
+The control loop (every ``cycle_s``, or as soon as a replica or a node's status changes)
+places waiting tasks, fails services over from nodes offline past ``failover_after_s``, and
+settles tasks placed twice by the pure rule of :mod:`edgesched.central.placement`. Loops run
+in one ``asyncio.TaskGroup`` owned by :meth:`CentralEngine.run`; :meth:`stop` ends them,
+saves the replicas and closes the store.
 """
 
 from __future__ import annotations
@@ -18,17 +24,68 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgesched.central.heartbeat import Heartbeat
-from edgesched.central.liveness import Liveness
+from edgesched.central.liveness import Liveness, NodeStatus
 from edgesched.central.metrics import CentralMetrics
+from edgesched.central.placement import (
+    ACTIVE_STATES,
+    FleetView,
+    assignment_entry,
+    failovers,
+    fleet_view,
+    place,
+    reconcile,
+)
 from edgesched.central.replicas import NodeReplicas
 from edgesched.config import EdgeschedConfig
+from edgesched.core.model import Placement
+from edgesched.edge.spec import SpecError, TaskSpec
 from edgesched.edge.store import Store
-from edgesched.sync.session import MqttSession
+from edgesched.sync.doc import PolicyDoc, client_id_for
+from edgesched.sync.journal import DocJournal
+from edgesched.sync.peer import DocPeer
+from edgesched.sync.reconcile import ReconcilePolicy
+from edgesched.sync.session import MqttSession, wait_event
+
+POLICY_DOC = "policy"
+MAX_EVENTS = 1000
+
+
+class TaskRefused(Exception):
+    """A submission or cancel refused; ``status`` is the HTTP status, ``field`` what was wrong."""
+
+    def __init__(self, status: int, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.status = status
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something the fleet did that an operator wants on a timeline."""
+
+    at: float
+    kind: str  # node-online, node-offline, placed, failover, reconciled, cancelled, ...
+    detail: str
+    node: str | None = None
+    task: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "at": self.at,
+            "kind": self.kind,
+            "detail": self.detail,
+            "node": self.node,
+            "task": self.task,
+        }
+
 
 log = logging.getLogger("edgesched.central.engine")
 
@@ -56,11 +113,19 @@ class CentralEngine:
         self.session.fallback = self.replicas
         self.session.add(self.heartbeat)
         self.session.add(self.liveness)
+        self.reconcile_policy = ReconcilePolicy(self.central.reconcile)
+        self.policy: PolicyDoc | None = None
+        self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
         self.api_port: int | None = None
         self.started_at = clock()
+        self._journal: DocJournal | None = None
         self._store: Store | None = None
         self._stop = asyncio.Event()
         self._ready = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()  # one control step or submission at a time
+        self.liveness.on_change = self._node_status_changed
+        self.replicas.on_change = lambda _node: self._wake.set()
 
     @property
     def store(self) -> Store:
@@ -84,13 +149,16 @@ class CentralEngine:
             self.replicas.store = self._store
             restored = await self.replicas.load()
             log.info("central %s: %d node replicas restored", self.central.central_id, restored)
+            await self._open_policy()
             async with asyncio.TaskGroup() as group:
                 runner = await serve(self, self.central.api_host, self.central.api_port)
                 loops: list[asyncio.Task[None]] = []
                 try:
                     loops = [
+                        group.create_task(_need(self._journal).run(), name="policy-log"),
                         group.create_task(self.session.run(), name="mqtt"),
                         group.create_task(self._snapshot_loop(), name="snapshots"),
+                        group.create_task(self._control_loop(), name="control"),
                     ]
                     self._ready.set()
                     log.info(
@@ -102,6 +170,9 @@ class CentralEngine:
                         self.api_port,
                     )
                     await self._stop.wait()
+                    with contextlib.suppress(TimeoutError):  # journal what is queued
+                        async with asyncio.timeout(5.0):
+                            await _need(self._journal).flushed()
                 finally:
                     for task in loops:
                         task.cancel()
@@ -117,6 +188,235 @@ class CentralEngine:
             written = await self.replicas.persist_changed()
             if written:
                 self.metrics.snapshots.inc(written)
+
+    async def _open_policy(self) -> None:
+        """Central's policy document, rebuilt from SQLite; journaled; synced as a channel."""
+        client_id = client_id_for(self.central.central_id)
+        self.policy = await PolicyDoc.load_from(self.store, POLICY_DOC, client_id)
+        self._journal = DocJournal(self.policy, self.store)
+        writers = {client_id} | {client_id_for(p) for p in self.central.peers}
+        self.session.add(
+            DocPeer(
+                self.policy,
+                self.central.central_id,
+                before_publish=self._journal.flushed,  # on disk before it leaves
+                writers=frozenset(writers),
+                subscribe=False,  # the replicas' wildcard subscription carries it
+            )
+        )
+
+    def _event(
+        self, kind: str, detail: str, *, node: str | None = None, task: str | None = None
+    ) -> None:
+        event = Event(self.clock(), kind, detail, node, task)
+        self.events.append(event)
+        self.metrics.events.labels(kind).inc()
+        log.info("%s: %s", kind, detail)
+
+    def _node_status_changed(self, node_id: str, status: NodeStatus) -> None:
+        self._event(f"node-{status.state}", f"{node_id} is {status.state}", node=node_id)
+        replica = self.replicas.replicas.get(node_id)
+        if status.state == "online" and replica is not None:
+            replica.peer.request_resync()  # its answer makes the replica fresh again
+        self._wake.set()
+
+    def fresh_nodes(self) -> set[str]:
+        """Nodes whose replica is current: online, and a full resync answered since."""
+        out = set()
+        for node_id, replica in self.replicas.replicas.items():
+            status = self.liveness.nodes.get(node_id)
+            synced = replica.peer.synced_at.get(node_id)
+            online = status is not None and status.state == "online"
+            if online and synced is not None and status is not None and synced >= status.since:
+                out.add(node_id)
+        return out
+
+    # --- tasks submitted at central -------------------------------------------------------
+
+    def _view(self) -> FleetView:
+        """The fleet as central sees it now, with assignments not yet reported by their node
+        counted on it (so a burst of submissions does not pile onto one node)."""
+        docs = {n: r.doc.to_json() for n, r in self.replicas.replicas.items()}
+        status = {n: self.liveness.state(n) for n in docs}
+        view = fleet_view(docs, status, self.clock())
+        reported = {(p.task.id, p.node_id) for p in view.placements}
+        extra = []
+        for task_id, entry in _need(self.policy).assignments().items():
+            node = entry.get("node")
+            if entry.get("state") != "active" or (task_id, node) in reported:
+                continue
+            try:
+                spec = TaskSpec.from_json(entry.get("spec"))
+            except SpecError:
+                continue
+            extra.append(Placement(spec.to_task(view.now), str(node), view.now))
+        return FleetView(view.nodes, view.placements + tuple(extra), view.now, view.unusable)
+
+    async def submit(self, spec: TaskSpec, pin: str | None = None) -> dict[str, Any]:
+        """Accept a task: placed now if a node can take it, else waiting (state ``pending``).
+        Journaled to SQLite before this returns."""
+        policy = _need(self.policy)
+        async with self._lock:
+            if policy.assignment(spec.id) is not None:
+                raise TaskRefused(409, "id", f"task {spec.id!r} already exists")
+            if pin is not None and pin not in self.replicas.replicas:
+                raise TaskRefused(422, "node", f"no node {pin!r} is known to central")
+            self._place(spec, pin=pin, epoch=1, replacement=False)
+        await _need(self._journal).flushed()
+        self._wake.set()
+        entry = policy.assignment(spec.id)
+        assert entry is not None
+        return self.task_view(spec.id, entry)
+
+    def _place(
+        self, spec: TaskSpec, *, pin: str | None, epoch: int, replacement: bool
+    ) -> str | None:
+        choice = place(spec, self._view(), self.config.policy, pin=pin)
+        now = self.clock()
+        policy = _need(self.policy)
+        if choice.node_id is None:
+            entry = assignment_entry(
+                spec, pin or "", central=self.central.central_id, epoch=epoch,
+                replacement=replacement, score=0.0, at=now, reason=choice.reason,
+            )  # fmt: skip
+            entry["state"] = "pending"
+            entry["pin"] = pin
+            policy.assign(spec.id, entry)
+            return None
+        policy.assign(
+            spec.id,
+            assignment_entry(
+                spec, choice.node_id, central=self.central.central_id, epoch=epoch,
+                replacement=replacement, score=choice.score, at=now, reason=choice.reason,
+            ),
+        )  # fmt: skip
+        self._event("placed", f"{spec.id} on {choice.node_id}: {choice.reason}",
+                    node=choice.node_id, task=spec.id)  # fmt: skip
+        return choice.node_id
+
+    async def cancel(self, task_id: str) -> dict[str, Any]:
+        policy = _need(self.policy)
+        async with self._lock:
+            entry = policy.assignment(task_id)
+            if entry is None:
+                raise TaskRefused(404, "id", f"no task {task_id!r}")
+            if entry.get("state") != "cancelled":
+                policy.assign(task_id, {**entry, "state": "cancelled", "at": self.clock()})
+                self._event("cancelled", f"{task_id} cancelled", task=task_id)
+        await _need(self._journal).flushed()
+        entry = policy.assignment(task_id)
+        assert entry is not None
+        return self.task_view(task_id, entry)
+
+    def task_view(self, task_id: str, entry: dict[str, Any]) -> dict[str, Any]:
+        """An assignment with what the nodes report of it (the copies, by node)."""
+        copies = {}
+        for node_id, replica in self.replicas.replicas.items():
+            reported = replica.doc.task(task_id)
+            if reported is not None and reported.get("assignment") is not None:
+                copies[node_id] = {
+                    "state": reported.get("state"),
+                    "epoch": reported["assignment"].get("epoch"),
+                    "updated_at": reported.get("updated_at"),
+                }
+        return {
+            "id": task_id,
+            "state": entry.get("state"),
+            "node": entry.get("node") or None,
+            "epoch": entry.get("epoch"),
+            "replacement": entry.get("replacement"),
+            "score": entry.get("score"),
+            "reason": entry.get("reason"),
+            "at": entry.get("at"),
+            "spec": entry.get("spec"),
+            "copies": copies,
+            "running_on": sorted(n for n, c in copies.items() if c["state"] in ACTIVE_STATES),
+        }
+
+    # --- the control loop -----------------------------------------------------------------
+
+    async def _control_loop(self) -> None:
+        while True:
+            await wait_event(self._wake, self.central.cycle_s)
+            self._wake.clear()
+            async with self._lock:
+                self.control_step()
+
+    def control_step(self) -> None:
+        """Place waiting tasks, fail services over, settle tasks placed twice. Synchronous:
+        every write lands in the policy document (journaled by its own task) at once."""
+        policy = _need(self.policy)
+        now = self.clock()
+        for _task_id, entry in sorted(policy.assignments().items()):
+            if entry.get("state") != "pending":
+                continue
+            try:
+                spec = TaskSpec.from_json(entry.get("spec"))
+            except SpecError:
+                continue
+            pin = entry.get("pin")
+            self._place(spec, pin=pin if isinstance(pin, str) else None,
+                        epoch=int(entry.get("epoch", 1)), replacement=False)  # fmt: skip
+        offline_since = {n: s.since for n, s in self.liveness.nodes.items() if s.state == "offline"}
+        assignments = policy.assignments()
+        for task_id in failovers(assignments, offline_since, now, self.central.failover_after_s):
+            entry = assignments[task_id]
+            spec = TaskSpec.from_json(entry["spec"])
+            old = str(entry.get("node"))
+            choice = place(spec, self._view(), self.config.policy, exclude=[old])
+            if choice.node_id is None:
+                continue  # nowhere to go: it stays with its node, which may come back
+            epoch = int(entry.get("epoch", 1)) + 1
+            policy.assign(
+                task_id,
+                assignment_entry(
+                    spec, choice.node_id, central=self.central.central_id, epoch=epoch,
+                    replacement=True, score=choice.score, at=now,
+                    reason=f"failed over from {old} (offline): {choice.reason}",
+                ),
+            )  # fmt: skip
+            self._event("failover", f"{task_id}: {old} -> {choice.node_id} (epoch {epoch})",
+                        node=choice.node_id, task=task_id)  # fmt: skip
+        self._reconcile(now)
+
+    def _reconcile(self, now: float) -> None:
+        policy = _need(self.policy)
+        docs = {n: r.doc.to_json() for n, r in self.replicas.replicas.items()}
+        assignments = policy.assignments()
+        stops = policy.stops()
+        fresh = self.fresh_nodes()
+        for settled in reconcile(assignments, docs, stops, self.reconcile_policy, fresh):
+            best = settled.winner
+            entry = assignments[settled.task_id]
+            if entry.get("node") != best.node_id:
+                policy.assign(
+                    settled.task_id,
+                    {**entry, "node": best.node_id, "epoch": int(entry.get("epoch", 1)) + 1,
+                     "replacement": best.replacement, "at": now,
+                     "reason": f"kept on {best.node_id} by {self.reconcile_policy.value}"},
+                )  # fmt: skip
+            for loser in settled.losers:
+                policy.order_stop(
+                    settled.task_id,
+                    loser.node_id,
+                    {"epoch": loser.epoch, "winner": best.node_id, "at": now,
+                     "reason": f"{best.node_id} keeps it ({self.reconcile_policy.value})"},
+                )  # fmt: skip
+            self._event(
+                "reconciled",
+                f"{settled.task_id} placed on {[c.node_id for c in (best, *settled.losers)]}: "
+                f"{best.node_id} keeps it, "
+                f"{', '.join(c.node_id for c in settled.losers)} stop ({self.reconcile_policy})",
+                node=best.node_id,
+                task=settled.task_id,
+            )
+        # Stop orders are done once the loser reports its copy no longer active.
+        for key in stops:
+            task_id, _, node_id = key.rpartition("@")
+            tasks: Any = (docs.get(node_id) or {}).get("tasks") or {}
+            entry = tasks.get(task_id)
+            if node_id in docs and (entry is None or entry.get("state") not in ACTIVE_STATES):
+                policy.drop_stop(task_id, node_id)
 
     # --- views for the API ----------------------------------------------------------------
 
@@ -169,6 +469,12 @@ class CentralEngine:
         self.metrics.broker_connected.set(1 if status["broker_connected"] else 0)
         for kind, count in status["rejected"].items():
             self.metrics.rejected.labels(kind).set(count)
+
+
+def _need(value: Any) -> Any:
+    if value is None:
+        raise RuntimeError("central engine not started")
+    return value
 
 
 async def run_until_signalled(engine: CentralEngine) -> None:

@@ -19,6 +19,9 @@ class CentralMetrics:
             ["reason"],
             registry=r,
         )
+        self.events = Counter(
+            "edgesched_central_events", "Fleet events by kind", ["kind"], registry=r
+        )
         self.snapshots = Counter(
             "edgesched_central_replica_snapshots", "Replica snapshots written", registry=r
         )

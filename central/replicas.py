@@ -139,6 +139,7 @@ class NodeReplicas:
             accept=lambda topic, claimed: accept_sender(topic, claimed, expected),
             writers=frozenset({client_id_for(node_id)}),
             subscribe=False,  # the wildcard subscription carries its messages
+            clock=self.clock,
         )
         replica = Replica(node_id, doc, peer, first_seen=self.clock())
         doc.on_remote_change(lambda _sender: self._changed(node_id))

@@ -132,18 +132,37 @@ async def get_task(request: web.Request) -> web.Response:
     return web.json_response(record_json(record))
 
 
+class BodyError(Exception):
+    """A request body that is too large or not JSON; :meth:`response` is the problem."""
+
+    def __init__(self, status: int, title: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.title, self.detail = status, title, detail
+
+    def response(self) -> web.Response:
+        return problem(self.status, self.title, self.detail, "body")
+
+
+async def json_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> Any:
+    """The request's JSON body, read with a size cap; BodyError (413 or 400) otherwise."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyError(413, "Body too large", f"at most {limit} bytes")
+    raw = await request.content.read(limit + 1)
+    if len(raw) > limit:
+        raise BodyError(413, "Body too large", f"at most {limit} bytes")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BodyError(400, "Malformed JSON", str(exc)) from None
+
+
 async def submit(request: web.Request) -> web.Response:
     from edgesched.edge.engine import SubmitError, parse_submission
 
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        return problem(413, "Body too large", f"at most {MAX_BODY_BYTES} bytes", "body")
-    raw = await request.content.read(MAX_BODY_BYTES + 1)
-    if len(raw) > MAX_BODY_BYTES:
-        return problem(413, "Body too large", f"at most {MAX_BODY_BYTES} bytes", "body")
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return problem(400, "Malformed JSON", str(exc), "body")
+        body = await json_body(request)
+    except BodyError as exc:
+        return exc.response()
     try:
         spec = parse_submission(body)
         record = await _engine(request).submit(spec)

@@ -44,12 +44,20 @@ from edgesched.edge.hal import HardwareProfile, default_power_model, discover, t
 from edgesched.edge.link import CentralLink
 from edgesched.edge.metrics import EdgeMetrics
 from edgesched.edge.qualify import QualificationReport
-from edgesched.edge.spec import RestartPolicy, SpecError, TaskRecord, TaskSpec, TaskState
+from edgesched.edge.spec import (
+    Assignment,
+    RestartPolicy,
+    SpecError,
+    TaskRecord,
+    TaskSpec,
+    TaskState,
+)
 from edgesched.edge.store import Store, StoreError, StoreFullError
 from edgesched.policies.runtime import ModelError, OnnxForecaster
-from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
+from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
-from edgesched.sync.session import MqttSession
+from edgesched.sync.session import MqttSession, wait_event
 
 log = logging.getLogger("edgesched.edge.engine")
 _T = TypeVar("_T")
@@ -60,6 +68,8 @@ BIN_S = 300.0  # the forecaster's sample spacing: 5-minute mean demand
 HISTORY_BINS = 288  # one day
 #: Finished tasks leave the node document after this long (SQLite keeps them): bounded growth.
 DOC_RETENTION_S = 86_400.0
+#: Central's desired-state document (see :class:`edgesched.sync.doc.PolicyDoc`).
+POLICY_DOC = "policy"
 _HELD = (TaskState.PLACED, TaskState.RUNNING)
 _POWER = (DecisionKind.PARK, DecisionKind.WAKE)
 _ACT_ORDER = {
@@ -130,7 +140,10 @@ class EdgeEngine:
         self.forecaster: Forecaster = self.fallback_forecaster
         self.forecast_cpu: float | None = None
         self._doc: NodeDoc | None = None
-        self._unlogged: asyncio.Queue[bytes] = asyncio.Queue()
+        self._policy: PolicyDoc | None = None
+        self._policy_dirty = False
+        self._policy_saved = ""  # content hash of the policy replica last written to SQLite
+        self._journal: DocJournal | None = None
         self._bins: list[float] = []  # 5-minute mean CPU cores in use, oldest first
         self._bin: tuple[float, float, int] | None = None  # (start, sum, count) being filled
 
@@ -181,7 +194,7 @@ class EdgeEngine:
                         group.create_task(self._schedule_loop(), name="schedule"),
                         group.create_task(self._exit_loop(), name="exits"),
                         group.create_task(self._sample_loop(agent), name="sample"),
-                        group.create_task(self._log_loop(), name="doc-log"),
+                        group.create_task(_started(self._journal).run(), name="doc-log"),
                         group.create_task(self._mqtt_session().run(), name="mqtt"),
                     ]
                     self._ready.set()
@@ -197,7 +210,8 @@ class EdgeEngine:
                     )
                     await self._stop.wait()
                     with contextlib.suppress(TimeoutError):  # log what is queued, then stop
-                        await asyncio.wait_for(self._unlogged.join(), 5.0)
+                        async with asyncio.timeout(5.0):
+                            await _started(self._journal).flushed()
                 finally:
                     for task in loops:
                         task.cancel()
@@ -212,6 +226,11 @@ class EdgeEngine:
     def doc(self) -> NodeDoc:
         return _started(self._doc)
 
+    @property
+    def policy(self) -> PolicyDoc:
+        """Our replica of central's policy document (desired state); we never write it."""
+        return _started(self._policy)
+
     async def _open_document(self) -> None:
         """This node's CRDT document, rebuilt from SQLite, with its fixed client id."""
         stored = await self.store.get_meta("client_id")
@@ -219,7 +238,7 @@ class EdgeEngine:
         if not stored:
             await self.store.set_meta("client_id", str(client_id))
         self._doc = await NodeDoc.load_from(self.store, f"node-{self.edge.node_id}", client_id)
-        self._doc.on_local_update(self._unlogged.put_nowait)  # queue only: no doc access here
+        self._journal = DocJournal(self._doc, self.store, on_error=self._count_store_error)
         assert self.node is not None and self.profile is not None
         registration = {
             "site": self.edge.site,
@@ -230,9 +249,114 @@ class EdgeEngine:
             "accel": self.node.capacity.accel,
             "perf": self.node.perf,
             "cpu_model": self.profile.cpu_model,
+            "power": {
+                "idle_w": self.node.power.idle_w,
+                "peak_w": self.node.power.peak_w,
+                "parked_w": self.node.power.parked_w,
+                "wake_latency_s": self.node.power.wake_latency_s,
+            },
         }
         if self._doc.node().get("registration") != registration:
             self._doc.set_node("registration", registration)
+        self._policy = await PolicyDoc.load_from(self.store, POLICY_DOC, client_id)
+        self._policy_saved = self._policy.content_hash()
+        self._policy.on_remote_change(self._policy_changed)
+        self._policy_dirty = True  # follow what the cached copy says, offline or not
+
+    def _policy_changed(self, sender: str) -> None:
+        self._policy_dirty = True
+        self._wake.set()
+
+    async def _follow_policy(self) -> list[str]:
+        """Take the tasks central assigned to us, cancel the copies central ordered stopped,
+        and keep the policy replica in SQLite (a node rebooted while cut off follows it).
+        Returns the tasks whose processes are to be stopped (once the lock is released)."""
+        self._policy_dirty = False
+        me = self.edge.node_id
+        to_stop: list[str] = []
+        for task_id, entry in self.policy.assignments().items():
+            if entry.get("node") == me and await self._follow_assignment(task_id, entry):
+                to_stop.append(task_id)
+        for key, order in self.policy.stops().items():
+            task_id, _, node_id = key.rpartition("@")
+            if node_id != me:
+                continue
+            record = await self.store.get_task(task_id)
+            epoch = order.get("epoch")
+            if (
+                record is not None
+                and not record.state.terminal
+                and record.assignment is not None
+                and record.assignment.epoch == epoch
+            ):
+                log.warning("task %s: stopping our copy: %s", task_id, order.get("reason"))
+                why = f"reconciled: {order.get('reason', 'placed twice')}"
+                if await self._cancel_record(record, why):
+                    to_stop.append(task_id)
+        now_hash = self.policy.content_hash()
+        if now_hash != self._policy_saved:
+            await self.policy.persist_to(self.store)
+            self._policy_saved = now_hash
+        return to_stop
+
+    async def _follow_assignment(self, task_id: str, entry: dict[str, Any]) -> bool:
+        """Apply one assignment to us; True if a process is to be stopped."""
+        record = await self.store.get_task(task_id)
+        if entry.get("state") == "cancelled":
+            if record is not None and record.assignment is not None and not record.state.terminal:
+                return await self._cancel_record(record, "cancelled at central")
+            return False
+        try:
+            spec = TaskSpec.from_json(entry.get("spec"))
+            assignment = Assignment(
+                central=str(entry.get("central", "")),
+                epoch=entry.get("epoch"),  # type: ignore[arg-type]  # checked by Assignment
+                replacement=bool(entry.get("replacement", False)),
+                score=float(entry.get("score", 0.0)),
+            )
+        except (SpecError, TypeError, ValueError) as exc:
+            log.error("assignment of %s ignored: %s", task_id, exc)
+            return False
+        if spec.id != task_id:
+            log.error("assignment of %s ignored: its spec is task %s", task_id, spec.id)
+            return False
+        now = self.clock()
+        if record is None:
+            state, reason = TaskState.ACCEPTED, f"assigned by {assignment.central}"
+            try:
+                self._check_feasible(spec, _started(self.node))
+            except SubmitError as exc:  # central's view was stale: say so in our document
+                state, reason = TaskState.FAILED, f"assigned but cannot run here: {exc}"
+            await self._put(
+                TaskRecord(
+                    spec=spec,
+                    state=state,
+                    submitted_at=now,
+                    updated_at=now,
+                    decided_by="central",
+                    node_id=self.edge.node_id,
+                    reason=reason,
+                    assignment=assignment,
+                )
+            )
+            if state is TaskState.ACCEPTED:
+                self.metrics.submissions.inc()
+        elif record.assignment is None:
+            log.error("assignment of %s ignored: a local task has that id", task_id)
+        elif record.assignment.epoch < assignment.epoch and not record.state.terminal:
+            await self._put(replace(record, assignment=assignment))  # kept by a reconcile
+        return False
+
+    async def _cancel_record(self, record: TaskRecord, reason: str) -> bool:
+        """Commit ``record`` cancelled; True if it has a process to stop (by
+        :meth:`_stop_processes`, outside the engine lock: stopping waits the grace period)."""
+        await self._put(record.with_state(TaskState.CANCELLED, self.clock(), reason=reason))
+        return record.state in _HELD
+
+    async def _stop_processes(self, task_ids: list[str]) -> None:
+        for task_id in task_ids:
+            await self.executor.stop(task_id, self.edge.stop_grace_s)
+            self.executor.forget(task_id)
 
     def _mqtt_session(self) -> MqttSession:
         """The node's one MQTT connection, as ``node_id``: the central link and our document."""
@@ -247,24 +371,17 @@ class EdgeEngine:
             DocPeer(
                 self.doc,
                 self.edge.node_id,
-                before_publish=self._unlogged.join,  # persisted before it is published
+                before_publish=_started(self._journal).flushed,  # on disk before it leaves
+            )
+        )
+        session.add(  # read only: central's desired state; only centrals author it
+            DocPeer(
+                self.policy,
+                self.edge.node_id,
+                writers=frozenset(client_id_for(c) for c in self.edge.centrals),
             )
         )
         return session
-
-    async def _log_loop(self) -> None:
-        """Append each local document update to SQLite, in order, retrying on failure."""
-        while True:
-            update = await self._unlogged.get()
-            while True:
-                try:
-                    await self.doc.log_update(self.store, update)
-                    break
-                except StoreError as exc:
-                    self._count_store_error(exc)
-                    log.error("document update not logged yet (publishing waits): %s", exc)
-                    await asyncio.sleep(1.0)
-            self._unlogged.task_done()
 
     async def _put(self, record: TaskRecord) -> None:
         """Commit a task record, then mirror it into the node document (for central)."""
@@ -280,16 +397,22 @@ class EdgeEngine:
                 self._mirror(record)
 
     def _mirror(self, record: TaskRecord) -> None:
-        entry = {
+        entry: dict[str, object] = {
             "state": record.state.value,
             "node": record.node_id,
             "decided_by": record.decided_by,
             "workload": record.spec.workload,
             "priority": record.spec.priority,
+            "cpu": record.spec.cpu,
+            "mem_gib": record.spec.mem_gib,
+            "accel": record.spec.accel,
             "restarts": record.restarts,
             "exit_code": record.exit_code,
+            "accepted_at": record.submitted_at,
             "updated_at": record.updated_at,
         }
+        if record.assignment is not None:
+            entry["assignment"] = record.assignment.to_json()
         if self._doc is not None and self._doc.task(record.spec.id) != entry:
             self._doc.put_task(record.spec.id, entry)
 
@@ -463,13 +586,12 @@ class EdgeEngine:
                 raise SubmitError(404, "id", f"no task {task_id!r}")
             if record.state.terminal:
                 return record
-            cancelled = record.with_state(TaskState.CANCELLED, self.clock(), reason="cancelled")
-            await self._put(cancelled)
-        if record.state in _HELD:
-            await self.executor.stop(task_id, self.edge.stop_grace_s)
-            self.executor.forget(task_id)
+            has_process = await self._cancel_record(record, "cancelled")
+        if has_process:
+            await self._stop_processes([task_id])
         self._wake.set()
-        return cancelled
+        cancelled = await self.store.get_task(task_id)
+        return cancelled or record
 
     def status(self) -> dict[str, Any]:
         profile = self.profile
@@ -524,8 +646,7 @@ class EdgeEngine:
 
     async def _schedule_loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.edge.cycle_s)
+            await wait_event(self._wake, self.edge.cycle_s)
             self._wake.clear()
             self._update_mode()
             try:
@@ -547,6 +668,10 @@ class EdgeEngine:
         node = self.node
         if node is None:
             return []
+        if self._policy_dirty and self._policy is not None:
+            async with self._lock:
+                to_stop = await self._follow_policy()
+            await self._stop_processes(to_stop)
         async with self._lock:
             now = self.clock()
             records = await self.store.list_tasks((*_QUEUED, *_HELD))
@@ -592,7 +717,12 @@ class EdgeEngine:
         now = self.clock()
         if d.kind is DecisionKind.PLACE:
             placed = record.with_state(
-                TaskState.PLACED, now, decided_by=source, node_id=d.node_id, reason=d.reason
+                TaskState.PLACED,
+                now,
+                # central chose the node for an assigned task; we chose when and which cores
+                decided_by=record.decided_by if record.assignment is not None else source,
+                node_id=d.node_id,
+                reason=d.reason,
             )
             await self._put(placed)
             cores = self._pins.get(record.spec.id)

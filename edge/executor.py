@@ -63,6 +63,7 @@ from typing import Any, Literal
 import psutil
 
 from edgesched.edge.spec import TaskSpec
+from edgesched.sync.session import wait_event
 
 __all__ = ["Executor", "ExecutorError", "ExitEvent", "LimitsVia", "ProcessHandle"]
 
@@ -381,8 +382,7 @@ class Executor:
             if self._closed:
                 return
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            await wait_event(self._wake, self.poll_s)
 
     def rotate_logs(self) -> int:
         """Rotate every ``*.log`` in the run dir larger than ``log_max_bytes`` by copy then

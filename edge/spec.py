@@ -219,8 +219,57 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Assignment:
+    """Central's placement of a task on this node, as its policy document said.
+
+    ``epoch`` counts central's placements of the task (a failover is a new epoch);
+    ``replacement`` marks a placement that failed the task over from another node; ``score``
+    is what central's core scored the node. These are the facts the reconcile rule
+    (:mod:`edgesched.sync.reconcile`) compares when a task ends up placed twice."""
+
+    central: str
+    epoch: int
+    replacement: bool = False
+    score: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.central:
+            raise SpecError("assignment.central: must not be empty")
+        if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
+            raise SpecError(f"assignment.epoch: must be an integer >= 0, got {self.epoch!r}")
+        if not math.isfinite(self.score):
+            raise SpecError("assignment.score: must be finite")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "central": self.central,
+            "epoch": self.epoch,
+            "replacement": self.replacement,
+            "score": self.score,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Assignment:
+        if not isinstance(data, Mapping):
+            raise SpecError("assignment: expected an object")
+        central, epoch = data.get("central"), data.get("epoch")
+        replacement, score = data.get("replacement", False), data.get("score", 0.0)
+        if not isinstance(central, str):
+            raise SpecError("assignment.central: expected a string")
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise SpecError("assignment.epoch: expected an integer")
+        if not isinstance(replacement, bool):
+            raise SpecError("assignment.replacement: expected a boolean")
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            raise SpecError("assignment.score: expected a number")
+        return cls(central, epoch, replacement, float(score))
+
+
+@dataclass(frozen=True, slots=True)
 class TaskRecord:
-    """A task's durable state on this node (one row of the store's ``tasks`` table)."""
+    """A task's durable state on this node (one row of the store's ``tasks`` table).
+
+    ``assignment`` is set for a task central placed here (None for local submissions)."""
 
     spec: TaskSpec
     state: TaskState
@@ -234,6 +283,7 @@ class TaskRecord:
     restarts: int = 0
     exit_code: int | None = None
     reason: str = ""
+    assignment: Assignment | None = None
 
     def with_state(self, state: TaskState, at: float, **changes: Any) -> TaskRecord:
         return replace(self, state=state, updated_at=at, **changes)

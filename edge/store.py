@@ -36,7 +36,7 @@ from urllib.parse import quote
 import aiosqlite
 
 from edgesched.core.model import Decision
-from edgesched.edge.spec import TaskRecord, TaskSpec, TaskState
+from edgesched.edge.spec import Assignment, TaskRecord, TaskSpec, TaskState
 
 log = logging.getLogger("edgesched.edge.store")
 
@@ -108,6 +108,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 3: document epochs (sync/doc.py): the snapshot's epoch; the log after it shares it
     ("ALTER TABLE doc_snapshots ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",),
+    # 4: central's placement of a task (edge/spec.py Assignment as JSON; '' for local tasks)
+    ("ALTER TABLE tasks ADD COLUMN assignment TEXT NOT NULL DEFAULT ''",),
 )
 #: The schema version this code writes.
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -631,7 +633,7 @@ class Store:
 
 _TASK_COLUMNS = (
     "id", "spec", "state", "submitted_at", "updated_at", "decided_by", "node_id", "pid",
-    "pid_started_at", "cores", "restarts", "exit_code", "reason",
+    "pid_started_at", "cores", "restarts", "exit_code", "reason", "assignment",
 )  # fmt: skip
 _TASK_COLS = ", ".join(_TASK_COLUMNS)
 _UPSERT_TASK = (
@@ -659,6 +661,7 @@ def _task_row(r: TaskRecord) -> tuple[object, ...]:
         r.restarts,
         r.exit_code,
         r.reason,
+        "" if r.assignment is None else _dumps(r.assignment.to_json()),
     )
 
 
@@ -696,7 +699,8 @@ def _opt_str(value: object) -> str | None:
 
 def _task_from_row(row: tuple[Any, ...]) -> TaskRecord:
     (tid, spec, state, submitted, updated, decided_by, node_id, pid, pid_started, cores,
-     restarts, exit_code, reason) = row  # fmt: skip
+     restarts, exit_code, reason, assignment) = row  # fmt: skip
+    assigned = _str(assignment)
     record = TaskRecord(
         spec=TaskSpec.from_json(json.loads(_str(spec))),
         state=TaskState(_str(state)),
@@ -710,6 +714,7 @@ def _task_from_row(row: tuple[Any, ...]) -> TaskRecord:
         restarts=_int(restarts),
         exit_code=_opt_int(exit_code),
         reason=_str(reason),
+        assignment=Assignment.from_json(json.loads(assigned)) if assigned else None,
     )
     if record.spec.id != _str(tid):
         raise ValueError(f"row id {tid!r} does not match its spec id {record.spec.id!r}")
@@ -991,7 +996,7 @@ def _each(*convert: Callable[[Any], object]) -> Callable[[tuple[Any, ...]], tupl
 
 _TABLES = (
     _Table("meta", ("key", "value"), _each(_str, _str)),
-    _Table("tasks", _TASK_COLUMNS, _clean_task),
+    _Table("tasks", _TASK_COLUMNS, _clean_task, older=(*_TASK_COLUMNS[:-1], "''")),
     _Table(
         "decisions",
         ("seq", "at", "kind", "node_id", "task_id", "source", "body"),

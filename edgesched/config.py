@@ -195,9 +195,15 @@ class EdgeConfig:
     sample_s: float = 5.0
     stop_grace_s: float = 10.0
     forecast_model: str = ""
+    centrals: tuple[str, ...] = ("central",)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
+        for central in self.centrals:
+            if not _NODE_ID.fullmatch(central):
+                raise ValueError(f"centrals: {central!r} is not a valid id")
+        if not self.centrals:
+            raise ValueError("centrals: at least one central id is needed")
         if self.node_id and not _NODE_ID.fullmatch(self.node_id):
             raise ValueError(
                 f"node_id must be 1-64 letters, digits, '-' or '_' starting with a letter or "
@@ -227,6 +233,11 @@ class CentralConfig:
     any node id that publishes its own document on its own topic (the broker's ACL decides
     who may). ``heartbeat_s``: how often central tells nodes it is alive (keep it well under
     the nodes' ``lease_s``). ``snapshot_s``: how often changed replicas are written to SQLite.
+    ``cycle_s``: how often central places waiting tasks and checks failovers and conflicts.
+    ``failover_after_s``: how long a node must have been offline before its services
+    (restart ``always``) are placed elsewhere. ``reconcile``: which copy of a task placed twice
+    keeps running after a heal (keep-original, keep-replacement, best-score, longest-running).
+    ``peers``: fellow central replicas that co-write the policy document.
     """
 
     central_id: str = "central"
@@ -236,11 +247,15 @@ class CentralConfig:
     allow_remote_api: bool = False
     heartbeat_s: float = 1.0
     snapshot_s: float = 5.0
+    cycle_s: float = 1.0
+    failover_after_s: float = 30.0
+    reconcile: str = "keep-original"
     nodes: tuple[str, ...] = ()
+    peers: tuple[str, ...] = ()
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
-        for name in (self.central_id, *self.nodes):
+        for name in (self.central_id, *self.nodes, *self.peers):
             if not _NODE_ID.fullmatch(name):
                 raise ValueError(
                     f"ids must be 1-64 letters, digits, '-' or '_' starting with a letter or "
@@ -253,7 +268,18 @@ class CentralConfig:
                 f"api_host {self.api_host!r} is not loopback; set allow_remote_api = true to "
                 "expose the API beyond this machine"
             )
-        for name in ("heartbeat_s", "snapshot_s"):
+        from edgesched.sync.reconcile import ReconcilePolicy
+
+        if self.reconcile not in {p.value for p in ReconcilePolicy}:
+            choices = ", ".join(p.value for p in ReconcilePolicy)
+            raise ValueError(f"reconcile must be one of {choices}, got {self.reconcile!r}")
+        if self.central_id in self.peers:
+            raise ValueError("peers must not include central_id itself")
+        if self.failover_after_s < 0 or not math.isfinite(self.failover_after_s):
+            raise ValueError(
+                f"failover_after_s must be finite and >= 0, got {self.failover_after_s}"
+            )
+        for name in ("heartbeat_s", "snapshot_s", "cycle_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
@@ -443,6 +469,7 @@ def _parse_edge(t: _Table) -> EdgeConfig:
             sample_s=t.number("sample_s", d.sample_s, low=0, low_open=True),
             stop_grace_s=t.number("stop_grace_s", d.stop_grace_s, low=0),
             forecast_model=t.string("forecast_model", "") if "forecast_model" in t.data else "",
+            centrals=t.strings("centrals") if "centrals" in t.data else d.centrals,
             mqtt=mqtt,
         )
     )
@@ -461,7 +488,11 @@ def _parse_central(t: _Table) -> CentralConfig:
             allow_remote_api=t.boolean("allow_remote_api", d.allow_remote_api),
             heartbeat_s=t.number("heartbeat_s", d.heartbeat_s, low=0, low_open=True),
             snapshot_s=t.number("snapshot_s", d.snapshot_s, low=0, low_open=True),
+            cycle_s=t.number("cycle_s", d.cycle_s, low=0, low_open=True),
+            failover_after_s=t.number("failover_after_s", d.failover_after_s, low=0),
+            reconcile=t.string("reconcile", d.reconcile),
             nodes=t.strings("nodes"),
+            peers=t.strings("peers"),
             mqtt=mqtt,
         )
     )

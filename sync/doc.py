@@ -682,7 +682,45 @@ class NodeDoc(SyncedDoc):
 
 
 class PolicyDoc(SyncedDoc):
-    """The fleet policy document written by central: ``policy`` (mode, tidal profile)."""
+    """The fleet policy document written by central (several central replicas may co-write
+    it; nodes only read it): ``policy`` (mode, tidal profile), ``assignments`` (task id →
+    central's placement: the spec, the node, the placement epoch) and ``stops`` (``<task>@<node>``
+    → an order to stop that node's copy of a task placed twice, from the reconcile rule)."""
+
+    def assign(self, task_id: str, entry: Mapping[str, object]) -> None:
+        if not task_id:
+            raise ValueError("task_id must not be empty")
+        self.root("assignments")[task_id] = _json_value(dict(entry), f"assignment {task_id}")
+
+    def assignment(self, task_id: str) -> dict[str, Any] | None:
+        value = self.root("assignments").get(task_id)
+        return None if value is None else dict(normalise(value))
+
+    def assignments(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = normalise(self.root("assignments").to_py() or {})
+        return out
+
+    def drop_assignment(self, task_id: str) -> None:
+        assignments = self.root("assignments")
+        if task_id in assignments:
+            del assignments[task_id]
+
+    def order_stop(self, task_id: str, node_id: str, entry: Mapping[str, object]) -> None:
+        """Tell ``node_id`` to stop its copy of ``task_id`` (it lost the reconcile)."""
+        if not task_id or not node_id or "@" in node_id:
+            raise ValueError(f"bad stop order for {task_id!r} on {node_id!r}")
+        key = f"{task_id}@{node_id}"
+        self.root("stops")[key] = _json_value(dict(entry), f"stop {key}")
+
+    def stops(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = normalise(self.root("stops").to_py() or {})
+        return out
+
+    def drop_stop(self, task_id: str, node_id: str) -> None:
+        stops = self.root("stops")
+        key = f"{task_id}@{node_id}"
+        if key in stops:
+            del stops[key]
 
     def set_mode(self, mode: str) -> None:
         self.root("policy")["mode"] = str(mode)

@@ -77,6 +77,7 @@ class DocPeer:
         accept: Callable[[str, int], bool] | None = None,
         writers: frozenset[int] | None = None,
         subscribe: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """``before_publish`` is awaited before anything leaves: the owner's way to make sure
         every local update in it is persisted first (a published but unpersisted update would
@@ -95,6 +96,10 @@ class DocPeer:
         self.before_publish = before_publish
         self.accept = accept
         self.writers = writers
+        self.clock = clock
+        #: sender → when (``clock``) its last y-sync step 2 arrived: a full answer to our
+        #: state vector, delete set included, so our replica held all it had at that moment.
+        self.synced_at: dict[str, float] = {}
         self.peer_id = peer_id
         self.topic = wire.sync_topic(doc.name, peer_id)  # validates both names
         self.filter = wire.sync_filter(doc.name)
@@ -165,6 +170,10 @@ class DocPeer:
     def _request_step1(self) -> None:
         self._want_step1 = True
         self._wake.set()
+
+    def request_resync(self) -> None:
+        """Send our state vector again soon: every peer answers with what we lack."""
+        self._request_step1()
 
     # -- MQTT ------------------------------------------------------------------------------
 
@@ -302,6 +311,8 @@ class DocPeer:
             if self.writers is not None:
                 self._check_writers(sender, sync.data)
             self.doc.apply_remote(sync.data, sender=sender)
+        if sync.step == YSyncMessageType.SYNC_STEP2:
+            self.synced_at[sender] = self.clock()
         if sync.state_vector is not None and self.doc.missing_from(sync.state_vector):
             self.stats["resync_requests"] += 1
             self._request_step1()

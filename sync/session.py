@@ -59,6 +59,17 @@ async def checked(awaitable: Awaitable[T]) -> T:
     return result
 
 
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``event``; whether it is set. Built on
+    ``asyncio.timeout``, which (unlike 3.11's ``wait_for``) never drops an outside cancel."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return event.is_set()
+    return True
+
+
 async def first_failure(*loops: Coroutine[Any, Any, object]) -> None:
     """Run ``loops`` as sibling tasks until one ends; cancel and await the rest; re-raise
     the first one's exception. A cancel of the caller cancels and awaits them all."""

@@ -197,7 +197,9 @@ class EdgeNode:
         )
 
 
-def write_edge_config(tmp_path: Path, mqtt_port: int, **edge: Any) -> tuple[Path, Path]:
+def write_edge_config(
+    tmp_path: Path, mqtt_port: int, *, mqtt: dict[str, Any] | None = None, **edge: Any
+) -> tuple[Path, Path]:
     state = tmp_path / "state"
     settings = {
         "node_id": "gw-test",
@@ -213,6 +215,7 @@ def write_edge_config(tmp_path: Path, mqtt_port: int, **edge: Any) -> tuple[Path
     for key, value in settings.items():
         lines.append(f"{key} = {json.dumps(value)}")
     lines += ["[edge.mqtt]", f"port = {mqtt_port}", "keepalive_s = 2"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in (mqtt or {}).items()]
     config = tmp_path / "edge.toml"
     config.write_text("\n".join(lines) + "\n")
     return config, state

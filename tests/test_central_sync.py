@@ -73,17 +73,21 @@ def submit(node: EdgeNode, task_id: str, seconds: int = 120) -> None:
 
 
 @asynccontextmanager
-async def fleet(tmp_path: Path, ports: dict[str, int], central_port: int) -> AsyncIterator[Fleet]:
+async def fleet(
+    tmp_path: Path, ports: dict[str, int], central_port: int, **central_opts: Any
+) -> AsyncIterator[Fleet]:
     """Start central and the nodes (node ``n`` talks to MQTT on ``ports[n]``); stop all."""
     nodes: dict[str, EdgeNode] = {}
-    config, state = write_central_config(tmp_path, central_port)
+    config, state = write_central_config(tmp_path, central_port, **central_opts)
     central = EdgeNode(config, state, tmp_path / "central.log", tier="central")
     try:
         await asyncio.to_thread(central.start)
         for node_id in NODES:
             d = tmp_path / node_id
             d.mkdir()
-            config, state = write_edge_config(d, ports[node_id], node_id=node_id, lease_s=2.0)
+            config, state = write_edge_config(
+                d, ports[node_id], node_id=node_id, lease_s=2.0, mqtt={"reconnect_max_s": 1.0}
+            )
             nodes[node_id] = EdgeNode(config, state, d / "edge.log")
             await asyncio.to_thread(nodes[node_id].start)
         yield Fleet(central, nodes)
@@ -200,3 +204,78 @@ async def test_broker_restart_loses_nothing(tmp_path: Path, persistence: bool) -
             assert status == 200 and "gw-b-while-down" in detail["content"]["tasks"]
     finally:
         broker.stop()
+
+
+def central_task(f: Fleet, task_id: str) -> dict[str, Any]:
+    status, body = f.central.get(f"/v1/tasks/{task_id}")
+    assert status == 200, body
+    return dict(body)
+
+
+async def test_failover_during_a_partition_then_one_copy_after_the_heal(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Central fails a service over from a cut-off node; the node keeps running it; after the
+    heal both copies are seen, the reconcile rule (keep-original) keeps the cut-off node's,
+    the replacement is stopped, and every replica agrees. A batch task is never failed over."""
+    async with FaultProxy("127.0.0.1", 0, "127.0.0.1", broker.port) as proxy:
+        ports = {"gw-a": broker.port, "gw-b": broker.port, "gw-c": proxy.port}
+        async with fleet(tmp_path, ports, broker.port, failover_after_s=2.0, cycle_s=0.3) as f:
+            c = f.nodes["gw-c"]
+            await until(f.converged, 30, "central holding every node's document")
+            await until(
+                lambda: all(n["status"] == "online" for n in f.central_nodes().values()),
+                30,
+                "central seeing every node online",
+            )
+            for task_id, restart in (("svc", "always"), ("batch", "never")):
+                body = {"id": task_id, "command": ["sleep", "300"], "cpu": 0.05,
+                        "mem_gib": 0.05, "restart": restart, "node": "gw-c"}  # fmt: skip
+                status, reply = await asyncio.to_thread(
+                    f.central.request, "POST", "/v1/tasks", body
+                )
+                assert status == 201, reply
+                assert reply["node"] == "gw-c" and reply["state"] == "active", reply["reason"]
+
+            def c_runs_both() -> bool:
+                tasks = c.tasks()
+                return all(tasks.get(t, {}).get("state") == "running" for t in ("svc", "batch"))
+
+            await until(c_runs_both, 20, "gw-c running central's tasks")
+            assert (await asyncio.to_thread(c.tasks))["svc"]["decided_by"] == "central"
+
+            proxy.blackhole()
+            await until(
+                lambda: central_task(f, "svc")["node"] in ("gw-a", "gw-b"), 30, "svc failed over"
+            )
+            moved = central_task(f, "svc")
+            replacement = f.nodes[moved["node"]]
+            assert moved["replacement"] is True and moved["epoch"] == 2
+            await until(
+                lambda: replacement.tasks().get("svc", {}).get("state") == "running",
+                20,
+                "the replacement copy running",
+            )
+            assert central_task(f, "batch")["node"] == "gw-c"  # batch waits for its node
+            assert (await asyncio.to_thread(c.tasks))["svc"]["state"] == "running"  # still
+
+            proxy.heal()
+
+            def settled() -> list[str] | None:
+                view = central_task(f, "svc")
+                running = [
+                    n for n, node in f.nodes.items()
+                    if node.tasks().get("svc", {}).get("state") == "running"
+                ]  # fmt: skip
+                return running if running == ["gw-c"] and view["node"] == "gw-c" else None
+
+            await until(settled, 30, "one copy of svc, on gw-c (keep-original)")
+            lost = (await asyncio.to_thread(replacement.tasks))["svc"]
+            assert lost["state"] == "cancelled" and "reconciled" in lost["reason"]
+            await until(f.converged, 30, "replicas byte-equal after the merge")
+            status, events = await asyncio.to_thread(f.central.get, "/v1/events")
+            kinds = [e["kind"] for e in events["events"]]
+            assert "failover" in kinds and "reconciled" in kinds
+            assert kinds.count("reconciled") == 1  # settled once, not on every cycle
+            view = await asyncio.to_thread(central_task, f, "svc")
+            assert view["running_on"] == ["gw-c"]

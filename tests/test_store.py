@@ -722,3 +722,22 @@ async def test_disk_full_then_space_freed_in_place(tmp_path: Path) -> None:
         await store.add_sample(1.0, {"blob": "z" * 2000})
         await store.put_task(record(1))
         assert await store.get_task("t00001") is not None
+
+
+async def test_central_assignment_round_trips(tmp_path: Path) -> None:
+    from edgesched.edge.spec import Assignment, TaskRecord, TaskSpec, TaskState
+
+    spec = TaskSpec.from_json({"id": "svc", "command": ["sleep", "1"]})
+    record = TaskRecord(
+        spec, TaskState.RUNNING, 1.0, 2.0, decided_by="central",
+        assignment=Assignment("central", epoch=3, replacement=True, score=1.5),
+    )  # fmt: skip
+    local = TaskRecord(
+        TaskSpec.from_json({"id": "loc", "command": ["true"]}), TaskState.EXITED, 1, 2
+    )
+    async with await Store.open(tmp_path / "edge.db") as store:
+        await store.put_tasks([record, local])
+    async with await Store.open(tmp_path / "edge.db") as store:
+        assert await store.get_task("svc") == record
+        got = await store.get_task("loc")
+        assert got is not None and got.assignment is None

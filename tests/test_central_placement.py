@@ -1,0 +1,145 @@
+"""Central's pure decisions: the fleet view, placement, failover choice, and the reconcile of
+a task placed twice (property-tested: one copy survives, the same on every replica)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgesched.central.placement import (
+    assignment_entry,
+    claims_of,
+    failovers,
+    fleet_view,
+    node_from_registration,
+    place,
+    reconcile,
+)
+from edgesched.core.policy import PolicyConfig
+from edgesched.edge.spec import TaskSpec
+from edgesched.sync.reconcile import ReconcilePolicy
+
+REG = {
+    "site": "s1",
+    "arch": "x86_64",
+    "server_class": "general",
+    "cpu": 8.0,
+    "mem_gib": 16.0,
+    "accel": 0,
+    "perf": 1.0,
+    "power": {"idle_w": 60.0, "peak_w": 200.0, "parked_w": 8.0, "wake_latency_s": 45.0},
+}
+
+
+def spec(task_id: str, cpu: float = 1.0, restart: str = "always", **kw: Any) -> TaskSpec:
+    return TaskSpec.from_json(
+        {"id": task_id, "command": ["sleep", "1"], "cpu": cpu, "mem_gib": 0.5,
+         "restart": restart, **kw}
+    )  # fmt: skip
+
+
+def doc(tasks: dict[str, dict[str, Any]] | None = None, **reg: Any) -> dict[str, Any]:
+    return {"node": {"registration": {**REG, **reg}}, "tasks": tasks or {}}
+
+
+def copy(epoch: int, replacement: bool, state: str = "running", at: float = 0.0) -> dict[str, Any]:
+    return {
+        "state": state,
+        "cpu": 1.0,
+        "mem_gib": 0.5,
+        "accepted_at": at,
+        "updated_at": at,
+        "assignment": {"central": "central", "epoch": epoch, "replacement": replacement},
+    }
+
+
+def test_registration_to_node_and_bad_ones_named() -> None:
+    node = node_from_registration("gw1", REG)
+    assert node.capacity.cpu == 8 and node.power.peak_w == 200 and node.site == "s1"
+    for bad in (None, {**REG, "arch": "sparc"}, {k: v for k, v in REG.items() if k != "cpu"}):
+        try:
+            node_from_registration("gw1", bad)
+        except ValueError as exc:
+            assert "gw1" in str(exc)
+        else:
+            raise AssertionError(f"accepted {bad!r}")
+
+
+def test_only_online_nodes_are_targets_and_their_tasks_count() -> None:
+    docs = {
+        "a": doc({"t": {**copy(1, False), "cpu": 7.5}}),
+        "b": doc(),
+        "c": doc(arch="arm64"),
+        "d": {"tasks": {}},  # no registration yet
+    }
+    view = fleet_view(docs, {"a": "online", "b": "online", "c": "offline", "d": "online"}, 10.0)
+    assert [n.id for n in view.nodes] == ["a", "b"]
+    assert "offline" in view.unusable["c"] and "registration" in view.unusable["d"]
+    choice = place(spec("x", cpu=2.0), view, PolicyConfig())
+    assert choice.node_id == "b"  # a has only 0.5 cores left
+    assert place(spec("y"), view, PolicyConfig(), pin="c").node_id is None
+    assert place(spec("y"), view, PolicyConfig(), exclude=["a", "b"]).node_id is None
+
+
+def test_failover_only_for_services_offline_past_the_grace() -> None:
+    assignments = {
+        "svc": assignment_entry(spec("svc"), "a", central="central", epoch=1,
+                                replacement=False, score=1, at=0, reason=""),
+        "batch": assignment_entry(spec("batch", restart="never"), "a", central="central",
+                                  epoch=1, replacement=False, score=1, at=0, reason=""),
+        "elsewhere": assignment_entry(spec("elsewhere"), "b", central="central", epoch=1,
+                                      replacement=False, score=1, at=0, reason=""),
+    }  # fmt: skip
+    assert failovers(assignments, {"a": 100.0}, now=105.0, grace_s=10.0) == []
+    assert failovers(assignments, {"a": 100.0}, now=111.0, grace_s=10.0) == ["svc"]
+
+
+def test_reconcile_keeps_the_original_and_ignores_stale_replicas() -> None:
+    assignments = {"svc": {"node": "b", "epoch": 2, "state": "active"}}
+    docs = {"a": doc({"svc": copy(1, False)}), "b": doc({"svc": copy(2, True)})}
+    # a's replica is stale (not fresh): nothing to settle yet
+    assert reconcile(assignments, docs, {}, ReconcilePolicy.KEEP_ORIGINAL, fresh={"b"}) == []
+    (settled,) = reconcile(assignments, docs, {}, ReconcilePolicy.KEEP_ORIGINAL, {"a", "b"})
+    assert settled.winner.node_id == "a" and [c.node_id for c in settled.losers] == ["b"]
+    (other,) = reconcile(assignments, docs, {}, ReconcilePolicy.KEEP_REPLACEMENT, {"a", "b"})
+    assert other.winner.node_id == "b"
+    # once the stop order is out, there is nothing left to settle
+    assert (
+        reconcile(assignments, docs, {"svc@b": {}}, ReconcilePolicy.KEEP_ORIGINAL, {"a", "b"}) == []
+    )
+    # a local task sharing the id is not central's to settle
+    docs["a"]["tasks"]["svc"].pop("assignment")
+    assert claims_of("svc", docs)[0].node_id == "b"
+
+
+copies = st.dictionaries(
+    st.sampled_from(["a", "b", "c", "d"]),
+    st.tuples(st.integers(1, 5), st.booleans(), st.sampled_from(["running", "placed", "exited"]),
+              st.floats(0, 1000)),
+    min_size=1,
+)  # fmt: skip
+
+
+@settings(max_examples=200)
+@given(copies, st.sampled_from(list(ReconcilePolicy)), st.permutations(["a", "b", "c", "d"]))
+def test_reconcile_leaves_exactly_one_active_copy_on_every_replica(
+    spread: dict[str, tuple[int, bool, str, float]],
+    policy: ReconcilePolicy,
+    order: list[str],
+) -> None:
+    docs = {n: doc({"t": copy(e, r, s, at)}) for n, (e, r, s, at) in spread.items()}
+    assignments = {"t": {"node": "a", "epoch": 1, "state": "active"}}
+    fresh = set(spread)
+    first = reconcile(assignments, docs, {}, policy, fresh)
+    shuffled = {n: docs[n] for n in order if n in docs}  # another replica, another order
+    assert first == reconcile(assignments, shuffled, {}, policy, fresh)
+    active = [n for n, (_, _, s, _) in spread.items() if s != "exited"]
+    if len(active) < 2:
+        assert first == []
+        return
+    (settled,) = first
+    stopped = {c.node_id for c in settled.losers}
+    assert settled.winner.node_id in active and settled.winner.node_id not in stopped
+    assert set(active) - stopped == {settled.winner.node_id}
