@@ -393,20 +393,20 @@ class CentralEngine:
                     settled.task_id,
                     {**entry, "node": best.node_id, "epoch": int(entry.get("epoch", 1)) + 1,
                      "replacement": best.replacement, "at": now,
-                     "reason": f"kept on {best.node_id} by {self.reconcile_policy.value}"},
+                     "reason": f"kept on {best.node_id} by {settled.policy.value}"},
                 )  # fmt: skip
             for loser in settled.losers:
                 policy.order_stop(
                     settled.task_id,
                     loser.node_id,
                     {"epoch": loser.epoch, "winner": best.node_id, "at": now,
-                     "reason": f"{best.node_id} keeps it ({self.reconcile_policy.value})"},
+                     "reason": f"{best.node_id} keeps it ({settled.policy.value})"},
                 )  # fmt: skip
             self._event(
                 "reconciled",
                 f"{settled.task_id} placed on {[c.node_id for c in (best, *settled.losers)]}: "
                 f"{best.node_id} keeps it, "
-                f"{', '.join(c.node_id for c in settled.losers)} stop ({self.reconcile_policy})",
+                f"{', '.join(c.node_id for c in settled.losers)} stop ({settled.policy.value})",
                 node=best.node_id,
                 task=settled.task_id,
             )

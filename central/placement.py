@@ -244,6 +244,16 @@ def claims_of(task_id: str, node_docs: Mapping[str, Mapping[str, Any]]) -> list[
     return claims
 
 
+def task_policy(entry: Mapping[str, Any], default: ReconcilePolicy) -> ReconcilePolicy:
+    """The task's own reconcile choice (its spec's ``reconcile``), else ``default``."""
+    spec = entry.get("spec")
+    choice = spec.get("reconcile") if isinstance(spec, Mapping) else None
+    try:
+        return ReconcilePolicy(choice) if choice else default
+    except ValueError:
+        return default
+
+
 @dataclass(frozen=True)
 class Settlement:
     """The reconcile outcome for one task placed twice."""
@@ -251,6 +261,7 @@ class Settlement:
     task_id: str
     winner: Claim
     losers: tuple[Claim, ...]
+    policy: ReconcilePolicy
 
 
 def reconcile(
@@ -273,8 +284,9 @@ def reconcile(
         claims = claims_of(task_id, live)
         if len({c.node_id for c in claims}) < 2:
             continue
-        best = winner(claims, policy)
-        lost = tuple(c for c in losers(claims, policy) if f"{task_id}@{c.node_id}" not in stops)
+        rule = task_policy(assignments[task_id], policy)
+        best = winner(claims, rule)
+        lost = tuple(c for c in losers(claims, rule) if f"{task_id}@{c.node_id}" not in stops)
         if lost:
-            out.append(Settlement(task_id, best, lost))
+            out.append(Settlement(task_id, best, lost, rule))
     return out

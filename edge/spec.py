@@ -69,6 +69,9 @@ class TaskSpec:
     server_classes: frozenset[ServerClass] = frozenset()
     preemptible: bool = True
     duration_s: float | None = None  # expected run time, a hint for the scheduler
+    #: Which copy survives if this task ends up placed twice across a partition (see
+    #: :mod:`edgesched.sync.reconcile`); empty: central's default.
+    reconcile: str = ""
 
     def __post_init__(self) -> None:
         if not self.id or len(self.id) > 128 or not all(c.isalnum() or c in "-_." for c in self.id):
@@ -128,6 +131,7 @@ class TaskSpec:
             "server_classes": sorted(c.value for c in self.server_classes),
             "preemptible": self.preemptible,
             "duration_s": self.duration_s,
+            "reconcile": self.reconcile,
         }
 
     @classmethod
@@ -138,7 +142,7 @@ class TaskSpec:
         known = {
             "id", "command", "workload", "priority", "cpu", "mem_gib", "accel", "threads",
             "env", "cwd", "restart", "max_restarts", "limits", "archs", "server_classes",
-            "preemptible", "duration_s",
+            "preemptible", "duration_s", "reconcile",
         }  # fmt: skip
         unknown = sorted(set(data) - known)
         if unknown:
@@ -187,6 +191,10 @@ class TaskSpec:
             ) from None
         duration = get("duration_s", (int, float), None)
         cwd = get("cwd", str, None)
+        reconcile = get("reconcile", str, "")
+        choices = ("", "keep-original", "keep-replacement", "best-score", "longest-running")
+        if reconcile not in choices:
+            raise SpecError("reconcile: must be one of " + ", ".join(choices[1:]))
         return cls(
             id=get("id", str, None),
             command=tuple(command),
@@ -205,6 +213,7 @@ class TaskSpec:
             server_classes=classes,
             preemptible=get("preemptible", bool, True),
             duration_s=float(duration) if duration is not None else None,
+            reconcile=reconcile,
         )
 
 

@@ -143,3 +143,11 @@ def test_reconcile_leaves_exactly_one_active_copy_on_every_replica(
     stopped = {c.node_id for c in settled.losers}
     assert settled.winner.node_id in active and settled.winner.node_id not in stopped
     assert set(active) - stopped == {settled.winner.node_id}
+
+
+def test_a_task_may_choose_its_own_reconcile_rule() -> None:
+    docs = {"a": doc({"svc": copy(1, False)}), "b": doc({"svc": copy(2, True)})}
+    own = spec("svc", reconcile="keep-replacement").to_json()
+    assignments = {"svc": {"node": "b", "epoch": 2, "state": "active", "spec": own}}
+    (settled,) = reconcile(assignments, docs, {}, ReconcilePolicy.KEEP_ORIGINAL, {"a", "b"})
+    assert settled.winner.node_id == "b" and settled.policy is ReconcilePolicy.KEEP_REPLACEMENT
