@@ -1,8 +1,12 @@
-"""Central's HTTP API (aiohttp): the fleet as central sees it.
+"""Central's HTTP API (aiohttp): the fleet as central sees it, and how to steer it.
 
-Every route except ``/v1/health`` needs ``Authorization: Bearer <token>`` with the token
-from ``<state_dir>/api-token`` (created 0600 at first start). Errors are RFC 9457 problem
-details naming what is wrong.
+Two tokens, created 0600 in ``<state_dir>`` at first start: ``api-token`` (admin: every route)
+and ``api-token-read`` (read-only: GET routes). Send ``Authorization: Bearer <token>``; a
+browser's ``EventSource``, which cannot set headers, may pass ``?token=`` instead. Public:
+``/v1/health``, the dashboard's page and assets, and (when ``k8s_extender`` is on) the
+kube-scheduler extender under ``/v1/k8s``, which kube-scheduler calls without a token (keep it
+on a trusted network or behind TLS client certificates). Errors are RFC 9457 problem details
+naming what is wrong.
 
     GET /v1/health          liveness, no token
     GET /v1/status          central: broker link, counts, refused input by reason
@@ -13,31 +17,74 @@ details naming what is wrong.
     POST   /v1/tasks        submit (TaskSpec JSON, optional "node" to pin it); 201 once journaled
     DELETE /v1/tasks/{id}   cancel (the node stops it when it hears)
     GET    /v1/events       the fleet's timeline: nodes on/offline, placements, failovers, merges
+    GET    /v1/policy       the fleet policy: mode and tidal profile
+    POST   /v1/policy       switch them ({"mode": ..., "tidal_profile": ...}); nodes follow
+    POST   /v1/k8s/filter | prioritize | bind   kube-scheduler extender v1 (if enabled)
     GET /metrics            Prometheus text format
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import hmac
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from edgesched.edge.api import (
-    TOKEN_KEY,
     BodyError,
-    guard,
     json_body,
     load_or_create_token,
     problem,
     start_app,
 )
 from edgesched.edge.spec import SpecError, TaskSpec
+from edgesched.edge.store import StoreError
 
 if TYPE_CHECKING:
     from edgesched.central.engine import CentralEngine
 
-MAX_BODY_BYTES = 64 * 1024
+#: The extender's NodeLists and pods with managedFields exceed our own bodies' 64 KiB cap.
+MAX_REQUEST_BYTES = 4 << 20
 CENTRAL_KEY = web.AppKey("central", object)
+TOKENS_KEY = web.AppKey("tokens", tuple[str, str])  # (admin, read-only)
+PUBLIC_PREFIXES = ("/dashboard", "/v1/k8s/")
+PUBLIC_PATHS = frozenset({"/", "/v1/health", "/v1/openapi.json"})
+
+
+def _token_of(request: web.Request) -> str:
+    sent = request.headers.get("Authorization", "")
+    if sent.startswith("Bearer "):
+        return sent[len("Bearer ") :]
+    return request.query.get("token", "")
+
+
+def _matches(sent: str, token: str) -> bool:
+    return bool(sent) and hmac.compare_digest(sent.encode(), token.encode())
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Token check (read-only or admin), then problem details for every error."""
+    public = request.path in PUBLIC_PATHS or request.path.startswith(PUBLIC_PREFIXES)
+    if not public:
+        admin, read = request.app[TOKENS_KEY]
+        sent = _token_of(request)
+        if _matches(sent, admin):
+            pass
+        elif _matches(sent, read):
+            if request.method not in ("GET", "HEAD"):
+                return problem(403, "Forbidden", "the read-only token cannot change anything")
+        else:
+            return problem(401, "Unauthorized", "send Authorization: Bearer <token> (api-token)")
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return problem(exc.status, exc.reason, exc.text or exc.reason)
+        raise
+    except StoreError as exc:
+        return problem(503, "Store unavailable", str(exc))
 
 
 def _central(request: web.Request) -> CentralEngine:
@@ -128,16 +175,42 @@ async def events(request: web.Request) -> web.Response:
     return web.json_response({"events": [e.to_json() for e in engine.events]})
 
 
+async def get_policy(request: web.Request) -> web.Response:
+    return web.json_response(_central(request).policy_view())
+
+
+async def set_policy(request: web.Request) -> web.Response:
+    from edgesched.central.engine import TaskRefused
+
+    try:
+        body = await json_body(request)
+    except BodyError as exc:
+        return exc.response()
+    if not isinstance(body, dict) or not body:
+        return problem(400, "Policy refused", "expected an object with mode and/or tidal_profile")
+    unknown = sorted(set(body) - {"mode", "tidal_profile"})
+    if unknown:
+        return problem(400, "Policy refused", "unknown field", unknown[0])
+    for key in ("mode", "tidal_profile"):
+        if key in body and not isinstance(body[key], str):
+            return problem(400, "Policy refused", "must be a string", key)
+    try:
+        view = await _central(request).set_policy(body.get("mode"), body.get("tidal_profile"))
+    except TaskRefused as exc:
+        return problem(exc.status, "Policy refused", exc.message, exc.field)
+    return web.json_response(view)
+
+
 async def metrics(request: web.Request) -> web.Response:
     engine = _central(request)
     engine.refresh_metrics()
     return web.Response(body=engine.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
-def build_app(engine: CentralEngine, token: str) -> web.Application:
-    app = web.Application(middlewares=[guard], client_max_size=MAX_BODY_BYTES)
+def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.Application:
+    app = web.Application(middlewares=[guard], client_max_size=MAX_REQUEST_BYTES)
     app[CENTRAL_KEY] = engine
-    app[TOKEN_KEY] = token
+    app[TOKENS_KEY] = (admin_token, read_token)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/nodes", nodes)
@@ -147,14 +220,26 @@ def build_app(engine: CentralEngine, token: str) -> web.Application:
     app.router.add_get("/v1/tasks/{id}", get_task)
     app.router.add_delete("/v1/tasks/{id}", cancel)
     app.router.add_get("/v1/events", events)
+    app.router.add_get("/v1/policy", get_policy)
+    app.router.add_post("/v1/policy", set_policy)
     app.router.add_get("/metrics", metrics)
+    if engine.central.k8s_extender:
+        from edgesched.central.extender import routes
+
+        for method, path, handler in routes(
+            get_fleet=engine.fleet_nodes,
+            get_policy=lambda: engine.config.policy,
+            get_placements=engine.fleet_placements,
+        ):
+            app.router.add_route(method, path, handler)
     return app
 
 
 async def serve(engine: CentralEngine, host: str, port: int) -> web.AppRunner:
     """Start the API; the bound port (useful with port 0) lands in ``engine.api_port``."""
-    token = load_or_create_token(engine.state_dir)
+    admin = load_or_create_token(engine.state_dir)
+    read = load_or_create_token(engine.state_dir, "api-token-read")
     runner, engine.api_port = await start_app(
-        build_app(engine, token), engine.state_dir, host, port
+        build_app(engine, admin, read), engine.state_dir, host, port
     )
     return runner

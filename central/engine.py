@@ -26,7 +26,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,8 @@ from edgesched.central.placement import (
 )
 from edgesched.central.replicas import NodeReplicas
 from edgesched.config import EdgeschedConfig
-from edgesched.core.model import Placement
+from edgesched.core.model import Node, Placement
+from edgesched.core.policy import PolicyMode
 from edgesched.edge.spec import SpecError, TaskSpec
 from edgesched.edge.store import Store
 from edgesched.sync.doc import PolicyDoc, client_id_for
@@ -115,6 +116,7 @@ class CentralEngine:
         self.session.add(self.liveness)
         self.reconcile_policy = ReconcilePolicy(self.central.reconcile)
         self.policy: PolicyDoc | None = None
+        self._tidal_name = "config"  # the [policy] tidal of the config file until switched
         self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
         self.api_port: int | None = None
         self.started_at = clock()
@@ -193,6 +195,8 @@ class CentralEngine:
         """Central's policy document, rebuilt from SQLite; journaled; synced as a channel."""
         client_id = client_id_for(self.central.central_id)
         self.policy = await PolicyDoc.load_from(self.store, POLICY_DOC, client_id)
+        self._adopt_policy()
+        self.policy.on_remote_change(lambda _sender: self._adopt_policy())  # a peer switched
         self._journal = DocJournal(self.policy, self.store)
         writers = {client_id} | {client_id_for(p) for p in self.central.peers}
         self.session.add(
@@ -418,6 +422,84 @@ class CentralEngine:
             if node_id in docs and (entry is None or entry.get("state") not in ACTIVE_STATES):
                 policy.drop_stop(task_id, node_id)
 
+    # --- the fleet policy -----------------------------------------------------------------
+
+    def policy_view(self) -> dict[str, Any]:
+        policy = self.config.policy
+        return {
+            "mode": policy.mode.value,
+            "tidal_profile": self._tidal_name,
+            "tidal_windows": [w.name for w in policy.tidal.windows],
+            "reconcile": self.reconcile_policy.value,
+            "failover_after_s": self.central.failover_after_s,
+        }
+
+    async def set_policy(self, mode: str | None, tidal: str | None) -> dict[str, Any]:
+        """Switch the mode and/or the tidal profile (by name) for central and every node: the
+        change is written to the policy document, which cut-off nodes pick up on heal."""
+        from edgesched.config import builtin_profiles
+
+        policy = self.config.policy
+        if mode is not None:
+            try:
+                policy = replace(policy, mode=PolicyMode(mode))
+            except ValueError:
+                modes = ", ".join(m.value for m in PolicyMode)
+                raise TaskRefused(422, "mode", f"must be one of {modes}") from None
+        profiles = builtin_profiles()
+        if tidal is not None:
+            if tidal not in profiles:
+                raise TaskRefused(422, "tidal_profile", f"must be one of {', '.join(profiles)}")
+            policy = replace(policy, tidal=profiles[tidal])
+        async with self._lock:
+            doc = _need(self.policy)
+            self.config = replace(self.config, policy=policy)
+            if mode is not None:
+                doc.set_mode(policy.mode.value)
+            if tidal is not None:
+                self._tidal_name = tidal
+                doc.set_tidal({"profile": tidal})
+            self._event("policy", f"mode {policy.mode.value}, tidal profile {self._tidal_name}")
+        await _need(self._journal).flushed()
+        return self.policy_view()
+
+    def _adopt_policy(self) -> None:
+        """At start: what the policy document says (set earlier, maybe by a peer) wins over
+        the config file's [policy], so a restart does not undo a switch made at run time."""
+        from edgesched.config import builtin_profiles
+
+        doc = _need(self.policy)
+        policy = self.config.policy
+        mode = doc.mode()
+        if mode in {m.value for m in PolicyMode}:
+            policy = replace(policy, mode=PolicyMode(mode))
+        tidal = (doc.tidal() or {}).get("profile")
+        if isinstance(tidal, str) and tidal in builtin_profiles():
+            policy = replace(policy, tidal=builtin_profiles()[tidal])
+            self._tidal_name = tidal
+        self.config = replace(self.config, policy=policy)
+
+    # --- the fleet for the Kubernetes extender --------------------------------------------
+
+    def fleet_nodes(self) -> dict[str, Node]:
+        return {n.id: n for n in self._view().nodes}
+
+    def fleet_placements(self) -> tuple[Placement, ...]:
+        return self._view().placements
+
+    def node_state(self, node_id: str) -> str:
+        """connected, suspect (offline less than failover_after_s), partitioned, dead (offline
+        past dead_after_s), or unknown (no status heard yet)."""
+        status = self.liveness.nodes.get(node_id)
+        if status is None:
+            return "unknown"
+        if status.state == "online":
+            return "connected"
+        away = self.clock() - status.since
+        if away < self.central.failover_after_s:
+            return "suspect"
+        return "partitioned" if away < self.central.dead_after_s else "dead"
+
     # --- views for the API ----------------------------------------------------------------
 
     def node_summary(self, node_id: str) -> dict[str, Any]:
@@ -432,6 +514,7 @@ class CentralEngine:
         return {
             "id": node_id,
             "status": self.liveness.state(node_id),
+            "state": self.node_state(node_id),
             "status_since": None if status is None else status.since,
             "registration": doc.node().get("registration"),
             "document": {

@@ -37,9 +37,9 @@ ENGINE_KEY = web.AppKey("engine", object)
 TOKEN_KEY = web.AppKey("token", str)
 
 
-def load_or_create_token(state_dir: Path) -> str:
-    """The API token, created with mode 0600 the first time."""
-    path = state_dir / "api-token"
+def load_or_create_token(state_dir: Path, name: str = "api-token") -> str:
+    """The API token in ``state_dir/name``, created with mode 0600 the first time."""
+    path = state_dir / name
     try:
         token = path.read_text().strip()
         if token:

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from edgesched.config import EdgeschedConfig
 from edgesched.core.forecast import DemandHistory, Ewma, Forecaster, peak_next
 from edgesched.core.model import Decision, DecisionKind, Node, Placement
+from edgesched.core.policy import PolicyMode
 from edgesched.core.scheduler import ClusterView, schedule
 from edgesched.edge.agent import Agent
 from edgesched.edge.executor import Executor, ExecutorError, ExitEvent
@@ -143,6 +144,7 @@ class EdgeEngine:
         self._policy: PolicyDoc | None = None
         self._policy_dirty = False
         self._policy_saved = ""  # content hash of the policy replica last written to SQLite
+        self.tidal_profile = "config"  # the config file's, until central names one
         self._journal: DocJournal | None = None
         self._bins: list[float] = []  # 5-minute mean CPU cores in use, oldest first
         self._bin: tuple[float, float, int] | None = None  # (start, sum, count) being filled
@@ -272,6 +274,7 @@ class EdgeEngine:
         and keep the policy replica in SQLite (a node rebooted while cut off follows it).
         Returns the tasks whose processes are to be stopped (once the lock is released)."""
         self._policy_dirty = False
+        self._follow_policy_settings()
         me = self.edge.node_id
         to_stop: list[str] = []
         for task_id, entry in self.policy.assignments().items():
@@ -298,6 +301,23 @@ class EdgeEngine:
             await self.policy.persist_to(self.store)
             self._policy_saved = now_hash
         return to_stop
+
+    def _follow_policy_settings(self) -> None:
+        """Central's mode and tidal profile, when it set them, replace the config file's."""
+        from edgesched.config import builtin_profiles
+
+        policy = self.config.policy
+        mode = self.policy.mode()
+        if mode in {m.value for m in PolicyMode} and mode != policy.mode.value:
+            policy = replace(policy, mode=PolicyMode(mode))
+        tidal = (self.policy.tidal() or {}).get("profile")
+        profiles = builtin_profiles()
+        if isinstance(tidal, str) and tidal in profiles and tidal != self.tidal_profile:
+            policy = replace(policy, tidal=profiles[tidal])
+            self.tidal_profile = tidal
+        if policy != self.config.policy:
+            log.warning("policy from central: mode %s, tidal %s", policy.mode, self.tidal_profile)
+            self.config = replace(self.config, policy=policy)
 
     async def _follow_assignment(self, task_id: str, entry: dict[str, Any]) -> bool:
         """Apply one assignment to us; True if a process is to be stopped."""
@@ -605,6 +625,7 @@ class EdgeEngine:
             ),
             "lease_s": self.edge.lease_s,
             "policy": self.config.policy.mode.value,
+            "tidal_profile": self.tidal_profile,
             "uptime_s": self.clock() - self.started_at,
             "document": None
             if self._doc is None

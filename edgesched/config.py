@@ -237,7 +237,10 @@ class CentralConfig:
     ``failover_after_s``: how long a node must have been offline before its services
     (restart ``always``) are placed elsewhere. ``reconcile``: which copy of a task placed twice
     keeps running after a heal (keep-original, keep-replacement, best-score, longest-running).
-    ``peers``: fellow central replicas that co-write the policy document.
+    ``peers``: fellow central replicas that co-write the policy document. A node offline for
+    less than ``failover_after_s`` is *suspect*, then *partitioned*, and *dead* past
+    ``dead_after_s`` (central cannot tell a cut link from a dead node by itself: these are
+    policy). ``k8s_extender`` serves the kube-scheduler extender endpoints under ``/v1/k8s``.
     """
 
     central_id: str = "central"
@@ -249,7 +252,9 @@ class CentralConfig:
     snapshot_s: float = 5.0
     cycle_s: float = 1.0
     failover_after_s: float = 30.0
+    dead_after_s: float = 3600.0
     reconcile: str = "keep-original"
+    k8s_extender: bool = False
     nodes: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -490,6 +495,8 @@ def _parse_central(t: _Table) -> CentralConfig:
             snapshot_s=t.number("snapshot_s", d.snapshot_s, low=0, low_open=True),
             cycle_s=t.number("cycle_s", d.cycle_s, low=0, low_open=True),
             failover_after_s=t.number("failover_after_s", d.failover_after_s, low=0),
+            dead_after_s=t.number("dead_after_s", d.dead_after_s, low=0),
+            k8s_extender=t.boolean("k8s_extender", d.k8s_extender),
             reconcile=t.string("reconcile", d.reconcile),
             nodes=t.strings("nodes"),
             peers=t.strings("peers"),

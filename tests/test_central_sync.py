@@ -134,6 +134,17 @@ async def test_partitioned_node_decides_alone_and_merges_at_central(
                 return running and tasks["gw-c-t0"]["state"] == "cancelled"
 
             await until(offline_decided, 20, "gw-c deciding while cut off")
+            # The operator switches the fleet to energy mode while gw-c is away.
+            status, _ = await asyncio.to_thread(
+                f.central.request, "POST", "/v1/policy", {"mode": "energy"}
+            )
+            assert status == 200
+            await until(
+                lambda: f.nodes["gw-a"].get("/v1/status")[1]["policy"] == "energy",
+                20,
+                "gw-a following the switch",
+            )
+            assert (await asyncio.to_thread(c.get, "/v1/status"))[1]["policy"] == "priority"
             # The rest of the fleet goes on syncing; gw-c's replica stays as it was.
             await until(
                 lambda: (
@@ -165,6 +176,9 @@ async def test_partitioned_node_decides_alone_and_merges_at_central(
             assert len(set(hashes.values())) == len(NODES)  # three different documents
             await until(
                 lambda: f.central_nodes()["gw-c"]["status"] == "online", 10, "gw-c online again"
+            )
+            await until(
+                lambda: c.get("/v1/status")[1]["policy"] == "energy", 20, "gw-c picking it up"
             )
             status, central_status = await asyncio.to_thread(f.central.get, "/v1/status")
             assert central_status["rejected"]["rejected_senders"] == 0
