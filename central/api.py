@@ -12,6 +12,7 @@ naming what is wrong.
     GET /v1/status          central: broker link, counts, refused input by reason
     GET /v1/nodes           every node: status, registration, document epoch and hash, tasks
     GET /v1/nodes/{id}      one node, with its document's content
+    GET /v1/nodes/{id}/telemetry[?since=unix]   its last hour of samples (cpu, mem, power)
     GET    /v1/tasks        tasks submitted at central: assignment and the copies nodes report
     GET    /v1/tasks/{id}
     POST   /v1/tasks        submit (TaskSpec JSON, optional "node" to pin it); 201 once journaled
@@ -118,6 +119,19 @@ async def node(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
+async def node_telemetry(request: web.Request) -> web.Response:
+    engine = _central(request)
+    node_id = request.match_info["id"]
+    try:
+        since = float(request.query.get("since", "0"))
+    except ValueError:
+        return problem(400, "Bad query", "since must be a number (unix seconds)", "since")
+    if node_id not in engine.replicas.replicas and node_id not in engine.telemetry.series:
+        return problem(404, "Not Found", f"no node {node_id!r} is known to central", "id")
+    samples = engine.telemetry.samples(node_id, since)
+    return web.json_response({"node": node_id, "samples": [s.to_json() for s in samples]})
+
+
 async def list_tasks(request: web.Request) -> web.Response:
     engine = _central(request)
     policy = engine.policy
@@ -215,6 +229,7 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/nodes", nodes)
     app.router.add_get("/v1/nodes/{id}", node)
+    app.router.add_get("/v1/nodes/{id}/telemetry", node_telemetry)
     app.router.add_get("/v1/tasks", list_tasks)
     app.router.add_post("/v1/tasks", submit)
     app.router.add_get("/v1/tasks/{id}", get_task)

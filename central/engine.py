@@ -43,6 +43,7 @@ from edgesched.central.placement import (
     reconcile,
 )
 from edgesched.central.replicas import NodeReplicas
+from edgesched.central.telemetry import TelemetryCollector
 from edgesched.config import EdgeschedConfig
 from edgesched.core.model import Node, Placement
 from edgesched.core.policy import PolicyMode
@@ -108,12 +109,14 @@ class CentralEngine:
         )
         self.heartbeat = Heartbeat(self.central.central_id, self.central.heartbeat_s, clock)
         self.liveness = Liveness(clock)
+        self.telemetry = TelemetryCollector()
         self.replicas = NodeReplicas(
             self.central.central_id, self.session, nodes=self.central.nodes, clock=clock
         )
         self.session.fallback = self.replicas
         self.session.add(self.heartbeat)
         self.session.add(self.liveness)
+        self.session.add(self.telemetry)
         self.reconcile_policy = ReconcilePolicy(self.central.reconcile)
         self.policy: PolicyDoc | None = None
         self._tidal_name = "config"  # the [policy] tidal of the config file until switched
@@ -511,6 +514,8 @@ class CentralEngine:
             state = str(entry.get("state", "?"))
             states[state] = states.get(state, 0) + 1
         status = self.liveness.nodes.get(node_id)
+        latest = self.telemetry.latest(node_id)
+        heard = replica.peer.heard_at.get(node_id)
         return {
             "id": node_id,
             "status": self.liveness.state(node_id),
@@ -523,6 +528,11 @@ class CentralEngine:
                 "changed_at": replica.changed_at or None,
             },
             "tasks": states,
+            "telemetry": None if latest is None else latest.to_json(),
+            "sync": {
+                "last_update_s_ago": None if heard is None else round(self.clock() - heard, 3),
+                "fresh": node_id in self.fresh_nodes(),
+            },
         }
 
     def status(self) -> dict[str, Any]:
@@ -534,6 +544,7 @@ class CentralEngine:
         rejected["rejected_senders"] = sum(p["rejected_senders"] for p in peers)
         rejected["unknown_documents"] = self.replicas.stats["refused_unknown"]
         rejected["status_messages"] = self.liveness.rejected
+        rejected["telemetry"] = self.telemetry.rejected
         return {
             "central": self.central.central_id,
             "uptime_s": round(self.clock() - self.started_at, 3),

@@ -39,7 +39,7 @@ from edgesched.core.forecast import DemandHistory, Ewma, Forecaster, peak_next
 from edgesched.core.model import Decision, DecisionKind, Node, Placement
 from edgesched.core.policy import PolicyMode
 from edgesched.core.scheduler import ClusterView, schedule
-from edgesched.edge.agent import Agent
+from edgesched.edge.agent import Agent, Sample
 from edgesched.edge.executor import Executor, ExecutorError, ExitEvent
 from edgesched.edge.hal import HardwareProfile, default_power_model, discover, to_node
 from edgesched.edge.link import CentralLink
@@ -59,6 +59,7 @@ from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.session import MqttSession, wait_event
+from edgesched.sync.telemetry import Telemetry, TelemetryPublisher
 
 log = logging.getLogger("edgesched.edge.engine")
 _T = TypeVar("_T")
@@ -123,6 +124,7 @@ class EdgeEngine:
         self.max_page_count = max_page_count
         self.metrics = EdgeMetrics()
         self.link = CentralLink(self.edge.node_id, self.edge.mqtt)
+        self.telemetry = TelemetryPublisher(self.edge.node_id)
         self._endpoint = self.edge.mqtt.endpoint(self.edge.node_id)  # bad key files fail here
         self.mode = Mode.AUTONOMOUS
         self.started_at = clock()
@@ -387,6 +389,7 @@ class EdgeEngine:
             backoff_max_s=self.edge.mqtt.reconnect_max_s,
         )
         session.add(self.link)
+        session.add(self.telemetry)
         session.add(
             DocPeer(
                 self.doc,
@@ -825,12 +828,26 @@ class EdgeEngine:
             self.executor.forget(spec.id)  # the outcome is committed: drop the exit record
         self._wake.set()
 
+    def _publish_telemetry(self, now: float, sample: Sample) -> None:
+        self.telemetry.offer(
+            Telemetry(
+                at=now,
+                cpu_util=min(1.0, max(0.0, sample.cpu_total)),
+                mem_util=min(1.0, sample.mem_used_gib / sample.mem_total_gib)
+                if sample.mem_total_gib > 0
+                else 0.0,
+                power_w=max(0.0, sample.power_w),
+                tasks_running=len(self.executor.running()),
+            )
+        )
+
     async def _sample_loop(self, agent: Agent) -> None:
         last_rollup = self.clock()
         while True:
             now = self.clock()
             sample = agent.sample(now)
             self.metrics.observe(sample)
+            self._publish_telemetry(now, sample)
             self._observe_demand(now, sample.cpu_total * len(sample.cpu_per_core))
             try:
                 await self.store.add_sample(now, sample.to_json())

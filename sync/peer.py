@@ -100,6 +100,8 @@ class DocPeer:
         #: sender → when (``clock``) its last y-sync step 2 arrived: a full answer to our
         #: state vector, delete set included, so our replica held all it had at that moment.
         self.synced_at: dict[str, float] = {}
+        #: sender → when (``clock``) any message of it last arrived.
+        self.heard_at: dict[str, float] = {}
         self.peer_id = peer_id
         self.topic = wire.sync_topic(doc.name, peer_id)  # validates both names
         self.filter = wire.sync_filter(doc.name)
@@ -272,6 +274,7 @@ class DocPeer:
         if message is None:
             return
         self.stats["messages_in"] += 1
+        self.heard_at[sender] = self.clock()
         if self.accept is not None and not self.accept(topic, message.sender):
             self.stats["rejected_senders"] += 1
             log.warning(

@@ -110,6 +110,13 @@ async def test_partitioned_node_decides_alone_and_merges_at_central(
                     await asyncio.to_thread(submit, node, f"{node_id}-t{i}")
             await until(f.converged, 30, "central holding every node's document")
             c = f.nodes["gw-c"]
+            await until(
+                lambda: all(n["telemetry"] for n in f.central_nodes().values()),
+                20,
+                "telemetry from every node",
+            )
+            status, series = await asyncio.to_thread(f.central.get, "/v1/nodes/gw-a/telemetry")
+            assert status == 200 and 0 <= series["samples"][-1]["cpu_util"] <= 1
 
             # The partition: a silent one (packets vanish), as a dead WAN link does.
             proxy.blackhole()
