@@ -119,8 +119,11 @@ class MqttConfig:
     allow_plain_remote: bool = False
     session_expiry_s: int = 86400
     reconnect_max_s: float = 10.0
+    protocol: str = "5"
 
     def __post_init__(self) -> None:
+        if self.protocol not in ("5", "3.1.1"):
+            raise ValueError(f"protocol must be '5' or '3.1.1', got {self.protocol!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if not 1 <= self.keepalive_s <= 3600:
@@ -171,6 +174,7 @@ class MqttConfig:
             password=password,
             tls=context,
             session_expiry_s=self.session_expiry_s,
+            protocol=self.protocol,
         )
 
 
@@ -526,6 +530,7 @@ def _parse_mqtt(t: _Table) -> MqttConfig:
             allow_plain_remote=t.boolean("allow_plain_remote", d.allow_plain_remote),
             session_expiry_s=t.integer("session_expiry_s", d.session_expiry_s, low=0),
             reconnect_max_s=t.number("reconnect_max_s", d.reconnect_max_s, low=0, low_open=True),
+            protocol=t.string("protocol", d.protocol),
         )
     )
 

@@ -101,8 +101,14 @@ class Endpoint:
     password: str | None = None
     tls: ssl.SSLContext | None = None
     session_expiry_s: int = 3600
+    #: "5" (the default) or "3.1.1" for a broker that speaks only that (the embedded one of
+    #: ``edgesched demo``): a persistent session by ``clean_session=False`` then, and no
+    #: no-local subscriptions (peers drop their own messages by topic anyway).
+    protocol: str = "5"
 
     def __post_init__(self) -> None:
+        if self.protocol not in ("5", "3.1.1"):
+            raise ValueError(f"MQTT protocol must be '5' or '3.1.1', got {self.protocol!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if not self.identifier or any(c in self.identifier for c in "/+#\0"):
@@ -174,6 +180,20 @@ class MqttSession:
         self._added.put_nowait(channel)
 
     def _client(self) -> aiomqtt.Client:
+        if self.endpoint.protocol == "3.1.1":
+            return aiomqtt.Client(
+                self.endpoint.host,
+                self.endpoint.port,
+                identifier=self.endpoint.identifier,
+                username=self.endpoint.username,
+                password=self.endpoint.password,
+                keepalive=self.endpoint.keepalive_s,
+                protocol=aiomqtt.ProtocolVersion.V311,
+                clean_session=False,
+                will=self.will,
+                tls_context=self.endpoint.tls,
+                timeout=max(2.0, float(self.endpoint.keepalive_s)),
+            )
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self.endpoint.session_expiry_s
         return aiomqtt.Client(
@@ -248,7 +268,10 @@ class MqttSession:
 
     async def _start(self, client: aiomqtt.Client, channel: Channel) -> asyncio.Task[None]:
         for topic_filter, options in channel.subscriptions:
-            await checked(client.subscribe(topic_filter, options=options))
+            if self.endpoint.protocol == "3.1.1":
+                await checked(client.subscribe(topic_filter, qos=options.QoS))
+            else:
+                await checked(client.subscribe(topic_filter, options=options))
         return asyncio.create_task(channel.serve(client))
 
     async def _dispatch(self, client: aiomqtt.Client) -> None:
