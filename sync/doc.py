@@ -471,6 +471,26 @@ class SyncedDoc:
         log.info("document %s: replica reset to epoch %d", self.name, epoch)
         self._epoch_changed()
 
+    def authored_here(self) -> bool:
+        """Whether this replica holds operations of its own client id (then it cannot be
+        dropped and rebuilt from its peers: they may not have everything it wrote)."""
+        return self.client_id in decode_state_vector(self.doc.get_state())
+
+    def drop_replica(self) -> None:
+        """Replica side: discard everything, same epoch, to be refilled by a resync.
+
+        The way out when updates whose dependencies never arrive pile up inside pycrdt
+        (which holds them, unbounded, and has no way to drop them). Only for a replica that
+        authored nothing (:meth:`authored_here`): ValueError otherwise. The
+        :meth:`on_epoch_change` callbacks run (the epoch is unchanged) so owners re-read it.
+        """
+        if self.authored_here():
+            raise ValueError(f"document {self.name}: holds our own operations, cannot drop")
+        self.doc = self._observed(Doc(client_id=self.client_id))
+        self._fresh_size = 0
+        log.warning("document %s: replica dropped, to be refilled by a resync", self.name)
+        self._epoch_changed()
+
     def should_rotate(self, size: int | None = None) -> bool:
         """Whether the :attr:`rotation_policy` says to rotate now (False if there is none).
 

@@ -35,6 +35,9 @@ log = logging.getLogger("edgesched.sync.peer")
 
 #: Local updates queued while offline are merged into one beyond this many.
 MAX_QUEUED_UPDATES = 256
+#: Bytes of remote updates applied while still behind their sender (pycrdt holds those whose
+#: dependencies have not arrived, unbounded) before a replica is dropped and resynced.
+MAX_PENDING_BYTES = 8 << 20
 
 
 class DocLike(Protocol):
@@ -72,6 +75,7 @@ class DocPeer:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         resync_interval_s: float = 0.2,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
         reassembler: wire.Reassembler | None = None,
         before_publish: Callable[[], Awaitable[object]] | None = None,
         accept: Callable[[str, int], bool] | None = None,
@@ -118,6 +122,8 @@ class DocPeer:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.resync_interval_s = resync_interval_s
+        self.max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0  # applied while still behind their senders, since caught up
         self.reassembler = reassembler or wire.Reassembler()
         self.connected = False
         self.stats: dict[str, int] = dict.fromkeys(
@@ -143,6 +149,7 @@ class DocPeer:
                 "epoch_stale",
                 "epoch_refused",
                 "epoch_rotated",
+                "replica_drops",
             ),
             0,
         )
@@ -319,6 +326,30 @@ class DocPeer:
         if sync.state_vector is not None and self.doc.missing_from(sync.state_vector):
             self.stats["resync_requests"] += 1
             self._request_step1()
+            self._pending_bytes += len(sync.data)
+            if self._pending_bytes > self.max_pending_bytes:
+                self._drop_pending(sender)
+        elif sync.state_vector is not None:
+            self._pending_bytes = 0  # caught up with a sender: nothing is held back
+
+    def _drop_pending(self, sender: str) -> None:
+        """Too much applied while still behind: updates whose dependencies never came."""
+        self._pending_bytes = 0
+        drop = getattr(self.doc, "drop_replica", None)
+        authored = getattr(self.doc, "authored_here", None)
+        if drop is None or authored is None or authored():
+            log.error(
+                "doc %s: over %d bytes of updates from %s wait for missing dependencies; "
+                "this replica authored content, so it cannot be dropped",
+                self.doc.name,
+                self.max_pending_bytes,
+                sender,
+            )
+            return
+        self.stats["replica_drops"] += 1
+        drop()
+        self._answers.clear()
+        self._request_step1()
 
     def _follow_epoch(self, sender: str, epoch: int) -> bool:
         """Apply :func:`edgesched.sync.wire.epoch_action`; True if the message is to be

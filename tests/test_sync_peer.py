@@ -354,3 +354,51 @@ async def test_replicas_follow_the_writer_across_epochs(peers: Peers) -> None:
     await wait_converged([writer, online, late], timeout=5)
     assert late.epoch == writer.epoch == 2
     assert late.task("after-1") == {"state": "running"} and late.task("t1") is None
+
+
+def test_updates_whose_dependencies_never_arrive_are_bounded() -> None:
+    """pycrdt holds an update whose dependencies are missing, with no way to drop it. Past
+    ``max_pending_bytes`` of such updates a replica that authored nothing is dropped and
+    refilled by a resync; its content then converges with the writer's."""
+    from edgesched.sync.doc import NodeDoc, client_id_for
+
+    writer = NodeDoc("node-gw1", client_id_for("gw1"))
+    replica = NodeDoc("node-gw1", client_id_for("central"))
+    peer = DocPeer(replica, "central", max_pending_bytes=4000)
+    topic = wire.sync_topic("node-gw1", "gw1")
+    updates: list[bytes] = []
+    writer.on_local_update(updates.append)
+    for i in range(60):
+        writer.put_task(f"t{i}", {"state": "running", "pad": "x" * 100})
+
+    def frame(kind: wire.Kind, payload: bytes) -> bytes:
+        (only,) = wire.encode(kind, writer.name, writer.client_id, payload, 65536)
+        return only
+
+    for update in updates[1:]:  # the first never arrives: everything after it waits on it
+        peer.handle(
+            topic, frame(wire.Kind.UPDATE, wire.update_payload(update, writer.state_vector()))
+        )
+    assert peer.stats["replica_drops"] >= 1
+    assert peer.stats["rejected_updates"] == 0
+    assert replica.content_hash() != writer.content_hash()
+    # the resync it asked for: the writer's answer to an empty state vector
+    peer.handle(
+        topic, frame(wire.Kind.SYNC, wire.step2_payload(writer.diff(replica.state_vector())))
+    )
+    assert replica.content_hash() == writer.content_hash()
+
+
+def test_a_replica_that_authored_content_is_never_dropped() -> None:
+    a, b = SiteDoc("site-x", 1), SiteDoc("site-x", 2)
+    peer = DocPeer(b, "b", max_pending_bytes=100)
+    b.set("mine", 1)  # b authored something: dropping it would lose it
+    updates: list[bytes] = []
+    a.on_local_update(updates.append)
+    for i in range(20):
+        a.set(f"k{i}", "y" * 50)
+    for update in updates[1:]:
+        payload = wire.update_payload(update, a.state_vector())
+        (only,) = wire.encode(wire.Kind.UPDATE, a.name, a.client_id, payload, 65536)
+        peer.handle(wire.sync_topic("site-x", "a"), only)
+    assert peer.stats["replica_drops"] == 0 and b.get("mine") == 1
