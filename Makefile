@@ -10,9 +10,10 @@ STAMP  := $(VENV)/.installed
 .PHONY: setup sim test lint typecheck unit bench clean
 
 # System packages the tests run for real: Mosquitto (the MQTT broker), sysbench and fio (node
-# qualification). Installed with apt when
+# qualification), Chromium (the dashboard's browser test; Playwright drives /usr/bin/chromium,
+# it never downloads a browser). Installed with apt when
 # running as root (CI, a fresh gateway); otherwise we say what is missing.
-SYSTEM_DEPS := mosquitto sysbench fio
+SYSTEM_DEPS := mosquitto sysbench fio chromium
 .PHONY: system-deps
 system-deps:
 	@missing=""; for p in $(SYSTEM_DEPS); do command -v $$p >/dev/null 2>&1 || [ -x /usr/sbin/$$p ] || missing="$$missing $$p"; done; \

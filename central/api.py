@@ -238,6 +238,9 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app.router.add_get("/v1/policy", get_policy)
     app.router.add_post("/v1/policy", set_policy)
     app.router.add_get("/metrics", metrics)
+    from edgesched.central.dashboard import add_routes  # it imports this module
+
+    add_routes(app)
     if engine.central.k8s_extender:
         from edgesched.central.extender import routes
 

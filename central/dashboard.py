@@ -1,0 +1,242 @@
+"""The fleet dashboard served by central: a static page and a Server-Sent Events stream.
+
+    GET /                   redirect to /dashboard/
+    GET /dashboard/         the page (public: it holds no data; the token is in its URL
+                            fragment, ``#token=...``, which browsers never send)
+    GET /dashboard/{file}   its assets, only the files shipped in ``edgesched.central/static``
+    GET /v1/stream          text/event-stream, behind the API's token guard (``?token=``, as an
+                            ``EventSource`` cannot set headers): ``event: snapshot`` at once,
+                            then every second, with keep-alive comments, until the client goes
+                            or the server shuts down
+
+A snapshot is one JSON object: ``status``, ``policy``, ``nodes`` (as ``GET /v1/nodes``),
+``tasks`` (as ``GET /v1/tasks``, each with ``decided_by`` per reporting node), ``node_tasks``
+(the most recently updated tasks that nodes decided on their own, not submitted at central)
+and ``events`` (the last 100). It is built at most once per interval for all clients.
+
+The stream handler creates no task: it sleeps on the app's shutdown event with a timeout, so
+``runner.cleanup()`` ends every stream at once instead of waiting out aiohttp's shutdown
+timeout, and a client that goes away ends its handler at the next write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from edgesched.central.api import CENTRAL_KEY
+from edgesched.edge.api import problem
+
+if TYPE_CHECKING:
+    from edgesched.central.engine import CentralEngine
+
+log = logging.getLogger("edgesched.central.dashboard")
+
+#: Served content types by suffix; a file of any other kind in static/ is not served.
+CONTENT_TYPES = {
+    ".html": "text/html",
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+}
+#: Everything the page loads comes from central itself.
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+STREAM_INTERVAL_S = 1.0
+KEEPALIVE_S = 15.0
+#: A client that has not taken a frame in this long (its TCP window full) is dropped, so a
+#: stalled reader cannot hold a handler in ``write()`` past shutdown.
+WRITE_TIMEOUT_S = 10.0
+EVENTS_IN_SNAPSHOT = 100
+NODE_TASKS_IN_SNAPSHOT = 200
+
+
+@dataclass
+class DashboardState:
+    """Per-app: the shipped assets, the shutdown signal for streams, the shared snapshot."""
+
+    assets: dict[str, tuple[bytes, str]]
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    streams: int = 0
+    cached_at: float = -1.0
+    cached: bytes = b""
+
+
+DASHBOARD_KEY = web.AppKey("dashboard", DashboardState)
+
+
+def static_dir() -> Traversable:
+    """Where the page's files are, in the installed package."""
+    return files("edgesched.central") / "static"
+
+
+def load_assets() -> dict[str, tuple[bytes, str]]:
+    """name → (bytes, content type) for every servable file shipped in static/."""
+    out: dict[str, tuple[bytes, str]] = {}
+    root = static_dir()
+    if not root.is_dir():
+        log.warning("dashboard: no static files at %s; the page is not served", root)
+        return out
+    for entry in root.iterdir():
+        suffix = "." + entry.name.rpartition(".")[2] if "." in entry.name else ""
+        ctype = CONTENT_TYPES.get(suffix)
+        if entry.is_file() and ctype is not None and not entry.name.startswith("."):
+            out[entry.name] = (entry.read_bytes(), ctype)
+    return out
+
+
+def _engine(request: web.Request) -> CentralEngine:
+    engine: CentralEngine = request.app[CENTRAL_KEY]  # type: ignore[assignment]
+    return engine
+
+
+def snapshot(engine: CentralEngine) -> dict[str, Any]:
+    """What the page shows, in one object (see the module docstring)."""
+    policy = engine.policy
+    assignments = {} if policy is None else policy.assignments()
+    replicas = engine.replicas.replicas
+    docs_tasks = {node_id: replicas[node_id].doc.tasks() for node_id in sorted(replicas)}
+    tasks = []
+    for task_id, entry in sorted(assignments.items()):
+        view = engine.task_view(task_id, entry)
+        view["decided_by"] = {
+            node_id: str(reported.get("decided_by") or "")
+            for node_id, node_tasks in docs_tasks.items()
+            if (reported := node_tasks.get(task_id)) is not None
+        }
+        tasks.append(view)
+    own = []
+    for node_id, node_tasks in docs_tasks.items():
+        for task_id, reported in node_tasks.items():
+            if task_id in assignments or reported.get("assignment") is not None:
+                continue
+            own.append(
+                {
+                    "id": task_id,
+                    "node": node_id,
+                    "state": reported.get("state"),
+                    "decided_by": reported.get("decided_by"),
+                    "workload": reported.get("workload"),
+                    "updated_at": reported.get("updated_at"),
+                }
+            )
+    own.sort(key=lambda t: (-float(t.get("updated_at") or 0.0), t["node"], t["id"]))
+    return {
+        "status": engine.status(),
+        "policy": engine.policy_view(),
+        "nodes": [engine.node_summary(n) for n in sorted(replicas)],
+        "tasks": tasks,
+        "node_tasks": own[:NODE_TASKS_IN_SNAPSHOT],
+        "events": [e.to_json() for e in list(engine.events)[-EVENTS_IN_SNAPSHOT:]],
+        "at": engine.clock(),
+    }
+
+
+def _snapshot_frame(request: web.Request) -> bytes:
+    """The current snapshot as an SSE frame, shared by every client for part of a second."""
+    state = request.app[DASHBOARD_KEY]
+    now = time.monotonic()
+    if not state.cached or now - state.cached_at >= STREAM_INTERVAL_S / 2:
+        data = json.dumps(snapshot(_engine(request)), separators=(",", ":"), default=str)
+        state.cached = f"event: snapshot\ndata: {data}\n\n".encode()
+        state.cached_at = now
+    return state.cached
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    """Server-Sent Events: a snapshot now and every second until the client or server goes."""
+    state = request.app[DASHBOARD_KEY]
+    if state.closing.is_set():
+        return problem(503, "Shutting down", "central is stopping")
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-store",
+            "X-Accel-Buffering": "no",  # no proxy buffering (nginx)
+        }
+    )
+    state.streams += 1
+    try:
+        await response.prepare(request)
+        await _send(response, b"retry: 2000\n\n")
+        last_keepalive = time.monotonic()
+        while not state.closing.is_set():
+            await _send(response, _snapshot_frame(request))
+            if time.monotonic() - last_keepalive >= KEEPALIVE_S:
+                await _send(response, b": keep-alive\n\n")
+                last_keepalive = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STREAM_INTERVAL_S):
+                    await state.closing.wait()
+    except ConnectionResetError:  # the client went away (aiohttp's reset errors subclass it)
+        log.debug("dashboard stream: client gone")
+    except _Stalled:
+        log.info("dashboard stream: client took nothing for %.0f s; dropped", WRITE_TIMEOUT_S)
+        if request.transport is not None:
+            request.transport.abort()
+    finally:
+        state.streams -= 1
+    return response
+
+
+class _Stalled(Exception):
+    """A stream write that did not complete within ``WRITE_TIMEOUT_S``."""
+
+
+async def _send(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        async with asyncio.timeout(WRITE_TIMEOUT_S):
+            await response.write(data)
+    except TimeoutError:
+        raise _Stalled from None
+
+
+async def _close_streams(app: web.Application) -> None:
+    app[DASHBOARD_KEY].closing.set()
+
+
+async def redirect_root(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPFound("/dashboard/")
+
+
+async def asset(request: web.Request) -> web.Response:
+    """One of the shipped files, by exact name: nothing outside static/ can be named."""
+    name = request.match_info.get("file") or "index.html"
+    found = request.app[DASHBOARD_KEY].assets.get(name)
+    if found is None:
+        return problem(404, "Not Found", f"no dashboard file {name!r}", "file")
+    body, ctype = found
+    headers = {
+        "Cache-Control": "no-cache",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+    if ctype == "text/html":
+        headers["Content-Security-Policy"] = CSP
+        headers["X-Frame-Options"] = "DENY"
+    charset = "utf-8" if ctype.startswith("text/") or ctype.endswith("+xml") else None
+    return web.Response(body=body, content_type=ctype, charset=charset, headers=headers)
+
+
+def add_routes(app: web.Application) -> None:
+    """Mount the dashboard and its stream on central's API ``app`` (before it starts)."""
+    app[DASHBOARD_KEY] = DashboardState(load_assets())
+    app.on_shutdown.append(_close_streams)
+    app.router.add_get("/", redirect_root)
+    app.router.add_get("/dashboard", redirect_root)
+    app.router.add_get("/dashboard/", asset)
+    app.router.add_get("/dashboard/{file}", asset)
+    app.router.add_get("/v1/stream", stream)
