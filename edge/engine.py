@@ -26,9 +26,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
@@ -751,7 +752,7 @@ class EdgeEngine:
             await self._put(placed)
             cores = self._pins.get(record.spec.id)
             try:
-                handle = await self.executor.start(record.spec, sorted(cores) if cores else None)
+                handle = await self.executor.start(record.spec, self._host_cores(cores))
             except ExecutorError as exc:
                 await self._put(placed.with_state(TaskState.FAILED, now, reason=str(exc)))
                 self.metrics.start_failures.inc()
@@ -777,9 +778,20 @@ class EdgeEngine:
             current = by_id.get(record.spec.id, record)
             if current.state is TaskState.RUNNING:
                 with contextlib.suppress(ExecutorError):
-                    self.executor.pin(record.spec.id, d.cores)
+                    self.executor.pin(record.spec.id, self._host_cores(d.cores) or d.cores)
             by_id[record.spec.id] = pinned = replace(current, cores=tuple(d.cores))
             await self._put(pinned)
+
+    def _host_cores(self, cores: Iterable[int] | None) -> list[int] | None:
+        """The CPUs of this machine to pin a task to. A simulated node (``hal_root`` other than
+        ``/``) plans on its simulated cores, which this machine may not have: each is folded
+        onto one of ours (id modulo our CPU count), so its tasks still run here."""
+        if not cores:
+            return None
+        if self.hal_root.resolve() == Path("/"):
+            return sorted(cores)
+        ours = sorted(os.sched_getaffinity(0))
+        return sorted({ours[c % len(ours)] for c in cores})
 
     async def _exit_loop(self) -> None:
         async for event in self.executor.exits():

@@ -238,7 +238,7 @@ def edge_run(
     _logging(log_level)
 
     async def main_async() -> None:
-        engine = EdgeEngine(cfg)
+        engine = EdgeEngine(cfg, hal_root=Path(cfg.edge.hal_root))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, engine.stop)

@@ -186,6 +186,8 @@ class EdgeConfig:
     on loopback only unless ``allow_remote_api`` is set. The node is *connected* while it has
     heard central within ``lease_s``, *autonomous* after that. ``forecast_model`` is an ONNX
     forecaster for the node's next 15 minutes (empty: the built-in Holt/EWMA forecaster).
+    ``hal_root``: read hardware from this directory tree instead of ``/`` (simulated nodes:
+    the demo, tests); the node's tasks still run on this machine.
     """
 
     node_id: str = ""
@@ -200,6 +202,7 @@ class EdgeConfig:
     stop_grace_s: float = 10.0
     forecast_model: str = ""
     centrals: tuple[str, ...] = ("central",)
+    hal_root: str = "/"
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
@@ -479,6 +482,7 @@ def _parse_edge(t: _Table) -> EdgeConfig:
             stop_grace_s=t.number("stop_grace_s", d.stop_grace_s, low=0),
             forecast_model=t.string("forecast_model", "") if "forecast_model" in t.data else "",
             centrals=t.strings("centrals") if "centrals" in t.data else d.centrals,
+            hal_root=t.string("hal_root", d.hal_root),
             mqtt=mqtt,
         )
     )

@@ -2,7 +2,8 @@
 
 The trees are plain files written into ``tmp_path`` in the kernel's layout (with the same
 symlinks sysfs uses for PCI devices), so ``discover(root)`` reads them exactly as it reads
-``/sys`` and ``/proc``.
+``/sys`` and ``/proc``. The builders live in :mod:`edgesched.edge.fakehw`, which also holds
+the demo's simulated servers (checked at the end).
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgesched.core.model import Arch, CoreTopology, PowerModel, ServerClass
+from edgesched.edge.fakehw import (
+    GIB_KB,
+    PCI_IDS,
+    SERVER_KINDS,
+    block_dev,
+    build_server,
+    cpu_tree,
+    drm_card,
+    link,
+    pci_device,
+    write,
+)
 from edgesched.edge.hal import (
     Accelerator,
     HardwareProfile,
@@ -32,96 +45,6 @@ from edgesched.edge.hal import (
     pci_device_name,
     to_node,
 )
-
-GIB_KB = 1024 * 1024
-PCI_IDS = """\
-# minimal pci.ids
-10de  NVIDIA Corporation
-\t20b0  GA100 [A100 SXM4 40GB]
-\t\t10de 134f  A100 subsystem
-\t2330  GH100 [H100 SXM5 80GB]
-19e5  Huawei Technologies Co., Ltd.
-\td500  Ascend 310P
-"""
-
-
-def write(root: Path, rel: str, text: str) -> Path:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
-    return path
-
-
-def link(root: Path, rel: str, target_rel: str) -> None:
-    """A sysfs-style symlink at ``rel`` to ``target_rel`` (both inside ``root``)."""
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    (root / target_rel).mkdir(parents=True, exist_ok=True)
-    path.symlink_to(os.path.relpath((root / target_rel).resolve(), path.parent.resolve()))
-
-
-def cpu_tree(
-    root: Path,
-    *,
-    machine: str,
-    cpus: int,
-    cluster_of: dict[int, int] | None = None,
-    numa: dict[int, str] | None = None,
-    package_of: dict[int, int] | None = None,
-    cpuinfo_block: str = "",
-    mem_gib: int = 64,
-) -> None:
-    write(root, "proc/sys/kernel/arch", machine)
-    write(root, "sys/devices/system/cpu/online", f"0-{cpus - 1}")
-    for cpu in range(cpus):
-        topo = f"sys/devices/system/cpu/cpu{cpu}/topology"
-        write(root, f"{topo}/cluster_id", str((cluster_of or {}).get(cpu, cpu)))
-        write(root, f"{topo}/physical_package_id", str((package_of or {}).get(cpu, 0)))
-        write(root, f"{topo}/die_id", "0")
-    for node, cpulist in (numa or {0: f"0-{cpus - 1}"}).items():
-        write(root, f"sys/devices/system/node/node{node}/cpulist", cpulist)
-    write(
-        root,
-        "proc/cpuinfo",
-        "\n\n".join(f"processor\t: {c}\n{cpuinfo_block}" for c in range(cpus)),
-    )
-    write(root, "proc/meminfo", f"MemTotal:       {mem_gib * GIB_KB} kB\nMemFree: 1 kB")
-    cache = "sys/devices/system/cpu/cpu0/cache"
-    for index, (level, kind, size) in enumerate(
-        [
-            (1, "Data", "64K"),
-            (1, "Instruction", "64K"),
-            (2, "Unified", "512K"),
-            (3, "Unified", "32M"),
-        ]
-    ):
-        write(root, f"{cache}/index{index}/level", str(level))
-        write(root, f"{cache}/index{index}/type", kind)
-        write(root, f"{cache}/index{index}/size", size)
-
-
-def block_dev(root: Path, name: str, gb: float, *, rotational: bool = False, **extra: str) -> None:
-    write(root, f"sys/block/{name}/size", str(int(gb * 1e9 / 512)))
-    write(root, f"sys/block/{name}/queue/rotational", "1" if rotational else "0")
-    for key, value in extra.items():
-        write(root, f"sys/block/{name}/{key}", value)
-
-
-def pci_device(root: Path, addr: str, vendor: str, device: str, pci_class: str) -> str:
-    rel = f"sys/devices/pci0000:00/{addr}"
-    write(root, f"{rel}/vendor", vendor)
-    write(root, f"{rel}/device", device)
-    write(root, f"{rel}/class", pci_class)
-    link(root, f"sys/bus/pci/devices/{addr}", rel)
-    return rel
-
-
-def drm_card(root: Path, card: str, device_rel: str, *, render: bool) -> None:
-    link(root, f"sys/class/drm/{card}", f"{device_rel}/drm/{card}")
-    link(root, f"sys/class/drm/{card}/device", device_rel)
-    if render:
-        (root / device_rel / "drm/renderD128").mkdir(parents=True, exist_ok=True)
-
 
 # --------------------------------------------------------------------------- CPUs
 
@@ -493,3 +416,23 @@ def test_discover_this_machine() -> None:
     json.dumps(p.to_json())
     node = to_node(p, "self")
     assert node.capacity.mem_gib == p.mem_gib
+
+
+# --------------------------------------------------------------------------- simulated servers
+
+
+def test_demo_servers_classify_as_intended(tmp_path: Path) -> None:
+    found = {}
+    for kind in SERVER_KINDS:
+        p = discover(build_server(kind, tmp_path / kind.name))
+        assert p.warnings == (), (kind.name, p.warnings)
+        found[kind.name] = (p.arch, p.cores, p.server_class, len(p.compute_accelerators))
+    assert found == {
+        "arm48": (Arch.ARM64, 48, ServerClass.GENERAL, 0),
+        "ai4gpu": (Arch.X86_64, 32, ServerClass.AI_ACCELERATOR, 4),
+        "stor6": (Arch.X86_64, 24, ServerClass.STORAGE_DENSE, 0),
+        "arm8": (Arch.ARM64, 8, ServerClass.GENERAL, 0),
+        "x86g32": (Arch.X86_64, 32, ServerClass.GENERAL, 0),
+    }
+    with pytest.raises(FileExistsError):
+        build_server(SERVER_KINDS[0], tmp_path / "arm48")
