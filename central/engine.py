@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgesched.central.heartbeat import Heartbeat
+from edgesched.central.heartbeat import CentralPeers, Heartbeat
 from edgesched.central.liveness import Liveness, NodeStatus
 from edgesched.central.metrics import CentralMetrics
 from edgesched.central.placement import (
@@ -108,13 +108,20 @@ class CentralEngine:
             backoff_max_s=self.central.mqtt.reconnect_max_s,
         )
         self.heartbeat = Heartbeat(self.central.central_id, self.central.heartbeat_s, clock)
+        self.peers = CentralPeers(self.central.central_id, 3 * self.central.heartbeat_s, clock)
+        self._was_leader: bool | None = None
         self.liveness = Liveness(clock)
         self.telemetry = TelemetryCollector()
         self.replicas = NodeReplicas(
-            self.central.central_id, self.session, nodes=self.central.nodes, clock=clock
+            self.central.central_id,
+            self.session,
+            nodes=self.central.nodes,
+            centrals=self.central.peers,
+            clock=clock,
         )
         self.session.fallback = self.replicas
         self.session.add(self.heartbeat)
+        self.session.add(self.peers)
         self.session.add(self.liveness)
         self.session.add(self.telemetry)
         self.reconcile_policy = ReconcilePolicy(self.central.reconcile)
@@ -223,6 +230,12 @@ class CentralEngine:
     def _node_status_changed(self, node_id: str, status: NodeStatus) -> None:
         self._event(f"node-{status.state}", f"{node_id} is {status.state}", node=node_id)
         replica = self.replicas.replicas.get(node_id)
+        allowed = not self.central.nodes or node_id in self.central.nodes
+        if replica is None and allowed:
+            # Only the node writes its status topic (the ACL), so this is the node speaking:
+            # hold its document now, and our first step 1 asks it for everything. A node
+            # whose document does not change would otherwise never be heard of.
+            replica = self.replicas.add(node_id)
         if status.state == "online" and replica is not None:
             replica.peer.request_resync()  # its answer makes the replica fresh again
         self._wake.set()
@@ -268,7 +281,13 @@ class CentralEngine:
                 raise TaskRefused(409, "id", f"task {spec.id!r} already exists")
             if pin is not None and pin not in self.replicas.replicas:
                 raise TaskRefused(422, "node", f"no node {pin!r} is known to central")
-            self._place(spec, pin=pin, epoch=1, replacement=False)
+            if self.peers.is_leader():
+                self._place(spec, pin=pin, epoch=1, replacement=False)
+            else:  # the leading central replica places it
+                leader = self.peers.leader()
+                self._pending(
+                    spec, pin, 1, f"accepted by {self.central.central_id}; {leader} leads"
+                )
         await _need(self._journal).flushed()
         self._wake.set()
         entry = policy.assignment(spec.id)
@@ -282,13 +301,7 @@ class CentralEngine:
         now = self.clock()
         policy = _need(self.policy)
         if choice.node_id is None:
-            entry = assignment_entry(
-                spec, pin or "", central=self.central.central_id, epoch=epoch,
-                replacement=replacement, score=0.0, at=now, reason=choice.reason,
-            )  # fmt: skip
-            entry["state"] = "pending"
-            entry["pin"] = pin
-            policy.assign(spec.id, entry)
+            self._pending(spec, pin, epoch, choice.reason)
             return None
         policy.assign(
             spec.id,
@@ -300,6 +313,15 @@ class CentralEngine:
         self._event("placed", f"{spec.id} on {choice.node_id}: {choice.reason}",
                     node=choice.node_id, task=spec.id)  # fmt: skip
         return choice.node_id
+
+    def _pending(self, spec: TaskSpec, pin: str | None, epoch: int, reason: str) -> None:
+        entry = assignment_entry(
+            spec, pin or "", central=self.central.central_id, epoch=epoch,
+            replacement=False, score=0.0, at=self.clock(), reason=reason,
+        )  # fmt: skip
+        entry["state"] = "pending"
+        entry["pin"] = pin
+        _need(self.policy).assign(spec.id, entry)
 
     async def cancel(self, task_id: str) -> dict[str, Any]:
         policy = _need(self.policy)
@@ -350,8 +372,15 @@ class CentralEngine:
                 self.control_step()
 
     def control_step(self) -> None:
-        """Place waiting tasks, fail services over, settle tasks placed twice. Synchronous:
-        every write lands in the policy document (journaled by its own task) at once."""
+        """Place waiting tasks, fail services over, settle tasks placed twice: the leading
+        central replica only. Synchronous: every write lands in the policy document
+        (journaled by its own task) at once."""
+        leader = self.peers.is_leader()
+        if leader != self._was_leader:
+            self._was_leader = leader
+            self._event("leader", f"{self.peers.leader()} leads the central replicas")
+        if not leader:
+            return
         policy = _need(self.policy)
         now = self.clock()
         for _task_id, entry in sorted(policy.assignments().items()):
@@ -552,6 +581,9 @@ class CentralEngine:
             "nodes": len(self.replicas.replicas),
             "online": sum(1 for s in self.liveness.nodes.values() if s.state == "online"),
             "heartbeats_sent": self.heartbeat.sent,
+            "leader": self.peers.leader(),
+            "centrals_alive": self.peers.alive(),
+            "policy_hash": None if self.policy is None else self.policy.content_hash(),
             "updates_in": sum(p["updates_in"] + p["step2_in"] for p in peers),
             "rejected": rejected,
         }

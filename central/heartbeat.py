@@ -1,4 +1,5 @@
-"""Central's heartbeat: the signal whose absence turns an edge node autonomous.
+"""Central's heartbeat: the signal whose absence turns an edge node autonomous, and by
+which central replicas know each other (:class:`CentralPeers`: who leads).
 
 A channel of central's MQTT session: while connected it publishes a small JSON object
 (``{"central": <id>, "seq": n, "ts": unix seconds}``) on ``edgesched/v1/central/heartbeat``
@@ -49,7 +50,57 @@ class Heartbeat:
             await asyncio.sleep(self.interval_s)
 
     def handle(self, topic: str, payload: bytes) -> None:  # pragma: no cover - no routes
-        raise AssertionError(f"heartbeat routes nothing, got {topic}")
+        raise AssertionError(f"the heartbeat publisher routes nothing, got {topic}")
 
     def disconnected(self) -> None:
         return None
+
+
+class CentralPeers:
+    """Hears the other centrals' heartbeats: which central replicas are alive, and so which
+    one leads. The leader (the smallest id among the live ones) places, fails over and
+    reconciles; the others serve the API and accept submissions as *pending*, which the
+    leader places. Two centrals cut off from each other both lead for a while: their writes
+    to the policy document merge when the link returns, and a task placed twice is settled by
+    the reconcile rule like any other."""
+
+    def __init__(
+        self, central_id: str, lease_s: float, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.central_id = central_id
+        self.lease_s = lease_s
+        self.clock = clock
+        self.last_heard: dict[str, float] = {}
+        self.rejected = 0
+        self.routes: tuple[str, ...] = (HEARTBEAT_TOPIC,)
+        self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
+            (HEARTBEAT_TOPIC, SubscribeOptions(qos=0, noLocal=True)),
+        )
+
+    def alive(self) -> list[str]:
+        now = self.clock()
+        return sorted(c for c, at in self.last_heard.items() if now - at <= self.lease_s)
+
+    def leader(self) -> str:
+        return min([self.central_id, *self.alive()])
+
+    def is_leader(self) -> bool:
+        return self.leader() == self.central_id
+
+    async def serve(self, client: aiomqtt.Client) -> None:
+        return None
+
+    def disconnected(self) -> None:
+        return None
+
+    def handle(self, topic: str, payload: bytes) -> None:
+        from edgesched.edge.link import parse_heartbeat
+
+        try:
+            beat = parse_heartbeat(payload)
+        except ValueError:
+            self.rejected += 1
+            return
+        sender = str(beat["central"])
+        if sender != self.central_id:  # MQTT 3.1.1 has no no-local: our own come back
+            self.last_heard[sender] = self.clock()

@@ -300,3 +300,67 @@ async def test_failover_during_a_partition_then_one_copy_after_the_heal(
             assert kinds.count("reconciled") == 1  # settled once, not on every cycle
             view = await asyncio.to_thread(central_task, f, "svc")
             assert view["running_on"] == ["gw-c"]
+
+
+async def test_two_central_replicas_share_the_policy_document_and_one_leads(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """central-a and central-b run side by side as peers of the policy document. The smaller
+    id leads: a task submitted at the standby is accepted as pending and placed by the
+    leader. When the leader dies, the standby takes over and places what it is given."""
+    ports = {"gw-a": broker.port, "gw-b": broker.port, "gw-c": broker.port}
+    async with fleet(tmp_path, ports, broker.port, central_id="central-a",
+                     peers=["central-b"]) as f:  # fmt: skip
+        d = tmp_path / "b"
+        d.mkdir()
+        config, state = write_central_config(
+            d, broker.port, central_id="central-b", peers=["central-a"]
+        )
+        standby = EdgeNode(config, state, d / "central.log", tier="central")
+        await asyncio.to_thread(standby.start)
+        try:
+            await until(f.converged, 30, "central-a holding every node's document")
+
+            def status(c: EdgeNode) -> dict[str, Any]:
+                return dict(c.get("/v1/status")[1])
+
+            await until(
+                lambda: (
+                    status(standby)["leader"] == "central-a"
+                    and status(f.central)["centrals_alive"] == ["central-b"]
+                ),
+                20,
+                "the two centrals hearing each other",
+            )
+            body = {"id": "via-b", "command": ["sleep", "120"], "cpu": 0.05, "mem_gib": 0.05}
+            code, reply = await asyncio.to_thread(standby.request, "POST", "/v1/tasks", body)
+            assert code == 201 and reply["state"] == "pending", reply
+            await until(
+                lambda: f.central.get("/v1/tasks/via-b")[1].get("state") == "active",
+                20,
+                "placed by the leader",
+            )
+            await until(
+                lambda: standby.get("/v1/tasks/via-b")[1]["state"] == "active",
+                20,
+                "the standby seeing the placement",
+            )
+            await until(
+                lambda: status(standby)["policy_hash"] == status(f.central)["policy_hash"],
+                20,
+                "one policy document on both",
+            )
+            await asyncio.to_thread(f.central.kill, signal.SIGKILL)
+            await until(lambda: status(standby)["leader"] == "central-b", 20, "b taking over")
+            body = {"id": "after", "command": ["sleep", "120"], "cpu": 0.05, "mem_gib": 0.05}
+            code, reply = await asyncio.to_thread(standby.request, "POST", "/v1/tasks", body)
+            assert code == 201 and reply["state"] == "active", reply
+            node = f.nodes[reply["node"]]
+            await until(
+                lambda: node.tasks().get("after", {}).get("state") == "running",
+                20,
+                "the task running",
+            )
+        finally:
+            if standby.proc is not None and standby.proc.poll() is None:
+                await asyncio.to_thread(standby.kill, signal.SIGTERM)
