@@ -488,6 +488,90 @@ def certs_issue(
     typer.echo(f"{files.identity}: {files.cert} {files.key}")
 
 
+@app.command()
+def demo(
+    speed: Annotated[
+        float, typer.Option(help="Simulated seconds per real second (720: a day in 2 minutes).")
+    ] = 720.0,
+    minutes: Annotated[
+        float | None, typer.Option(help="Simulated minutes to run (default: the whole day).")
+    ] = None,
+    hours: Annotated[float | None, typer.Option(help="Simulated hours to run.")] = None,
+    start: Annotated[
+        str | None,
+        typer.Option(help="Time of day to start, HH:MM (default: 00:00, or so the cut is in)."),
+    ] = None,
+    nodes: Annotated[int, typer.Option(help="Edge nodes (2-12), each a simulated server.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
+    workdir: Annotated[
+        Path | None, typer.Option(help="Work directory (kept); default: a temporary one.")
+    ] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary work dir.")] = False,
+    no_partition: Annotated[
+        bool, typer.Option("--no-partition", help="Do not cut a node off.")
+    ] = False,
+    broker: Annotated[
+        str, typer.Option(help="auto (Mosquitto if installed), mosquitto or embedded.")
+    ] = "auto",
+    api_port: Annotated[int, typer.Option(help="Central's API port (0: any free one).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only the JSON report.")] = False,
+) -> None:
+    """Start a broker, central and edge nodes here; run a campus day at accelerated time,
+    cut one node off and heal it, then print what happened (Ctrl-C stops everything)."""
+    from edgesched.core.tidal import parse_clock
+    from edgesched.demo import (
+        DemoError,
+        DemoOptions,
+        Interrupted,
+        QuietUi,
+        RichUi,
+        print_summary,
+        run,
+        timeline,
+    )
+
+    if minutes is not None and hours is not None:
+        fail("--minutes and --hours: give one of them")
+    duration = 86_400.0
+    if minutes is not None:
+        duration = minutes * 60.0
+    elif hours is not None:
+        duration = hours * 3600.0
+    start_s = None
+    if start is not None:
+        try:
+            start_s = parse_clock(start)
+        except ValueError as exc:
+            fail(f"--start: {exc}")
+    try:
+        opts = DemoOptions(
+            speed=speed, duration_s=duration, start_s=start_s, nodes=nodes, seed=seed,
+            workdir=workdir, keep=keep, partition=not no_partition, broker=broker,
+            api_port=api_port,
+        )  # fmt: skip
+    except DemoError as exc:
+        fail(str(exc))
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    try:
+        if as_json:
+            result = run(opts, QuietUi())
+        else:
+            with RichUi(console, timeline(opts)) as ui:
+                result = run(opts, ui)
+    except DemoError as exc:
+        fail(str(exc), 1)
+    except Interrupted as exc:
+        err.print(f"demo {exc}; every process it started is stopped")
+        raise typer.Exit(130) from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        print_summary(result, console)
+    if not result["ok"]:
+        failed = ", ".join(k for k, v in result["checks"].items() if not v)
+        fail(f"demo checks failed: {failed}", 1)
+
+
 def _campus_tidal() -> Any:
     from edgesched.core.tidal import campus_profile
 

@@ -1,0 +1,1224 @@
+"""``edgesched demo``: a real fleet on this machine running a campus day at accelerated time.
+
+Everything is a separate process in one work directory:
+
+* a broker (:func:`edgesched.localbroker.start_local_broker`: Mosquitto when installed, else
+  the embedded amqtt broker, which speaks MQTT 3.1.1, so every peer is told to);
+* central (``edgesched central run``) with a short failover grace and a fast heartbeat;
+* edge nodes (``edgesched edge run``), each registering as a different simulated server
+  through ``[edge] hal_root`` (:mod:`edgesched.edge.fakehw`: a 48-core ARM general node, an
+  x86 AI node with 4 GPUs, an x86 storage node with 6 NVMe disks, a small ARM node, ...).
+  Their tasks are real ``sleep`` processes on this machine. One node reaches the broker
+  through a :class:`~edgesched.fieldtest.faultproxy.FaultProxy` that runs in the demo's own
+  event loop, so the demo can cut it off for real.
+
+A workload driver replays a scaled-down campus day (:mod:`edgesched.core.campus`: its classes,
+priorities, tidal hours and durations) on a simulated clock ``speed`` times faster than real
+time: cloud desktops, AI training and video analytics are submitted at central, which places
+them; face recognition and video conferencing are submitted at a node's own API, and the node
+decides. Each node also runs a gate service (restart ``always``) submitted at central; the
+cut-off node's is pinned to it, so central fails it over and reconciles the two copies after
+the heal. Mid-morning the proxy blackholes one node for an hour (simulated) while the driver
+keeps submitting to it; in the evening the fleet switches to energy mode.
+
+At the end the demo reads what happened from the fleet's own APIs (offline decisions, merge
+time, failovers and reconciles, tasks per node, utilization and energy), checks that every
+replica at central is byte-equal to its node's document and that no task runs on two nodes,
+prints it and writes it as JSON. SIGINT and SIGTERM stop everything: nodes first (SIGTERM),
+then the task processes they leave running (tasks outlive their engine by design), then
+central, then the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from edgesched.core.campus import BIN_S, BINS_PER_DAY, arrival_rate_curve, workload_classes
+from edgesched.edge.fakehw import SERVER_KINDS, ServerKind, build_server
+from edgesched.edge.hal import default_power_model, discover, to_node
+from edgesched.fieldtest.faultproxy import FaultProxy
+from edgesched.localbroker import LocalBroker, start_local_broker
+
+DAY_S = 86_400.0
+#: When the node is cut off, and when the fleet switches to energy mode (simulated time).
+CUT_AT_S = 10 * 3600.0
+CUT_FOR_S = 3600.0
+ENERGY_AT_S = 18 * 3600.0
+#: A cut lasts at least this long in real time: the broker notices a silent client after
+#: 1.5 keepalives, and central fails services over ``FAILOVER_AFTER_S`` after that.
+MIN_CUT_REAL_S = 8.0
+KEEPALIVE_S = 2
+FAILOVER_AFTER_S = 2.0
+LEASE_S = 2.0
+#: Task durations are stretched (and arrivals thinned to keep the same load) so that a class's
+#: median task lasts at least this long in real time: a process per 30 ms would measure
+#: process spawning, not scheduling.
+MIN_REAL_MEDIAN_S = 3.0
+#: Classes submitted at a node's own API (the node decides); the others go through central.
+LOCAL_CLASSES = frozenset({"face-recognition", "video-conferencing"})
+#: Task restart policy per class: sessions never restart, batch jobs restart on failure.
+RESTART = {
+    "face-recognition": "never",
+    "video-conferencing": "never",
+    "cloud-desktop": "never",
+    "ai-training": "on-failure",
+    "video-analytics": "on-failure",
+}
+ACTIVE = frozenset({"placed", "running"})  # holding resources on a node
+REPORT_FILE = "demo-report.json"
+TASK_MARKER = "EDGESCHED_DEMO"  # in every task's environment: the work directory
+SAMPLE_S = 0.5  # real seconds between utilization samples
+READY_TIMEOUT_S = 40.0
+CONVERGE_TIMEOUT_S = 45.0
+MERGE_TIMEOUT_S = 45.0
+
+
+class DemoError(Exception):
+    """A user-facing failure: one line, no traceback."""
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM stopped the demo (everything was stopped)."""
+
+    def __init__(self, signame: str) -> None:
+        super().__init__(f"stopped by {signame}")
+        self.signame = signame
+
+
+# --------------------------------------------------------------------------- options, timeline
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    speed: float = 720.0
+    duration_s: float = DAY_S  # simulated seconds to run
+    start_s: float | None = None  # time of day to start (None: see :func:`timeline`)
+    nodes: int = 4
+    seed: int = 0
+    workdir: Path | None = None
+    keep: bool = False
+    partition: bool = True
+    broker: str = "auto"
+    api_port: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.speed) and 1 <= self.speed <= 20_000):
+            raise DemoError(f"--speed: must be between 1 and 20000, got {self.speed:g}")
+        if not (math.isfinite(self.duration_s) and 0 < self.duration_s <= DAY_S):
+            raise DemoError("--minutes/--hours: between 1 minute and 24 hours of simulated time")
+        if self.start_s is not None and not 0 <= self.start_s < DAY_S:
+            raise DemoError("--start: a time of day, 00:00 to 23:59")
+        if not 2 <= self.nodes <= 12:
+            raise DemoError(f"--nodes: between 2 and 12, got {self.nodes}")
+        if self.broker not in ("auto", "mosquitto", "embedded"):
+            raise DemoError(f"--broker: auto, mosquitto or embedded, got {self.broker!r}")
+        if not 0 <= self.api_port < 65536:
+            raise DemoError(f"--api-port: 0 to 65535, got {self.api_port}")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Simulated seconds since midnight of the first day."""
+
+    start_s: float
+    end_s: float
+    cut_at: float | None
+    heal_at: float | None
+    energy_at: float
+    speed: float
+
+    def real(self, sim_s: float) -> float:
+        """Real seconds from the start to simulated time ``sim_s``."""
+        return (sim_s - self.start_s) / self.speed
+
+
+def timeline(opts: DemoOptions) -> Timeline:
+    """The run's window and its moments. A full day starts at midnight; a shorter run starts
+    a quarter of its length before 10:00, so the cut falls inside it. The cut is at 10:00 when
+    the window holds it (else a quarter into the run) and lasts an hour, or
+    ``MIN_CUT_REAL_S`` of real time if that is longer; the run is extended to the heal if
+    needed. Energy mode from 18:00 (else three quarters into the run)."""
+    d = opts.duration_s
+    if opts.start_s is not None:
+        start = opts.start_s
+    else:
+        start = 0.0 if d >= DAY_S else max(0.0, CUT_AT_S - d / 4)
+    end = start + d
+    cut = heal = None
+    if opts.partition:
+        cut = CUT_AT_S if start <= CUT_AT_S < end else start + d / 4
+        heal = cut + max(CUT_FOR_S, MIN_CUT_REAL_S * opts.speed)
+        end = max(end, heal + 2 * opts.speed)  # a little connected time after the heal
+    energy = ENERGY_AT_S if start <= ENERGY_AT_S < end else start + 0.75 * (end - start)
+    return Timeline(start, end, cut, heal, energy, opts.speed)
+
+
+def clock_text(sim_s: float) -> str:
+    day, rest = divmod(int(sim_s), int(DAY_S))
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}"
+    return text if day == 0 else f"{text} (+{day}d)"
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+@dataclass(frozen=True)
+class SimNode:
+    """One edge node of the demo and the simulated server it registers as."""
+
+    id: str
+    kind: ServerKind
+    arch: str
+    server_class: str
+    cpu: float
+    mem_gib: float
+    accel: int
+    idle_w: float
+    peak_w: float
+
+
+def make_nodes(count: int, hw_dir: Path) -> list[SimNode]:
+    """``count`` nodes over :data:`SERVER_KINDS` (cycled), their trees built under ``hw_dir``."""
+    nodes = []
+    for i in range(count):
+        kind = SERVER_KINDS[i % len(SERVER_KINDS)]
+        node_id = f"{kind.name}-{i + 1}"
+        root = build_server(kind, hw_dir / node_id)
+        profile = discover(root)
+        power = default_power_model(profile)
+        node = to_node(profile, node_id, "campus", power)
+        nodes.append(
+            SimNode(
+                node_id,
+                kind,
+                node.arch.value,
+                node.server_class.value,
+                node.capacity.cpu,
+                node.capacity.mem_gib,
+                node.capacity.accel,
+                power.idle_w,
+                power.peak_w,
+            )
+        )
+    return nodes
+
+
+def cut_node_of(nodes: Sequence[SimNode]) -> SimNode:
+    """The node the demo cuts off: the storage node, else the last one."""
+    for node in nodes:
+        if node.server_class == "storage-dense":
+            return node
+    return nodes[-1]
+
+
+# --------------------------------------------------------------------------- the workload
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A submission: at simulated time ``at``, to ``route`` ("central" or a node id)."""
+
+    at: float
+    route: str
+    spec: dict[str, Any]
+    pin: str | None = None
+
+
+def plan_workload(
+    nodes: Sequence[SimNode],
+    tl: Timeline,
+    *,
+    seed: int,
+    cut_node: str | None,
+    env: dict[str, str],
+    cwd: str,
+) -> list[Arrival]:
+    """The campus day's arrivals in ``tl``'s window, scaled to this fleet: a pure function.
+
+    Per class, the demand curve of :func:`~edgesched.core.campus.workload_classes`
+    (calibrated to 42% of this fleet's CPU on average) and its arrival rates; durations are
+    lognormal as in the scenario, stretched by the class's factor (and arrivals thinned by
+    it) so the median lasts ``MIN_REAL_MEDIAN_S`` real seconds or more. Local classes go to a
+    node drawn by CPU capacity among the nodes that can run them; during the cut, half of
+    them go to the cut-off node. Each node also gets a gate service (restart ``always``) at
+    the start, submitted at central; the cut-off node's is pinned to it.
+    """
+    rng = np.random.default_rng(seed)
+    fleet_cpu = sum(n.cpu for n in nodes)
+    total_real = tl.real(tl.end_s)
+    raw: list[tuple[float, str, str, dict[str, Any]]] = []
+    for name, wc in workload_classes(fleet_cpu).items():
+        stretch = max(1.0, MIN_REAL_MEDIAN_S * tl.speed / wc.duration_median_s)
+        rates = np.asarray(arrival_rate_curve(wc), dtype=np.float64) / stretch
+        cpu_p = np.asarray(wc.cpu_weights) / sum(wc.cpu_weights)
+        acc_p = np.asarray(wc.accel_weights) / sum(wc.accel_weights) if wc.accel_choices else None
+        first, last = int(tl.start_s // BIN_S), math.ceil(tl.end_s / BIN_S)
+        for b in range(first, last):
+            lo, hi = max(b * BIN_S, tl.start_s), min((b + 1) * BIN_S, tl.end_s)
+            for at in np.sort(
+                rng.uniform(lo, hi, rng.poisson(rates[b % BINS_PER_DAY] * (hi - lo)))
+            ):
+                cpu = float(rng.choice(wc.cpu_choices, p=cpu_p))
+                accel = int(rng.choice(wc.accel_choices, p=acc_p)) if acc_p is not None else 0
+                sim_d = stretch * wc.duration_median_s * math.exp(wc.duration_sigma * rng.normal())
+                real_d = max(0.2, sim_d / tl.speed)
+                spec: dict[str, Any] = {
+                    "command": ["sleep", f"{real_d:.2f}"],
+                    "workload": name,
+                    "priority": wc.priority,
+                    "cpu": cpu,
+                    "mem_gib": cpu * wc.mem_gib_per_cpu,
+                    "accel": accel,
+                    "restart": RESTART[name],
+                    "archs": sorted(a.value for a in wc.archs),
+                    "server_classes": sorted(c.value for c in wc.server_classes),
+                    "preemptible": wc.preemptible,
+                    "duration_s": round(real_d, 2),
+                    "env": dict(env),
+                    "cwd": cwd,
+                }
+                route = "central"
+                if name in LOCAL_CLASSES:
+                    route = _local_node(rng, nodes, spec, float(at), tl, cut_node)
+                raw.append((float(at), wc.code, route, spec))
+    raw.sort(key=lambda r: r[0])
+    out: list[Arrival] = []
+    for i, node in enumerate(nodes):
+        service = {
+            "id": f"svc-gate-{i + 1}",
+            "command": ["sleep", str(int(total_real + 3600))],
+            "workload": "face-recognition",
+            "priority": 90,
+            "cpu": 1.0,
+            "mem_gib": 1.0,
+            "restart": "always",
+            "max_restarts": 100,
+            "preemptible": False,
+            "env": dict(env),
+            "cwd": cwd,
+        }
+        out.append(
+            Arrival(tl.start_s, "central", service, node.id if node.id == cut_node else None)
+        )
+    for seq, (at, code, route, spec) in enumerate(raw):
+        out.append(Arrival(at, route, {"id": f"{code}-{seq:05d}", **spec}))
+    return out
+
+
+def _local_node(
+    rng: np.random.Generator,
+    nodes: Sequence[SimNode],
+    spec: dict[str, Any],
+    at: float,
+    tl: Timeline,
+    cut_node: str | None,
+) -> str:
+    fits = [
+        n
+        for n in nodes
+        if (not spec["archs"] or n.arch in spec["archs"])
+        and n.cpu >= spec["cpu"]
+        and n.mem_gib >= spec["mem_gib"]
+    ]
+    if not fits:
+        return "central"
+    cut = tl.cut_at is not None and tl.heal_at is not None and tl.cut_at <= at < tl.heal_at
+    if cut and any(n.id == cut_node for n in fits) and rng.random() < 0.5:
+        return str(cut_node)
+    weights = np.asarray([n.cpu for n in fits])
+    return fits[int(rng.choice(len(fits), p=weights / weights.sum()))].id
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def edgesched_argv() -> list[str]:
+    """How to run the ``edgesched`` CLI of this installation."""
+    return [sys.executable, "-m", "edgesched.cli"]
+
+
+@dataclass
+class Child:
+    """A child process with an API: central or an edge node."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    state: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, cwd: Path) -> None:
+        with self.log.open("ab") as out:
+            # Its own session: a Ctrl-C at the terminal reaches the demo only, which then
+            # stops everything in order.
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=out, cwd=cwd, start_new_session=True
+            )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def last_error(self) -> str:
+        """The most telling line of the log (an error line, else the last line)."""
+        try:
+            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()]
+        except OSError:
+            return "no log"
+        lines = [ln for ln in lines if ln]
+        for line in reversed(lines):
+            if "error" in line.lower():
+                return line[-300:]
+        return lines[-1][-300:] if lines else "no output"
+
+    def token(self) -> str:
+        return (self.state / "api-token").read_text().strip()
+
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{int((self.state / 'api-port').read_text())}"
+
+
+def kill_task_processes(run_dirs: Iterable[Path], marker: str) -> int:
+    """Kill the process groups of every task process: the executor's wrapper carries its run
+    directory in argv, and every demo task has ``marker`` (the work dir) in its environment.
+    Returns how many were found."""
+    import psutil
+
+    runs = [str(d) for d in run_dirs]
+    found = 0
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid == me:
+            continue
+        with contextlib.suppress(psutil.Error):
+            argv = proc.info.get("cmdline") or ()
+            ours = any(r in arg for r in runs for arg in argv)
+            if not ours:
+                with contextlib.suppress(psutil.Error):
+                    ours = proc.environ().get(TASK_MARKER) == marker
+            if ours:
+                found += 1
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.pid, signal.SIGKILL)
+    return found
+
+
+def _toml(value: object) -> str:
+    return json.dumps(value)  # strings, numbers and booleans are valid TOML this way
+
+
+def write_config(path: Path, sections: dict[str, dict[str, object]]) -> Path:
+    lines = []
+    for name, table in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {_toml(value)}" for key, value in table.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# --------------------------------------------------------------------------- the API client
+
+
+class Api:
+    """A small JSON client for one process's API (bearer token)."""
+
+    def __init__(self, session: aiohttp.ClientSession, child: Child) -> None:
+        self.session = session
+        self.child = child
+        self.base = child.base_url()
+        self.headers = {"Authorization": f"Bearer {child.token()}"}
+
+    async def call(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
+        async with self.session.request(
+            method, self.base + path, json=body, headers=self.headers
+        ) as resp:
+            data = await resp.json(content_type=None)
+            return resp.status, data
+
+    async def get(self, path: str) -> Any:
+        status, data = await self.call("GET", path)
+        if status != 200:
+            raise DemoError(f"{self.child.name}: GET {path} answered {status}: {data}")
+        return data
+
+
+# --------------------------------------------------------------------------- the display
+
+
+class Ui(Protocol):
+    def note(self, sim_s: float, text: str) -> None: ...
+
+    def tick(self, sim_s: float, status: str) -> None: ...
+
+    def info(self, text: str) -> None: ...
+
+
+class QuietUi:
+    """``--json``: nothing but the final JSON."""
+
+    def note(self, sim_s: float, text: str) -> None:
+        pass
+
+    def tick(self, sim_s: float, status: str) -> None:
+        pass
+
+    def info(self, text: str) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+@dataclass
+class Measurements:
+    """What the demo observes while the day runs."""
+
+    nodes: dict[str, SimNode]
+    samples: list[tuple[float, dict[str, tuple[float, int]]]] = field(default_factory=list)
+    events: dict[tuple[float, str, str], dict[str, Any]] = field(default_factory=dict)
+    submitted: dict[str, int] = field(default_factory=dict)  # by route kind
+    refused: list[str] = field(default_factory=list)
+    merge_s: float | None = None
+    merge_error: str | None = None
+    late_s: float = 0.0  # the driver's worst lag behind the simulated clock, real seconds
+    planned: int = 0
+
+    def add_sample(self, sim_s: float, docs: dict[str, dict[str, Any]]) -> None:
+        alloc: dict[str, tuple[float, int]] = {}
+        for node_id, content in docs.items():
+            cpu, accel = 0.0, 0
+            for entry in (content.get("tasks") or {}).values():
+                if isinstance(entry, dict) and entry.get("state") in ACTIVE:
+                    cpu += float(entry.get("cpu") or 0.0)
+                    accel += int(entry.get("accel") or 0)
+            alloc[node_id] = (cpu, accel)
+        self.samples.append((sim_s, alloc))
+
+    def usage(self) -> dict[str, Any]:
+        """Utilization (allocated CPU over capacity) and energy (the power model at the
+        reserved utilization: ``idle + (peak - idle) * u``, ``u`` the larger of the CPU and
+        accelerator shares reserved), integrated over simulated time between samples."""
+        from edgesched.core.campus import campus_tariff
+
+        tariff = campus_tariff()
+        cap = sum(n.cpu for n in self.nodes.values())
+        used = span = joules = cost = 0.0
+        hourly: dict[int, list[float]] = {}
+        per_node: dict[str, float] = dict.fromkeys(self.nodes, 0.0)
+        for (t0, alloc), (t1, _) in itertools.pairwise(self.samples):
+            dt = t1 - t0
+            if dt <= 0:
+                continue
+            total = 0.0
+            watts = 0.0
+            for node_id, node in self.nodes.items():
+                cpu, accel = alloc.get(node_id, (0.0, 0))
+                total += cpu
+                per_node[node_id] += cpu * dt
+                share = max(
+                    min(1.0, cpu / node.cpu), min(1.0, accel / node.accel) if node.accel else 0.0
+                )
+                watts += node.idle_w + (node.peak_w - node.idle_w) * share
+            used += total * dt
+            span += dt
+            joules += watts * dt
+            cost += watts * dt / 3.6e6 * tariff.price_at(t0)
+            hourly.setdefault(int(t0 // 3600) % 24, []).append(total / cap)
+        kwh = joules / 3.6e6
+        return {
+            "utilization": used / (cap * span) if span else 0.0,
+            "per_node": {
+                n: per_node[n] / (self.nodes[n].cpu * span) if span else 0.0 for n in self.nodes
+            },
+            "hourly": {f"{h:02d}:00": round(sum(v) / len(v), 4) for h, v in sorted(hourly.items())},
+            "energy_kwh": kwh,
+            "energy_cost": cost,
+            "simulated_s": span,
+            "samples": len(self.samples),
+        }
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Fleet:
+    workdir: Path
+    broker: LocalBroker
+    central: Child
+    nodes: dict[str, Child]
+    sim: dict[str, SimNode]
+    cut: SimNode | None
+    proxy: FaultProxy | None
+    session: aiohttp.ClientSession
+    capi: Api | None = None
+    napi: dict[str, Api] = field(default_factory=dict)
+
+
+class SimClock:
+    def __init__(self, start_s: float, speed: float) -> None:
+        self.start_s = start_s
+        self.speed = speed
+        self.t0 = time.monotonic()
+
+    def now(self) -> float:
+        return self.start_s + (time.monotonic() - self.t0) * self.speed
+
+    async def until(self, sim_s: float) -> None:
+        delay = (sim_s - self.now()) / self.speed
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+def prepare_workdir(opts: DemoOptions) -> tuple[Path, bool]:
+    """(work dir, whether the demo made it as a temporary directory)."""
+    if opts.workdir is None:
+        return Path(tempfile.mkdtemp(prefix="edgesched-demo-")).resolve(), True
+    workdir = opts.workdir.resolve()
+    if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+        raise DemoError(f"--workdir: {workdir} exists and is not an empty directory")
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir, False
+
+
+async def _wait_ready(child: Child, session: aiohttp.ClientSession) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not child.alive():
+            code = None if child.proc is None else child.proc.returncode
+            raise DemoError(f"{child.name} did not start (exit {code}): {child.last_error()}")
+        with contextlib.suppress(OSError, ValueError, aiohttp.ClientError):
+            url = child.base_url() + "/v1/health"
+            async with session.get(url) as resp:
+                if resp.status == 200:
+                    return
+        await asyncio.sleep(0.1)
+    raise DemoError(
+        f"{child.name} did not answer within {READY_TIMEOUT_S:g}s: {child.last_error()}"
+    )
+
+
+async def _poll(
+    check: Callable[[], Awaitable[Any]], timeout: float, interval: float = 0.2
+) -> tuple[Any, float]:
+    """(first truthy result of ``check``, seconds it took); (last result, -1) on timeout."""
+    t0 = time.monotonic()
+    last: Any = None
+    while time.monotonic() - t0 < timeout:
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+            last = await check()
+            if last:
+                return last, time.monotonic() - t0
+        await asyncio.sleep(interval)
+    return last, -1.0
+
+
+async def run_demo(opts: DemoOptions, ui: Ui) -> dict[str, Any]:
+    """Start the fleet, run the day, report; everything is stopped before this returns or
+    raises (DemoError for a user-facing failure; cancellation stops it early)."""
+    tl = timeline(opts)
+    workdir, temporary = prepare_workdir(opts)
+    keep = opts.keep or not temporary
+    try:
+        return await _run_in(workdir, opts, tl, ui, keep)
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _run_in(
+    workdir: Path, opts: DemoOptions, tl: Timeline, ui: Ui, keep: bool
+) -> dict[str, Any]:
+    t_begin = time.monotonic()
+    sims = make_nodes(opts.nodes, workdir / "hardware")
+    cut = cut_node_of(sims) if opts.partition else None
+    tasks_dir = workdir / "tasks"
+    tasks_dir.mkdir()
+    plan = plan_workload(
+        sims,
+        tl,
+        seed=opts.seed,
+        cut_node=cut.id if cut else None,
+        env={TASK_MARKER: str(workdir)},
+        cwd=str(tasks_dir),
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            broker = await asyncio.to_thread(
+                start_local_broker, workdir / "broker", prefer=opts.broker
+            )
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise DemoError(f"broker: {exc}".splitlines()[0]) from None
+        stack.callback(broker.stop)
+        ui.info(f"broker: {broker.kind} (MQTT {broker.protocol}) on 127.0.0.1:{broker.port}")
+        proxy: FaultProxy | None = None
+        if cut is not None:
+            proxy = await stack.enter_async_context(
+                FaultProxy("127.0.0.1", 0, "127.0.0.1", broker.port)
+            )
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15))
+        )
+        mqtt = {
+            "port": broker.port,
+            "keepalive_s": KEEPALIVE_S,
+            "protocol": broker.protocol,
+            "reconnect_max_s": 1.0,
+        }
+        cdir = workdir / "central"
+        cdir.mkdir()
+        failover = FAILOVER_AFTER_S
+        config = write_config(
+            cdir / "central.toml",
+            {
+                "central": {
+                    "central_id": "central",
+                    "state_dir": str(cdir / "state"),
+                    "api_port": opts.api_port,
+                    "heartbeat_s": 0.5,
+                    "snapshot_s": 1.0,
+                    "cycle_s": 0.5,
+                    "failover_after_s": failover,
+                },
+                "central.mqtt": mqtt,
+                "policy": {"mode": "priority"},
+            },
+        )
+        central = Child(
+            "central",
+            [*edgesched_argv(), "central", "run", "-c", str(config)],
+            cdir / "central.log",
+            cdir / "state",
+        )
+        nodes: dict[str, Child] = {}
+        fleet = Fleet(workdir, broker, central, nodes, {s.id: s for s in sims}, cut, proxy, session)
+
+        async def stop_central() -> None:
+            await asyncio.to_thread(central.stop)
+
+        async def stop_nodes() -> None:
+            def stop_all() -> None:
+                for child in nodes.values():  # SIGTERM to all first, then wait for each
+                    if child.alive() and child.proc is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            child.proc.send_signal(signal.SIGTERM)
+                for child in nodes.values():
+                    child.stop()
+                kill_task_processes([c.state / "run" for c in nodes.values()], str(workdir))
+
+            await asyncio.to_thread(stop_all)
+
+        stack.push_async_callback(stop_central)
+        await asyncio.to_thread(central.start, workdir)
+        await _wait_ready(central, session)
+        fleet.capi = Api(session, central)
+        url = f"{fleet.capi.base}/dashboard/#token={central.token()}"
+        ui.info(f"dashboard: {url}")
+        stack.push_async_callback(stop_nodes)
+        for sim in sims:
+            ndir = workdir / "nodes" / sim.id
+            ndir.mkdir(parents=True)
+            port = (
+                proxy.port
+                if (proxy is not None and cut is not None and sim.id == cut.id)
+                else broker.port
+            )
+            config = write_config(
+                ndir / "edge.toml",
+                {
+                    "edge": {
+                        "node_id": sim.id,
+                        "site": "campus",
+                        "state_dir": str(ndir / "state"),
+                        "api_port": 0,
+                        "lease_s": LEASE_S,
+                        "cycle_s": 0.5,
+                        "sample_s": 1.0,
+                        "stop_grace_s": 1.0,
+                        "hal_root": str(workdir / "hardware" / sim.id),
+                    },
+                    "edge.mqtt": {**mqtt, "port": port},
+                },
+            )
+            child = Child(
+                sim.id,
+                [*edgesched_argv(), "edge", "run", "-c", str(config)],
+                ndir / "edge.log",
+                ndir / "state",
+            )
+            nodes[sim.id] = child
+            await asyncio.to_thread(child.start, workdir)
+        await asyncio.gather(*(_wait_ready(c, session) for c in nodes.values()))
+        fleet.napi = {n: Api(session, c) for n, c in nodes.items()}
+        for sim in sims:
+            ui.info(f"node {sim.id}: {sim.kind.describe} ({sim.arch}, {sim.server_class})")
+
+        async def all_online() -> bool:
+            assert fleet.capi is not None
+            seen = {n["id"]: n for n in (await fleet.capi.get("/v1/nodes"))["nodes"]}
+            return all(
+                seen.get(n, {}).get("status") == "online" and seen[n].get("registration")
+                for n in nodes
+            )
+
+        ok, _ = await _poll(all_online, READY_TIMEOUT_S)
+        if not ok:
+            raise DemoError(f"central did not hear from every node within {READY_TIMEOUT_S:g}s")
+        ui.info(f"fleet up in {time.monotonic() - t_begin:.1f}s; work dir {workdir}")
+        try:
+            result = await _day(fleet, plan, tl, opts, ui)
+        except* DemoError as group:
+            raise group.exceptions[0] from None
+        result["dashboard"] = url
+        result["workdir"] = str(workdir) if keep else None
+        result["processes"] = {
+            "broker": broker.proc.pid,
+            "central": central.proc.pid if central.proc else None,
+            **{n: c.proc.pid if c.proc else None for n, c in nodes.items()},
+        }
+        result["real_s"] = round(time.monotonic() - t_begin, 1)
+        (workdir / REPORT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+        result["report"] = str(workdir / REPORT_FILE) if keep else None
+        return result
+
+
+async def _day(
+    fleet: Fleet, plan: list[Arrival], tl: Timeline, opts: DemoOptions, ui: Ui
+) -> dict[str, Any]:
+    assert fleet.capi is not None
+    capi = fleet.capi
+    m = Measurements(fleet.sim, planned=len(plan))
+    clock = SimClock(tl.start_s, tl.speed)
+    status = {"text": ""}
+    cut = fleet.cut
+    heal_real: list[float] = []
+
+    async def drive() -> None:
+        for arrival in plan:
+            await clock.until(arrival.at)
+            m.late_s = max(m.late_s, (clock.now() - arrival.at) / tl.speed)
+            body = dict(arrival.spec)
+            if arrival.route == "central":
+                if arrival.pin is not None:
+                    body["node"] = arrival.pin
+                code, reply = await capi.call("POST", "/v1/tasks", body)
+                kind = "central"
+            else:
+                code, reply = await fleet.napi[arrival.route].call("POST", "/v1/tasks", body)
+                kind = "local"
+            if code == 201:
+                m.submitted[kind] = m.submitted.get(kind, 0) + 1
+            else:
+                detail = reply.get("detail") if isinstance(reply, dict) else reply
+                m.refused.append(f"{body['id']} at {arrival.route}: {code} {detail}")
+
+    async def watch() -> None:
+        while True:
+            for child in (fleet.central, *fleet.nodes.values()):
+                if not child.alive():
+                    code = None if child.proc is None else child.proc.returncode
+                    raise DemoError(
+                        f"{child.name} exited ({code}) during the demo: {child.last_error()}"
+                    )
+            if fleet.broker.proc.poll() is not None:
+                raise DemoError(f"the broker exited ({fleet.broker.proc.returncode})")
+            await asyncio.sleep(0.5)
+
+    async def sample() -> None:
+        while True:
+            now = clock.now()
+            docs = {}
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                for node_id in fleet.sim:
+                    docs[node_id] = (await capi.get(f"/v1/nodes/{node_id}")).get("content") or {}
+                m.add_sample(min(now, tl.end_s), docs)
+            if now >= tl.end_s:
+                return
+            await asyncio.sleep(SAMPLE_S)
+
+    async def collect_events() -> None:
+        while True:
+            await _collect_events(capi, m)
+            await asyncio.sleep(1.0)
+
+    async def ticker() -> None:
+        while True:
+            ui.tick(min(clock.now(), tl.end_s), status["text"])
+            await asyncio.sleep(0.2)
+
+    async def measure_merge() -> None:
+        assert cut is not None
+        napi = fleet.napi[cut.id]
+
+        async def merged() -> bool:
+            node_hash = (await napi.get("/v1/status"))["document"]["content_hash"]
+            seen = {n["id"]: n for n in (await capi.get("/v1/nodes"))["nodes"]}
+            return bool(seen[cut.id]["document"]["content_hash"] == node_hash)
+
+        ok, _ = await _poll(merged, MERGE_TIMEOUT_S, interval=0.05)
+        if ok:
+            m.merge_s = time.monotonic() - heal_real[0]
+            ui.note(clock.now(), f"{cut.id} merged at central {m.merge_s:.2f}s after the heal")
+        else:
+            m.merge_error = f"{cut.id} not merged within {MERGE_TIMEOUT_S:g}s of the heal"
+            ui.note(clock.now(), m.merge_error)
+
+    async def control(group: asyncio.TaskGroup) -> None:
+        moments: list[tuple[float, str]] = [(tl.energy_at, "energy")]
+        if cut is not None and tl.cut_at is not None and tl.heal_at is not None:
+            moments += [(tl.cut_at, "cut"), (tl.heal_at, "heal")]
+        for at, what in sorted(moments):
+            await clock.until(at)
+            if what == "energy":
+                code, reply = await capi.call("POST", "/v1/policy", {"mode": "energy"})
+                if code != 200:
+                    raise DemoError(f"central refused the switch to energy mode: {reply}")
+                ui.note(at, "fleet policy switched to energy mode (POST /v1/policy)")
+                status["text"] = "energy mode" + (" · " + status["text"] if status["text"] else "")
+            elif what == "cut" and fleet.proxy is not None and cut is not None:
+                fleet.proxy.blackhole()
+                ui.note(
+                    at, f"{cut.id} cut off (blackholed by the fault proxy); still submitting to it"
+                )
+                status["text"] = f"{cut.id} cut off"
+            elif what == "heal" and fleet.proxy is not None and cut is not None:
+                fleet.proxy.heal()
+                heal_real.append(time.monotonic())
+                ui.note(at, f"{cut.id} link healed")
+                status["text"] = status["text"].replace(f"{cut.id} cut off", "").strip(" ·")
+                group.create_task(measure_merge(), name="merge")
+
+    async with asyncio.TaskGroup() as group:
+        loops = [
+            group.create_task(watch(), name="watch"),
+            group.create_task(collect_events(), name="events"),
+            group.create_task(ticker(), name="ticker"),
+        ]
+        sampler = group.create_task(sample(), name="sample")
+        driver = group.create_task(drive(), name="drive")
+        controller = group.create_task(control(group), name="control")
+        await driver
+        await controller
+        await clock.until(tl.end_s)
+        await sampler
+        ui.tick(tl.end_s, "checking the fleet")
+        final = await _final_check(fleet, m)
+        for task in loops:
+            task.cancel()
+    return _report(fleet, tl, opts, m, final)
+
+
+async def _collect_events(capi: Api, m: Measurements) -> None:
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        for event in (await capi.get("/v1/events"))["events"]:
+            m.events[(event["at"], event["kind"], event["detail"])] = event
+
+
+async def _final_check(fleet: Fleet, m: Measurements) -> dict[str, Any]:
+    """Wait (bounded) for every replica to equal its node's document and no task to run on
+    two nodes; then read what each node holds."""
+    assert fleet.capi is not None
+    capi = fleet.capi
+    state: dict[str, Any] = {}
+
+    async def settled() -> bool:
+        seen = {n["id"]: n for n in (await capi.get("/v1/nodes"))["nodes"]}
+        hashes = {}
+        for node_id, api in fleet.napi.items():
+            hashes[node_id] = (await api.get("/v1/status"))["document"]["content_hash"]
+        equal = {
+            n: seen.get(n, {}).get("document", {}).get("content_hash") == h
+            for n, h in hashes.items()
+        }
+        tasks = (await capi.get("/v1/tasks"))["tasks"]
+        doubles = sorted(t["id"] for t in tasks if len(t["running_on"]) > 1)
+        state.update(equal=equal, doubles=doubles, tasks=tasks)
+        return all(equal.values()) and not doubles
+
+    ok, took = await _poll(settled, CONVERGE_TIMEOUT_S, interval=0.3)
+    await _collect_events(capi, m)
+    contents = {n: (await capi.get(f"/v1/nodes/{n}")).get("content") or {} for n in fleet.sim}
+    own = {n: await api.get("/v1/tasks") for n, api in fleet.napi.items()}
+    return {
+        "settled": bool(ok),
+        "settle_s": took,
+        "replicas_equal": all(state.get("equal", {}).values()) if state else False,
+        "unequal": sorted(n for n, e in state.get("equal", {}).items() if not e),
+        "doubles": state.get("doubles", []),
+        "tasks": state.get("tasks", []),
+        "contents": contents,
+        "own": own,
+    }
+
+
+def _report(
+    fleet: Fleet, tl: Timeline, opts: DemoOptions, m: Measurements, final: dict[str, Any]
+) -> dict[str, Any]:
+    usage = m.usage()
+    kinds: dict[str, int] = {}
+    for event in m.events.values():
+        kinds[event["kind"]] = kinds.get(event["kind"], 0) + 1
+    nodes_out = []
+    for node_id, sim in fleet.sim.items():
+        tasks = (final["contents"].get(node_id) or {}).get("tasks") or {}
+        states: dict[str, int] = {}
+        central_n = local_n = 0
+        for entry in tasks.values():
+            states[entry.get("state", "?")] = states.get(entry.get("state", "?"), 0) + 1
+            if entry.get("assignment") is not None:
+                central_n += 1
+            else:
+                local_n += 1
+        nodes_out.append(
+            {
+                "id": node_id,
+                "hardware": sim.kind.describe,
+                "arch": sim.arch,
+                "server_class": sim.server_class,
+                "cpu": sim.cpu,
+                "accel": sim.accel,
+                "tasks_ran": sum(states.get(s, 0) for s in ("running", "exited", "failed")),
+                "tasks_by_state": dict(sorted(states.items())),
+                "from_central": central_n,
+                "local": local_n,
+                "utilization": round(usage["per_node"][node_id], 4),
+                "cut_off": fleet.cut is not None and node_id == fleet.cut.id,
+            }
+        )
+    partition = None
+    offline_ok = True
+    if fleet.cut is not None and tl.cut_at is not None and tl.heal_at is not None:
+        cut_id = fleet.cut.id
+        at_central = (final["contents"].get(cut_id) or {}).get("tasks") or {}
+        offline_central = sorted(
+            t for t, e in at_central.items() if e.get("decided_by") == "edge-autonomous"
+        )
+        offline_node = sorted(
+            r["id"]
+            for r in final["own"].get(cut_id, [])
+            if r.get("decided_by") == "edge-autonomous"
+        )
+        partition = {
+            "node": cut_id,
+            "cut_at": clock_text(tl.cut_at),
+            "healed_at": clock_text(tl.heal_at),
+            "cut_real_s": round(tl.real(tl.heal_at) - tl.real(tl.cut_at), 1),
+            "offline_decisions": len(offline_central),
+            "offline_decisions_at_node": len(offline_node),
+            "merge_s": None if m.merge_s is None else round(m.merge_s, 3),
+            "merge_error": m.merge_error,
+        }
+        offline_ok = len(offline_central) > 0 and m.merge_s is not None
+    running_on = {t["id"]: t["running_on"] for t in final["tasks"]}
+    checks = {
+        "replicas_equal": final["replicas_equal"],
+        "no_task_on_two_nodes": not final["doubles"],
+        "offline_decisions_merged": offline_ok,
+    }
+    return {
+        "ok": all(checks.values()),
+        "checks": checks,
+        "unequal_replicas": final["unequal"],
+        "tasks_on_two_nodes": final["doubles"],
+        "settle_s": round(final["settle_s"], 2),
+        "broker": {"kind": fleet.broker.kind, "protocol": fleet.broker.protocol},
+        "speed": opts.speed,
+        "seed": opts.seed,
+        "window": {"start": clock_text(tl.start_s), "end": clock_text(tl.end_s)},
+        "simulated_s": round(tl.end_s - tl.start_s),
+        "nodes": nodes_out,
+        "partition": partition,
+        "policy_switch": {"at": clock_text(tl.energy_at), "mode": "energy"},
+        "failovers": kinds.get("failover", 0),
+        "reconciled": kinds.get("reconciled", 0),
+        "events": dict(sorted(kinds.items())),
+        "tasks": {
+            "planned": m.planned,
+            "submitted_at_central": m.submitted.get("central", 0),
+            "submitted_at_nodes": m.submitted.get("local", 0),
+            "refused": len(m.refused),
+            "refusals": m.refused[:20],
+            "central_tasks_running_on_one_node": sum(1 for v in running_on.values() if len(v) == 1),
+            "driver_late_s": round(m.late_s, 3),
+        },
+        "utilization": {
+            "fleet": round(usage["utilization"], 4),
+            "hourly": usage["hourly"],
+            "source": "CPU reserved by placed and running tasks over capacity, sampled from "
+            f"central's replicas every {SAMPLE_S:g}s real time",
+        },
+        "energy": {
+            "kwh": round(usage["energy_kwh"], 3),
+            "cost": round(usage["energy_cost"], 3),
+            "source": "each node's power model (idle + (peak - idle) * u) at its reserved "
+            "utilization u, integrated over simulated time, priced by the campus tariff; node "
+            "telemetry measures this host, not the simulated servers",
+        },
+    }
+
+
+class RichUi:
+    """A progress bar on the simulated clock, with what happens printed above it."""
+
+    def __init__(self, console: Console, tl: Timeline) -> None:
+        self.console = console
+        self.tl = tl
+        self.progress = Progress(
+            TextColumn("[bold]campus day"),
+            BarColumn(),
+            TextColumn("{task.fields[clock]}"),
+            TextColumn("[yellow]{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not console.is_terminal,
+        )
+        self.job = self.progress.add_task(
+            "day", total=tl.end_s - tl.start_s, clock=clock_text(tl.start_s), status=""
+        )
+
+    def __enter__(self) -> RichUi:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def note(self, sim_s: float, text: str) -> None:
+        self.progress.console.print(f"[cyan]{clock_text(sim_s)}[/] {text}", highlight=False)
+
+    def tick(self, sim_s: float, status: str) -> None:
+        self.progress.update(
+            self.job, completed=sim_s - self.tl.start_s, clock=clock_text(sim_s), status=status
+        )
+
+    def info(self, text: str) -> None:
+        self.progress.console.print(text, highlight=False, soft_wrap=True)
+
+
+def print_summary(result: dict[str, Any], console: Console) -> None:
+    """The human-readable end of a run."""
+    tasks = result["tasks"]
+    console.print()
+    console.print(
+        f"[bold]campus day {result['window']['start']}-{result['window']['end']}[/] at "
+        f"x{result['speed']:g} in {result['real_s']:g}s real time, {len(result['nodes'])} nodes, "
+        f"broker {result['broker']['kind']}",
+        highlight=False,
+    )
+    table = Table(box=None, pad_edge=False)
+    for name in ("node", "hardware", "class", "tasks ran", "central/local", "utilization"):
+        table.add_column(name, justify="right" if name in ("tasks ran", "utilization") else "left")
+    for node in result["nodes"]:
+        table.add_row(
+            node["id"] + (" (cut off)" if node["cut_off"] else ""),
+            node["hardware"],
+            node["server_class"],
+            str(node["tasks_ran"]),
+            f"{node['from_central']}/{node['local']}",
+            f"{node['utilization']:.1%}",
+        )
+    console.print(table)
+    console.print(
+        f"tasks: {tasks['submitted_at_central']} submitted at central, "
+        f"{tasks['submitted_at_nodes']} at nodes, {tasks['refused']} refused",
+        highlight=False,
+    )
+    part = result["partition"]
+    if part is not None:
+        merge = f"{part['merge_s']:.2f}s" if part["merge_s"] is not None else "not measured"
+        console.print(
+            f"partition: {part['node']} cut off {part['cut_at']}-{part['healed_at']} "
+            f"({part['cut_real_s']:g}s real): {part['offline_decisions']} decisions made "
+            f"offline (edge-autonomous, as central holds them after the heal); merged {merge} "
+            "after the heal",
+            highlight=False,
+        )
+    console.print(
+        f"failovers: {result['failovers']}, conflicts reconciled: {result['reconciled']}; "
+        f"policy switched to {result['policy_switch']['mode']} at {result['policy_switch']['at']}",
+        highlight=False,
+    )
+    console.print(
+        f"utilization (allocated CPU / capacity, central's view): "
+        f"{result['utilization']['fleet']:.1%}; energy {result['energy']['kwh']:.1f} kWh, "
+        f"cost {result['energy']['cost']:.2f} (power model at the reserved utilization)",
+        highlight=False,
+    )
+    checks = result["checks"]
+    mark = {True: "[green]yes[/]", False: "[red]NO[/]"}
+    console.print(
+        f"check: every replica byte-equal {mark[checks['replicas_equal']]}, "
+        f"no task on two nodes {mark[checks['no_task_on_two_nodes']]}, "
+        f"offline decisions merged {mark[checks['offline_decisions_merged']]}"
+    )
+    if result["report"]:
+        console.print(f"report: {result['report']}", highlight=False)
+    else:
+        console.print("(work dir removed; --keep or --workdir keep the report and the logs)")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def run(opts: DemoOptions, ui: Ui) -> dict[str, Any]:
+    """Run the demo in a fresh event loop; SIGINT/SIGTERM stop it (raises Interrupted)."""
+
+    async def main() -> dict[str, Any]:
+        task = asyncio.current_task()
+        assert task is not None
+        caught: list[str] = []
+        loop = asyncio.get_running_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if not caught:  # the first one stops everything; more would cut the cleanup short
+                caught.append(sig.name)
+                task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await run_demo(opts, ui)
+        except asyncio.CancelledError:
+            if caught:
+                raise Interrupted(caught[0]) from None
+            raise
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(main())
