@@ -17,6 +17,7 @@ naming what is wrong.
     GET    /v1/tasks/{id}
     POST   /v1/tasks        submit (TaskSpec JSON, optional "node" to pin it); 201 once journaled
     DELETE /v1/tasks/{id}   cancel (the node stops it when it hears)
+    POST   /v1/tasks/{id}/migrate   move it ({"node": target}): placed there, stopped here
     GET    /v1/events       the fleet's timeline: nodes on/offline, placements, failovers, merges
     GET    /v1/policy       the fleet policy: mode and tidal profile
     POST   /v1/policy       switch them ({"mode": ..., "tidal_profile": ...}); nodes follow
@@ -174,6 +175,22 @@ async def submit(request: web.Request) -> web.Response:
     return web.json_response(view, status=201)
 
 
+async def migrate(request: web.Request) -> web.Response:
+    from edgesched.central.engine import TaskRefused
+
+    try:
+        body = await json_body(request)
+    except BodyError as exc:
+        return exc.response()
+    if not isinstance(body, dict) or set(body) != {"node"} or not isinstance(body["node"], str):
+        return problem(400, "Cannot migrate", 'expected {"node": "<target node id>"}', "node")
+    try:
+        view = await _central(request).migrate(request.match_info["id"], body["node"])
+    except TaskRefused as exc:
+        return problem(exc.status, "Cannot migrate", exc.message, exc.field)
+    return web.json_response(view)
+
+
 async def cancel(request: web.Request) -> web.Response:
     from edgesched.central.engine import TaskRefused
 
@@ -234,6 +251,7 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app.router.add_post("/v1/tasks", submit)
     app.router.add_get("/v1/tasks/{id}", get_task)
     app.router.add_delete("/v1/tasks/{id}", cancel)
+    app.router.add_post("/v1/tasks/{id}/migrate", migrate)
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/policy", get_policy)
     app.router.add_post("/v1/policy", set_policy)

@@ -323,6 +323,45 @@ class CentralEngine:
         entry["pin"] = pin
         _need(self.policy).assign(spec.id, entry)
 
+    async def migrate(self, task_id: str, target: str) -> dict[str, Any]:
+        """Move an active task to ``target``: a new placement epoch there, and a stop order
+        for the copy where it runs now (the node stops it when it hears; a cut-off node on
+        heal). The target must be online and able to take it."""
+        policy = _need(self.policy)
+        async with self._lock:
+            entry = policy.assignment(task_id)
+            if entry is None:
+                raise TaskRefused(404, "id", f"no task {task_id!r}")
+            if entry.get("state") != "active":
+                raise TaskRefused(409, "id", f"task {task_id!r} is {entry.get('state')}")
+            source = str(entry.get("node"))
+            if target == source:
+                raise TaskRefused(409, "node", f"task {task_id!r} already runs on {target}")
+            spec = TaskSpec.from_json(entry["spec"])
+            choice = place(spec, self._view(), self.config.policy, pin=target)
+            if choice.node_id is None:
+                raise TaskRefused(422, "node", choice.reason)
+            now = self.clock()
+            epoch = int(entry.get("epoch", 1))
+            policy.assign(
+                task_id,
+                assignment_entry(
+                    spec, target, central=self.central.central_id, epoch=epoch + 1,
+                    replacement=False, score=choice.score, at=now,
+                    reason=f"migrated from {source} by the operator: {choice.reason}",
+                ),
+            )  # fmt: skip
+            policy.order_stop(
+                task_id,
+                source,
+                {"epoch": epoch, "winner": target, "at": now, "reason": f"migrated to {target}"},
+            )
+            self._event("migrated", f"{task_id}: {source} -> {target}", node=target, task=task_id)
+        await _need(self._journal).flushed()
+        moved = policy.assignment(task_id)
+        assert moved is not None
+        return self.task_view(task_id, moved)
+
     async def cancel(self, task_id: str) -> dict[str, Any]:
         policy = _need(self.policy)
         async with self._lock:

@@ -301,6 +301,24 @@ async def test_failover_during_a_partition_then_one_copy_after_the_heal(
             view = await asyncio.to_thread(central_task, f, "svc")
             assert view["running_on"] == ["gw-c"]
 
+            # The operator moves it: placed on gw-b, stopped on gw-c.
+            status, moved = await asyncio.to_thread(
+                f.central.request, "POST", "/v1/tasks/svc/migrate", {"node": "gw-b"}
+            )
+            assert status == 200 and moved["node"] == "gw-b", moved
+
+            def migrated() -> bool:
+                on_b = f.nodes["gw-b"].tasks().get("svc", {})
+                on_c = c.tasks()["svc"]
+                return on_b.get("state") == "running" and on_c["state"] == "cancelled"
+
+            await until(migrated, 20, "svc moved from gw-c to gw-b")
+            assert "migrated to gw-b" in (await asyncio.to_thread(c.tasks))["svc"]["reason"]
+            status, _ = await asyncio.to_thread(
+                f.central.request, "POST", "/v1/tasks/svc/migrate", {"node": "gw-b"}
+            )
+            assert status == 409  # it is there already
+
 
 async def test_two_central_replicas_share_the_policy_document_and_one_leads(
     broker: Broker, tmp_path: Path
