@@ -10,7 +10,6 @@ than its topic, is dropped and counted.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from edgesched.sync.topics import STATUS_FILTER, node_of_status_topic
+from edgesched.sync.topics import STATUS_FILTER, json_object, node_of_status_topic
 
 log = logging.getLogger("edgesched.central.liveness")
 
@@ -38,13 +37,8 @@ def parse_status(topic: str, payload: bytes) -> tuple[str, str]:
     node_id = node_of_status_topic(topic)
     if node_id is None:
         raise ValueError(f"not a status topic: {topic}")
-    if len(payload) > MAX_STATUS_BYTES:
-        raise ValueError(f"status of {len(payload)} bytes exceeds {MAX_STATUS_BYTES}")
-    try:
-        data = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"status is not JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("state") not in STATES:
+    data = json_object(payload, "status", MAX_STATUS_BYTES)
+    if data.get("state") not in STATES:
         raise ValueError(f"status must be an object with state in {STATES}")
     if data.get("node") != node_id:
         raise ValueError(f"status on {node_id}'s topic names {data.get('node')!r}")

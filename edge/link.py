@@ -22,7 +22,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.config import MqttConfig
 from edgesched.sync.session import checked
-from edgesched.sync.topics import HEARTBEAT_TOPIC, status_topic
+from edgesched.sync.topics import HEARTBEAT_TOPIC, json_object, status_topic
 
 log = logging.getLogger("edgesched.edge.link")
 
@@ -34,13 +34,8 @@ __all__ = ["HEARTBEAT_TOPIC", "CentralLink", "parse_heartbeat", "status_topic"]
 
 def parse_heartbeat(payload: bytes) -> dict[str, object]:
     """A heartbeat is a small JSON object naming the central that sent it; else ValueError."""
-    if len(payload) > MAX_HEARTBEAT_BYTES:
-        raise ValueError(f"heartbeat of {len(payload)} bytes exceeds {MAX_HEARTBEAT_BYTES}")
-    try:
-        data = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"heartbeat is not JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("central"), str):
+    data = json_object(payload, "heartbeat", MAX_HEARTBEAT_BYTES)
+    if not isinstance(data.get("central"), str):
         raise ValueError("heartbeat must be a JSON object with a string 'central'")
     return data
 

@@ -20,6 +20,7 @@ import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.sync.session import checked
+from edgesched.sync.topics import json_object, node_of_topic
 from edgesched.sync.wire import TOPIC_ROOT
 
 TELEMETRY_FILTER = f"{TOPIC_ROOT}/node/+/telemetry"
@@ -52,19 +53,10 @@ class Telemetry:
 
 def parse_telemetry(topic: str, payload: bytes) -> tuple[str, Telemetry]:
     """``(node_id, sample)``; ValueError says what is wrong (size, JSON, a field, the topic)."""
-    parts = topic.split("/")
-    if len(parts) != 5 or f"{parts[0]}/{parts[1]}" != TOPIC_ROOT or parts[2] != "node":
+    node_id = node_of_topic(topic, "telemetry")
+    if node_id is None:
         raise ValueError(f"not a telemetry topic: {topic}")
-    if parts[4] != "telemetry" or not parts[3]:
-        raise ValueError(f"not a telemetry topic: {topic}")
-    if len(payload) > MAX_TELEMETRY_BYTES:
-        raise ValueError(f"telemetry of {len(payload)} bytes exceeds {MAX_TELEMETRY_BYTES}")
-    try:
-        data = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"telemetry is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError("telemetry must be a JSON object")
+    data = json_object(payload, "telemetry", MAX_TELEMETRY_BYTES)
 
     def number(key: str, low: float, high: float) -> float:
         value = data.get(key)
@@ -84,7 +76,7 @@ def parse_telemetry(topic: str, payload: bytes) -> tuple[str, Telemetry]:
         power_w=number("power_w", 0, 1e6),
         tasks_running=running,
     )
-    return parts[3], sample
+    return node_id, sample
 
 
 class TelemetryPublisher:

@@ -7,6 +7,9 @@ which is not CRDT state, on ``node/<id>/telemetry``.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from edgesched.sync.wire import TOPIC_ROOT
 
 HEARTBEAT_TOPIC = f"{TOPIC_ROOT}/central/heartbeat"
@@ -18,9 +21,27 @@ def status_topic(node_id: str) -> str:
     return f"{TOPIC_ROOT}/node/{node_id}/status"
 
 
-def node_of_status_topic(topic: str) -> str | None:
-    """``edgesched/v1/node/<id>/status`` → ``<id>``; anything else → None."""
+def node_of_topic(topic: str, leaf: str) -> str | None:
+    """``edgesched/v1/node/<id>/<leaf>`` → ``<id>``; anything else → None."""
     parts = topic.split("/")
-    if len(parts) == 5 and "/".join(parts[:3]) == f"{TOPIC_ROOT}/node" and parts[4] == "status":
+    if len(parts) == 5 and "/".join(parts[:3]) == f"{TOPIC_ROOT}/node" and parts[4] == leaf:
         return parts[3] or None
     return None
+
+
+def node_of_status_topic(topic: str) -> str | None:
+    """``edgesched/v1/node/<id>/status`` → ``<id>``; anything else → None."""
+    return node_of_topic(topic, "status")
+
+
+def json_object(payload: bytes, what: str, max_bytes: int) -> dict[str, Any]:
+    """A small JSON object from an MQTT payload; ValueError naming ``what`` is wrong."""
+    if len(payload) > max_bytes:
+        raise ValueError(f"{what} of {len(payload)} bytes exceeds {max_bytes}")
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} must be a JSON object")
+    return data
