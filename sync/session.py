@@ -180,35 +180,32 @@ class MqttSession:
         self._added.put_nowait(channel)
 
     def _client(self) -> aiomqtt.Client:
+        common: dict[str, Any] = {
+            "identifier": self.endpoint.identifier,
+            "username": self.endpoint.username,
+            "password": self.endpoint.password,
+            "keepalive": self.endpoint.keepalive_s,
+            "will": self.will,
+            "tls_context": self.endpoint.tls,
+            "timeout": max(2.0, float(self.endpoint.keepalive_s)),
+        }
         if self.endpoint.protocol == "3.1.1":
             return aiomqtt.Client(
                 self.endpoint.host,
                 self.endpoint.port,
-                identifier=self.endpoint.identifier,
-                username=self.endpoint.username,
-                password=self.endpoint.password,
-                keepalive=self.endpoint.keepalive_s,
                 protocol=aiomqtt.ProtocolVersion.V311,
                 clean_session=False,
-                will=self.will,
-                tls_context=self.endpoint.tls,
-                timeout=max(2.0, float(self.endpoint.keepalive_s)),
+                **common,
             )
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self.endpoint.session_expiry_s
         return aiomqtt.Client(
             self.endpoint.host,
             self.endpoint.port,
-            identifier=self.endpoint.identifier,
-            username=self.endpoint.username,
-            password=self.endpoint.password,
-            keepalive=self.endpoint.keepalive_s,
             protocol=aiomqtt.ProtocolVersion.V5,
             clean_start=False,
             properties=props,
-            will=self.will,
-            tls_context=self.endpoint.tls,
-            timeout=max(2.0, float(self.endpoint.keepalive_s)),
+            **common,
         )
 
     async def run(self) -> None:
