@@ -9,14 +9,15 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: setup sim test lint typecheck unit bench clean
 
-# System packages the tests run for real: Mosquitto (the MQTT broker), sysbench and fio (node
-# qualification), Chromium (the dashboard's browser test; Playwright drives /usr/bin/chromium,
-# it never downloads a browser). Installed with apt when
-# running as root (CI, a fresh gateway); otherwise we say what is missing.
-SYSTEM_DEPS := mosquitto sysbench fio chromium
+# System packages the tests run for real, as command:package: Mosquitto (the MQTT broker),
+# sysbench and fio (node qualification), Chromium (the dashboard's browser test; Playwright
+# drives /usr/bin/chromium, it never downloads a browser), ip and nft (real partitions in
+# network namespaces). Installed with apt when running as root (CI, a fresh gateway);
+# otherwise we say what is missing.
+SYSTEM_DEPS := mosquitto:mosquitto sysbench:sysbench fio:fio chromium:chromium ip:iproute2 nft:nftables
 .PHONY: system-deps
 system-deps:
-	@missing=""; for p in $(SYSTEM_DEPS); do command -v $$p >/dev/null 2>&1 || [ -x /usr/sbin/$$p ] || missing="$$missing $$p"; done; \
+	@missing=""; for pair in $(SYSTEM_DEPS); do c=$${pair%%:*}; p=$${pair##*:}; command -v $$c >/dev/null 2>&1 || [ -x /usr/sbin/$$c ] || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

@@ -1,0 +1,215 @@
+"""Real network partitions: hosts in Linux network namespaces joined by a bridge (root only).
+
+A :class:`Fabric` is a bridge in a namespace of its own and one namespace per host, each host
+joined to the bridge by a veth pair and given an address on a private /24. Processes run in a
+host with :meth:`Host.popen` (``ip netns exec``); the harness talks to a host's loopback
+services with :func:`in_namespace`, which runs a function on a thread switched into that
+namespace (a socket belongs to the namespace it was created in).
+
+Faults are the kernel's, not a proxy's:
+
+* :meth:`Fabric.isolate` sets the bridge side of the host's veth down: nothing passes either
+  way, TCP sees a dead link and only keepalives notice (a real cut WAN link);
+* :meth:`Fabric.one_way` drops one direction with nftables in the host's namespace (a
+  half-open link);
+* :meth:`Fabric.heal` undoes both.
+
+Everything is torn down by :meth:`Fabric.close` (deleting a namespace deletes its veths).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeVar
+
+T = TypeVar("T")
+CLONE_NEWNET = 0x40000000
+
+
+class FabricError(RuntimeError):
+    """The namespaces could not be built (not root, no ``ip``, a kernel without netns)."""
+
+
+def available() -> str | None:
+    """None if this machine can build a fabric, else why not (one line)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (run as root, or use the fault proxy)"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install iproute2 nftables)"
+    return None
+
+
+def _run(argv: Sequence[str]) -> str:
+    try:
+        done = subprocess.run(list(argv), check=True, capture_output=True, text=True, timeout=30)
+    except subprocess.CalledProcessError as exc:
+        raise FabricError(f"{' '.join(argv)}: {exc.stderr.strip() or exc}") from None
+    return done.stdout
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def in_namespace(ns: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on this thread switched into namespace ``ns``, then switch back. Call it
+    from a worker thread (``asyncio.to_thread``): it switches the calling thread only."""
+    with open("/proc/thread-self/ns/net") as home, open(f"/run/netns/{ns}") as target:
+        _setns(target.fileno())
+        try:
+            return fn()
+        finally:
+            _setns(home.fileno())
+
+
+@dataclass
+class Host:
+    """One host of the fabric: its namespace, address and the veth that joins it."""
+
+    name: str
+    ns: str
+    ip: str
+    veth_host: str  # inside the host's namespace, named eth0
+    veth_fabric: str  # inside the fabric namespace, on the bridge
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def popen(
+        self, argv: Sequence[str], *, log: IO[bytes] | None = None, **kw: Any
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in this host's namespace (stopped by :meth:`Fabric.close`)."""
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, *argv],
+            stdout=log or subprocess.DEVNULL,
+            stderr=log or subprocess.DEVNULL,
+            **kw,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def call(self, fn: Callable[[], T]) -> T:
+        return in_namespace(self.ns, fn)
+
+
+class Fabric:
+    """Namespaces, a bridge, and the faults between them. A context manager."""
+
+    def __init__(self, run_id: str | None = None) -> None:
+        why = available()
+        if why is not None:
+            raise FabricError(why)
+        self.run_id = run_id or secrets.token_hex(2)
+        self.prefix = f"es{self.run_id}"
+        self.subnet = f"10.{200 + int(self.run_id[:2], 16) % 50}.{int(self.run_id[2:], 16)}"
+        self.fabric_ns = f"{self.prefix}-fab"
+        self.hosts: dict[str, Host] = {}
+        self._namespaces: list[str] = []
+        self.faults: dict[str, str] = {}  # host -> "isolated" | "one-way in" | ...
+
+    def __enter__(self) -> Fabric:
+        try:
+            self._add_ns(self.fabric_ns)
+            _run(["ip", "-n", self.fabric_ns, "link", "add", "br0", "type", "bridge"])
+            _run(["ip", "-n", self.fabric_ns, "link", "set", "br0", "up"])
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _add_ns(self, ns: str) -> None:
+        _run(["ip", "netns", "add", ns])
+        self._namespaces.append(ns)
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+
+    def add_host(self, name: str) -> Host:
+        """A new namespace joined to the bridge, with the next address of the subnet."""
+        index = len(self.hosts) + 1
+        if index > 250:
+            raise FabricError("at most 250 hosts per fabric")
+        ns = f"{self.prefix}-{name}"[:48]
+        here, there = f"{self.prefix}h{index}", f"{self.prefix}f{index}"
+        self._add_ns(ns)
+        _run(["ip", "link", "add", here, "type", "veth", "peer", "name", there])
+        _run(["ip", "link", "set", here, "netns", ns])
+        _run(["ip", "link", "set", there, "netns", self.fabric_ns])
+        _run(["ip", "-n", ns, "link", "set", here, "name", "eth0"])
+        ip = f"{self.subnet}.{index}"
+        _run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0"])
+        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        _run(["ip", "-n", self.fabric_ns, "link", "set", there, "master", "br0"])
+        _run(["ip", "-n", self.fabric_ns, "link", "set", there, "up"])
+        host = Host(name, ns, ip, "eth0", there)
+        self.hosts[name] = host
+        return host
+
+    # --- faults --------------------------------------------------------------------------
+
+    def isolate(self, name: str) -> None:
+        """Cut the host off: its link to the bridge goes down, both directions."""
+        host = self.hosts[name]
+        _run(["ip", "-n", self.fabric_ns, "link", "set", host.veth_fabric, "down"])
+        self.faults[name] = "isolated"
+
+    def one_way(self, name: str, drop: str) -> None:
+        """Drop the host's ``"in"``bound or ``"out"``bound traffic on eth0 (nftables)."""
+        if drop not in ("in", "out"):
+            raise ValueError(f"drop must be 'in' or 'out', got {drop!r}")
+        host = self.hosts[name]
+        hook, iface = ("input", "iifname") if drop == "in" else ("output", "oifname")
+        rules = (
+            "table inet edgesched_fault {\n"
+            f'  chain c {{ type filter hook {hook} priority 0; {iface} "eth0" drop; }}\n'
+            "}\n"
+        )
+        self._clear_rules(host)
+        subprocess.run(
+            ["ip", "netns", "exec", host.ns, "nft", "-f", "-"],
+            input=rules, text=True, check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        self.faults[name] = f"one-way: {drop}bound dropped"
+
+    def heal(self, name: str) -> None:
+        host = self.hosts[name]
+        _run(["ip", "-n", self.fabric_ns, "link", "set", host.veth_fabric, "up"])
+        self._clear_rules(host)
+        self.faults.pop(name, None)
+
+    def _clear_rules(self, host: Host) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            subprocess.run(
+                ["ip", "netns", "exec", host.ns, "nft", "delete", "table", "inet",
+                 "edgesched_fault"],
+                check=True, capture_output=True, timeout=30,
+            )  # fmt: skip
+
+    # --- teardown ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop every process started in a host, then delete the namespaces."""
+        for host in self.hosts.values():
+            for proc in host.procs:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in host.procs:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        for ns in reversed(self._namespaces):
+            with contextlib.suppress(FabricError):
+                _run(["ip", "netns", "del", ns])
+        self._namespaces.clear()
