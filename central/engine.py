@@ -295,9 +295,15 @@ class CentralEngine:
         return self.task_view(spec.id, entry)
 
     def _place(
-        self, spec: TaskSpec, *, pin: str | None, epoch: int, replacement: bool
+        self,
+        spec: TaskSpec,
+        *,
+        pin: str | None,
+        epoch: int,
+        replacement: bool,
+        view: FleetView | None = None,
     ) -> str | None:
-        choice = place(spec, self._view(), self.config.policy, pin=pin)
+        choice = place(spec, self._view() if view is None else view, self.config.policy, pin=pin)
         now = self.clock()
         policy = _need(self.policy)
         if choice.node_id is None:
@@ -422,6 +428,7 @@ class CentralEngine:
             return
         policy = _need(self.policy)
         now = self.clock()
+        view: FleetView | None = None  # built once per step (not per waiting task), then grown
         for _task_id, entry in sorted(policy.assignments().items()):
             if entry.get("state") != "pending":
                 continue
@@ -430,8 +437,13 @@ class CentralEngine:
             except SpecError:
                 continue
             pin = entry.get("pin")
-            self._place(spec, pin=pin if isinstance(pin, str) else None,
-                        epoch=int(entry.get("epoch", 1)), replacement=False)  # fmt: skip
+            view = self._view() if view is None else view
+            node = self._place(spec, pin=pin if isinstance(pin, str) else None,
+                               epoch=int(entry.get("epoch", 1)), replacement=False,
+                               view=view)  # fmt: skip
+            if node is not None:
+                placed = Placement(spec.to_task(view.now), node, view.now)
+                view = replace(view, placements=(*view.placements, placed))
         offline_since = {n: s.since for n, s in self.liveness.nodes.items() if s.state == "offline"}
         assignments = policy.assignments()
         for task_id in failovers(assignments, offline_since, now, self.central.failover_after_s):
