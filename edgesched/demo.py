@@ -135,6 +135,9 @@ class DemoOptions:
             raise DemoError(f"--broker: auto, mosquitto or embedded, got {self.broker!r}")
         if not 0 <= self.api_port < 65536:
             raise DemoError(f"--api-port: 0 to 65535, got {self.api_port}")
+        wd = self.workdir
+        if wd is not None and wd.exists() and (not wd.is_dir() or any(wd.iterdir())):
+            raise DemoError(f"--workdir: {wd} exists and is not an empty directory")
 
 
 @dataclass(frozen=True)
@@ -828,24 +831,32 @@ async def _day(
     cut = fleet.cut
     heal_real: list[float] = []
 
-    async def drive() -> None:
-        for arrival in plan:
-            await clock.until(arrival.at)
+    sending = asyncio.Semaphore(8)  # a slow answer must not hold the next submissions back
+    submits: list[asyncio.Task[None]] = []
+
+    async def submit(arrival: Arrival) -> None:
+        async with sending:
             m.late_s = max(m.late_s, (clock.now() - arrival.at) / tl.speed)
             body = dict(arrival.spec)
-            if arrival.route == "central":
-                if arrival.pin is not None:
-                    body["node"] = arrival.pin
-                code, reply = await capi.call("POST", "/v1/tasks", body)
-                kind = "central"
-            else:
-                code, reply = await fleet.napi[arrival.route].call("POST", "/v1/tasks", body)
-                kind = "local"
-            if code == 201:
-                m.submitted[kind] = m.submitted.get(kind, 0) + 1
-            else:
-                detail = reply.get("detail") if isinstance(reply, dict) else reply
-                m.refused.append(f"{body['id']} at {arrival.route}: {code} {detail}")
+            kind = "central" if arrival.route == "central" else "local"
+            api = capi if kind == "central" else fleet.napi[arrival.route]
+            if arrival.pin is not None:
+                body["node"] = arrival.pin
+            try:
+                code, reply = await api.call("POST", "/v1/tasks", body)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                code, reply = 0, f"{type(exc).__name__}: {exc}"
+        if code == 201:
+            m.submitted[kind] = m.submitted.get(kind, 0) + 1
+        else:
+            detail = reply.get("detail") if isinstance(reply, dict) else reply
+            m.refused.append(f"{body['id']} at {arrival.route}: {code} {detail}")
+
+    async def drive(group: asyncio.TaskGroup) -> None:
+        for arrival in plan:
+            await clock.until(arrival.at)
+            submits.append(group.create_task(submit(arrival)))
+        await asyncio.gather(*submits)
 
     async def watch() -> None:
         while True:
@@ -930,7 +941,7 @@ async def _day(
             group.create_task(ticker(), name="ticker"),
         ]
         sampler = group.create_task(sample(), name="sample")
-        driver = group.create_task(drive(), name="drive")
+        driver = group.create_task(drive(group), name="drive")
         controller = group.create_task(control(group), name="control")
         await driver
         await controller
