@@ -9,6 +9,9 @@ Three modes from the source article, switchable at run time by handing the sched
   resource use), preemption only to restore tidal guarantees.
 * ``energy``: priority queue, consolidation on the nodes that do the most work per watt,
   parking of the nodes it frees and waking them ahead of forecast demand.
+* ``learned``: as ``energy``, but the score stage is an injected learned model
+  (:mod:`edgesched.core.learned`); without a usable model it falls back, decision by decision
+  and saying so, to the energy weights.
 
 Each mode is a table of score-plugin weights plus a few switches; a config may override any
 weight.
@@ -20,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from edgesched.core.learned import LearnedScore
 from edgesched.core.tidal import TidalProfile
 
 
@@ -27,6 +31,7 @@ class PolicyMode(StrEnum):
     PRIORITY = "priority"
     BALANCE = "balance"
     ENERGY = "energy"
+    LEARNED = "learned"
 
 
 #: Score plugin weights per mode (plugin names are those in ``edgesched.core.plugins``).
@@ -34,6 +39,13 @@ MODE_WEIGHTS: Mapping[PolicyMode, Mapping[str, float]] = {
     PolicyMode.PRIORITY: {"least_allocated": 1.0, "class_fit": 1.0},
     PolicyMode.BALANCE: {"least_allocated": 1.0, "balanced_allocation": 1.0, "class_fit": 1.0},
     PolicyMode.ENERGY: {
+        "most_allocated": 1.0,
+        "marginal_power": 2.0,
+        "energy_efficiency": 1.0,
+        "class_fit": 0.5,
+    },
+    # The learned mode's fallback weights (a model that is missing or broken): the energy mode's.
+    PolicyMode.LEARNED: {
         "most_allocated": 1.0,
         "marginal_power": 2.0,
         "energy_efficiency": 1.0,
@@ -68,6 +80,8 @@ class PolicyConfig:
     max_preemptions_per_task: int = 8
     accel_reserve_cpu: float = 0.0
     accel_reserve_mem_gib: float = 0.0
+    #: The score model of ``learned`` mode, injected by the caller (never compared or hashed).
+    learned_score: LearnedScore | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name, w in self.weights.items():
@@ -94,7 +108,7 @@ class PolicyConfig:
 
     @property
     def parks_nodes(self) -> bool:
-        return self.mode is PolicyMode.ENERGY
+        return self.mode in (PolicyMode.ENERGY, PolicyMode.LEARNED)
 
     @property
     def fifo(self) -> bool:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgesched.core.affinity import AffinityDemand, plan_affinity, to_pin_decisions
+from edgesched.core.learned import check_scores, learned_features
 from edgesched.core.model import (
     MAX_PRIORITY,
     Decision,
@@ -55,7 +56,7 @@ from edgesched.core.plugins import (
     resources_fit,
     static_mask,
 )
-from edgesched.core.policy import PolicyConfig
+from edgesched.core.policy import PolicyConfig, PolicyMode
 
 #: Added to a task's priority while its class is within its tidal guarantee.
 TIDAL_BOOST = MAX_PRIORITY + 1
@@ -172,6 +173,20 @@ def _weighted_score(
     return total, parts
 
 
+def _learned_score(
+    cycle: _Cycle, task: Task, demand: FloatArray, candidates: np.ndarray
+) -> tuple[FloatArray | None, str]:
+    """The injected model's scores over ``candidates``, or ``(None, why)`` to fall back."""
+    model = cycle.policy.learned_score
+    if model is None:
+        return None, "no model"
+    try:
+        raw = model(learned_features(cycle.table, task, demand, candidates))
+    except Exception as exc:  # the model is foreign code: any failure means fall back
+        return None, f"model failed: {type(exc).__name__}: {exc}"
+    return check_scores(raw, len(candidates))
+
+
 def _place(cycle: _Cycle, task: Task) -> bool:
     table = cycle.table
     demand = resource_vector(task.demand)
@@ -179,18 +194,40 @@ def _place(cycle: _Cycle, task: Task) -> bool:
     feasible &= accelerator_reserve(table, task, demand)
     if not feasible.any():
         return False
-    total, parts = _weighted_score(cycle, task, demand)
     candidates = np.flatnonzero(feasible)
+    reason = f"{cycle.policy.mode.value}: best of {len(candidates)} feasible nodes"
+    if cycle.policy.mode is PolicyMode.LEARNED:
+        learned, why = _learned_score(cycle, task, demand, candidates)
+        if learned is not None:
+            best = int(np.argmax(learned))  # ties: the first, i.e. the lowest row
+            row = int(candidates[best])
+            cycle.bind(row, task)
+            cycle.decisions.append(
+                Decision(
+                    DecisionKind.PLACE,
+                    table.nodes[row].id,
+                    reason,
+                    cycle.now,
+                    task_id=task.id,
+                    image=task.image_for(table.nodes[row].arch),
+                    scores={"learned": float(learned[best])},
+                )
+            )
+            return True
+        reason = f"learned score unavailable ({why}); energy heuristic: " + reason
+    total, parts = _weighted_score(cycle, task, demand)
     row = int(candidates[int(np.argmax(total[candidates]))])
     node = table.nodes[row]
     scores = {name: float(values[row]) for name, values in parts.items()}
     scores["total"] = float(total[row])
+    if cycle.policy.mode is PolicyMode.LEARNED:
+        scores["learned_fallback"] = 1.0
     cycle.bind(row, task)
     cycle.decisions.append(
         Decision(
             DecisionKind.PLACE,
             node.id,
-            f"{cycle.policy.mode.value}: best of {len(candidates)} feasible nodes",
+            reason,
             cycle.now,
             task_id=task.id,
             image=task.image_for(node.arch),

@@ -578,6 +578,54 @@ def _campus_tidal() -> Any:
     return campus_profile()
 
 
+# --- learned policies (issue 6) -------------------------------------------------------------
+
+policies_app = typer.Typer(
+    help="Train and evaluate the ONNX forecaster and learned placement policy.",
+    no_args_is_help=True,
+)
+app.add_typer(policies_app, name="policies")
+PoliciesDir = Annotated[
+    Path | None,
+    typer.Option("--out", help="Folder of the .onnx files and cards (default: the package's)."),
+]
+
+
+@policies_app.command("train")
+def policies_train(
+    seed: Annotated[int, typer.Option(help="Seed of the policy search.")] = 0,
+    out: PoliciesDir = None,
+    quick: Annotated[bool, typer.Option(help="Tiny configs (seconds), for tests.")] = False,
+    only: Annotated[str, typer.Option(help="all, forecast or placement.")] = "all",
+) -> None:
+    """Fit both models (numpy), write the .onnx files and their model cards, print figures."""
+    import edgesched.policies.train as policies
+
+    if only not in ("all", "forecast", "placement"):
+        fail(f"--only: must be all, forecast or placement, got {only!r}")
+    folder = out or policies.shipped_dir()
+    config = policies.config_for(quick)
+    if only in ("all", "forecast"):
+        policies.train_forecaster(folder, config, seed, print)
+    if only in ("all", "placement"):
+        policies.train_policy(folder, config, seed, print)
+
+
+@policies_app.command("eval")
+def policies_eval(
+    out: PoliciesDir = None,
+    quick: Annotated[bool, typer.Option(help="Tiny configs (seconds), for tests.")] = False,
+) -> None:
+    """Evaluate the models on held-out seeds against the baselines and heuristic modes."""
+    import edgesched.policies.train as policies
+    from edgesched.policies.ortsession import ModelLoadError
+
+    try:
+        policies.evaluate_shipped(out or policies.shipped_dir(), quick, print)
+    except ModelLoadError as exc:
+        fail(str(exc))
+
+
 def main() -> None:
     try:
         app()

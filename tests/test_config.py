@@ -315,7 +315,7 @@ def test_unknown_profile() -> None:
 
 def test_unknown_mode() -> None:
     err = error_of('[policy]\nmode = "fast"')
-    assert str(err) == "policy.mode: must be one of priority, balance, energy, got 'fast'"
+    assert str(err) == "policy.mode: must be one of priority, balance, energy, learned, got 'fast'"
 
 
 def test_quoted_keys_are_quoted_in_the_path() -> None:

@@ -1,0 +1,133 @@
+"""The learned placement mode: the core's score stage with an injected model, its loud
+fallbacks, the ONNX scorer, and the policy search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgesched.core.learned import LEARNED_FEATURES, N_LEARNED_FEATURES, learned_features
+from edgesched.core.model import DecisionKind, Node, PowerModel, Resources, Task
+from edgesched.core.nodetable import FloatArray, NodeTable, resource_vector
+from edgesched.core.policy import PolicyConfig, PolicyMode
+from edgesched.core.scheduler import ClusterView, schedule
+from edgesched.policies import placement
+from edgesched.policies.onnxgraph import random_mlp
+from edgesched.policies.ortsession import ModelLoadError
+from edgesched.policies.train import PLACEMENT_FILE, shipped_dir
+
+SHIPPED = shipped_dir() / PLACEMENT_FILE
+POWER = PowerModel(idle_w=100, peak_w=300, parked_w=10, wake_latency_s=60)
+
+
+def nodes() -> tuple[Node, ...]:
+    from edgesched.core.model import Arch, ServerClass
+
+    return tuple(
+        Node(f"n{i}", Arch.X86_64, ServerClass.GENERAL, Resources(16, 64), POWER) for i in range(4)
+    )
+
+
+def busy_view() -> ClusterView:
+    from edgesched.core.model import Placement
+
+    ns = nodes()
+    running = Placement(Task("old", "w", 10, Resources(8, 8)), "n2", 0.0)
+    return ClusterView(ns, (running,), 10.0)
+
+
+def new_task() -> Task:
+    return Task("t", "w", 10, Resources(2, 4), submitted_at=5.0)
+
+
+def only(feature: str, sign: float = 1.0) -> placement.LinearScore:
+    return placement.LinearScore(tuple(sign if f == feature else 0.0 for f in LEARNED_FEATURES))
+
+
+def place(policy: PolicyConfig) -> tuple[str, dict[str, float], str]:
+    result = schedule(busy_view(), [new_task()], policy)
+    (d,) = result.of_kind(DecisionKind.PLACE)
+    return d.node_id, dict(d.scores), d.reason
+
+
+def test_learned_mode_follows_the_injected_model() -> None:
+    learned = PolicyConfig(mode=PolicyMode.LEARNED, learned_score=only("most_allocated"))
+    node_id, scores, reason = place(learned)
+    assert node_id == "n2" and "learned" in scores and "fallback" not in reason
+    spread = PolicyConfig(mode=PolicyMode.LEARNED, learned_score=only("least_allocated"))
+    assert place(spread)[0] == "n0"  # ties go to the lowest node id
+
+
+def test_without_a_model_the_energy_heuristic_places_and_says_so() -> None:
+    node_id, scores, reason = place(PolicyConfig(mode=PolicyMode.LEARNED))
+    assert node_id == place(PolicyConfig(mode=PolicyMode.ENERGY))[0]
+    assert scores["learned_fallback"] == 1.0 and "no model" in reason
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        lambda f: np.full(len(f), np.nan),
+        lambda f: np.zeros(len(f) + 1),
+        lambda f: (_ for _ in ()).throw(RuntimeError("boom")),
+    ],
+)
+def test_a_broken_model_falls_back_per_decision(model: placement.LinearScore) -> None:
+    _, scores, reason = place(PolicyConfig(mode=PolicyMode.LEARNED, learned_score=model))
+    assert scores["learned_fallback"] == 1.0 and "learned score unavailable" in reason
+
+
+def test_features_are_in_unit_range() -> None:
+    view = busy_view()
+    table = NodeTable.build(view.nodes, view.placements)
+    t = new_task()
+    f = learned_features(table, t, resource_vector(t.demand), np.arange(len(table)))
+    assert f.shape == (4, N_LEARNED_FEATURES)
+    assert np.all((f >= 0) & (f <= 1))
+
+
+def test_shipped_model_loads_and_scores_a_batch_of_64() -> None:
+    scorer = placement.OnnxPlacementScore(SHIPPED)
+    x: FloatArray = np.random.default_rng(0).random((64, N_LEARNED_FEATURES))
+    out = scorer(x)
+    assert out.shape == (64,) and np.all(np.isfinite(out)) and scorer.fallbacks == 0
+    policy = placement.learned_policy(SHIPPED)
+    assert policy.mode is PolicyMode.LEARNED and policy.learned_score is not None
+    assert "fallback" not in place(policy)[2]
+
+
+def test_truncated_model_gives_a_loud_policy_without_model(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(SHIPPED.read_bytes()[:40])
+    why: list[str] = []
+    policy = placement.learned_policy(broken, on_fallback=why.append)
+    assert policy.learned_score is None and why and "cannot load" in why[0]
+    assert place(policy)[1]["learned_fallback"] == 1.0
+
+
+def test_wrong_input_shape_is_refused(tmp_path: Path) -> None:
+    wrong = random_mlp(tmp_path / "wrong.onnx", [N_LEARNED_FEATURES + 2, 1])
+    with pytest.raises(ModelLoadError):
+        placement.OnnxPlacementScore(wrong)
+
+
+def test_nan_model_and_bad_inputs_fall_back_loudly(tmp_path: Path) -> None:
+    path = placement.write_onnx([float("nan")] * N_LEARNED_FEATURES, tmp_path / "nan.onnx")
+    why: list[str] = []
+    scorer = placement.OnnxPlacementScore(path, on_fallback=why.append)
+    policy = PolicyConfig(mode=PolicyMode.LEARNED, learned_score=scorer)
+    assert place(policy)[1]["learned_fallback"] == 1.0
+    assert scorer.fallbacks == 1 and "garbage" in why[0]
+    with pytest.raises(ValueError, match="out of"):
+        scorer(np.full((2, N_LEARNED_FEATURES), 3.0))
+    with pytest.raises(ValueError, match="NaN"):
+        scorer(np.full((2, N_LEARNED_FEATURES), np.nan))
+    assert scorer.fallbacks == 3
+
+
+def test_policy_search_is_deterministic_and_exports() -> None:
+    a = placement.train(placement.TINY_POLICY, seed=3)
+    b = placement.train(placement.TINY_POLICY, seed=3)
+    assert a.weights == b.weights and len(a.weights) == N_LEARNED_FEATURES
