@@ -254,12 +254,16 @@ class CentralEngine:
     # --- tasks submitted at central -------------------------------------------------------
 
     def _view(self) -> FleetView:
-        """The fleet as central sees it now, with assignments not yet reported by their node
+        """The fleet as central sees it now, with assignments their node has not reported yet
         counted on it (so a burst of submissions does not pile onto one node)."""
         docs = {n: r.doc.to_json() for n, r in self.replicas.replicas.items()}
         status = {n: self.liveness.state(n) for n in docs}
         view = fleet_view(docs, status, self.clock())
-        reported = {(p.task.id, p.node_id) for p in view.placements}
+        # Reported in any state: a task its node has finished no longer holds anything there.
+        reported: set[tuple[str, str]] = set()
+        for node_id, content in docs.items():
+            tasks: Any = content.get("tasks") or {}
+            reported.update((task_id, node_id) for task_id in tasks)
         extra = []
         for task_id, entry in _need(self.policy).assignments().items():
             node = entry.get("node")

@@ -92,6 +92,7 @@ SAMPLE_S = 0.5  # real seconds between utilization samples
 READY_TIMEOUT_S = 40.0
 CONVERGE_TIMEOUT_S = 45.0
 MERGE_TIMEOUT_S = 45.0
+DRAIN_TIMEOUT_S = 30.0
 
 
 class DemoError(Exception):
@@ -520,6 +521,7 @@ class Measurements:
     merge_error: str | None = None
     late_s: float = 0.0  # the driver's worst lag behind the simulated clock, real seconds
     planned: int = 0
+    unsent: int = 0  # submissions still unanswered DRAIN_TIMEOUT_S after the last one
 
     def add_sample(self, sim_s: float, docs: dict[str, dict[str, Any]]) -> None:
         alloc: dict[str, tuple[float, int]] = {}
@@ -856,7 +858,11 @@ async def _day(
         for arrival in plan:
             await clock.until(arrival.at)
             submits.append(group.create_task(submit(arrival)))
-        await asyncio.gather(*submits)
+        if submits:  # bounded: a fleet that cannot keep up is reported, not waited for
+            _, unsent = await asyncio.wait(submits, timeout=DRAIN_TIMEOUT_S)
+            for task in unsent:
+                task.cancel()
+            m.unsent = len(unsent)
 
     async def watch() -> None:
         while True:
@@ -1083,6 +1089,7 @@ def _report(
             "submitted_at_central": m.submitted.get("central", 0),
             "submitted_at_nodes": m.submitted.get("local", 0),
             "refused": len(m.refused),
+            "unanswered": m.unsent,
             "refusals": m.refused[:20],
             "central_tasks_running_on_one_node": sum(1 for v in running_on.values() if len(v) == 1),
             "driver_late_s": round(m.late_s, 3),
