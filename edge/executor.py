@@ -249,6 +249,8 @@ class Executor:
         self._tasks[task_id] = _Tracked(handle, ticks, popen, cgroup)
         try:
             os.write(go_w, b"go\n")  # recorded: the wrapper may run the command now
+        except BrokenPipeError:  # it died first (nofile=1: /bin/sh cannot even load libc)
+            log.warning("%s: pid %d ended before its command could start", task_id, pid)
         finally:
             os.close(go_w)
         log.info("started %s as pid %d (limits via %s)", task_id, pid, limits_via)

@@ -21,6 +21,13 @@ class SpecError(ValueError):
     """A task spec that cannot be accepted; the message starts with the field's name."""
 
 
+#: Integers a spec may carry: what SQLite and the CRDT documents store (int64).
+MAX_SPEC_INT = 2**63 - 1
+#: The affinity planner lays out one entry per thread: a bound keeps a typo from exhausting
+#: the node's memory in its scheduling loop (1024: more than any node's cores).
+MAX_THREADS = 1024
+
+
 class RestartPolicy(StrEnum):
     NEVER = "never"
     ON_FAILURE = "on-failure"
@@ -88,6 +95,8 @@ class TaskSpec:
             raise SpecError("cpu: must be > 0")
         if self.accel < 0 or self.threads < 0 or self.max_restarts < 0:
             raise SpecError("accel, threads and max_restarts must be >= 0")
+        if self.threads > MAX_THREADS:
+            raise SpecError(f"threads: at most {MAX_THREADS}")
         if self.duration_s is not None and (
             not math.isfinite(self.duration_s) or self.duration_s < 0
         ):
@@ -159,9 +168,10 @@ class TaskSpec:
                 raise SpecError(f"{name}: expected {_kind_name(kind)}, got a boolean")
             if not isinstance(value, kind):
                 raise SpecError(f"{name}: expected {_kind_name(kind)}, got {type(value).__name__}")
+            _check_storable(name, value)
             return value
 
-        command = get("command", list, None)
+        command = get("command", list, [])
         env = get("env", dict, {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise SpecError("env: keys and values must be strings")
@@ -215,6 +225,25 @@ class TaskSpec:
             duration_s=float(duration) if duration is not None else None,
             reconcile=reconcile,
         )
+
+
+def _check_storable(name: str, value: object) -> None:
+    """Refuse what the store and the CRDT documents cannot hold: integers beyond int64 and
+    strings with lone surrogates (JSON's ``"\\udc80"``), which are not UTF-8."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SPEC_INT:
+        raise SpecError(f"{name}: out of range")
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise SpecError(f"{name}: not valid Unicode (a lone surrogate)") from None
+    elif isinstance(value, list):
+        for item in value:
+            _check_storable(name, item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_storable(name, key)
+            _check_storable(name, item)
 
 
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
