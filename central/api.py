@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from edgesched.central.openapi import serve_central
 from edgesched.edge.api import (
     BodyError,
     json_body,
@@ -243,6 +244,7 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app[CENTRAL_KEY] = engine
     app[TOKENS_KEY] = (admin_token, read_token)
     app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/openapi.json", serve_central)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/nodes", nodes)
     app.router.add_get("/v1/nodes/{id}", node)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from edgesched.central.openapi import serve_edge
 from edgesched.edge.spec import TaskRecord, TaskState
 from edgesched.edge.store import StoreError
 
@@ -89,7 +90,7 @@ def _engine(request: web.Request) -> EdgeEngine:
 
 @web.middleware
 async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
-    if request.path != "/v1/health":
+    if request.path not in ("/v1/health", "/v1/openapi.json"):
         sent = request.headers.get("Authorization", "")
         expected = f"Bearer {request.app[TOKEN_KEY]}"
         if not hmac.compare_digest(sent.encode(), expected.encode()):
@@ -203,6 +204,7 @@ def build_app(engine: EdgeEngine, token: str) -> web.Application:
     app[ENGINE_KEY] = engine
     app[TOKEN_KEY] = token
     app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/openapi.json", serve_edge)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/tasks", list_tasks)
     app.router.add_post("/v1/tasks", submit)
