@@ -179,6 +179,9 @@ def timeline(opts: DemoOptions) -> Timeline:
 
 
 def clock_text(sim_s: float) -> str:
+    """``HH:MM`` of simulated time, ``24:00`` for the end of the first day."""
+    if sim_s == DAY_S:
+        return "24:00"
     day, rest = divmod(int(sim_s), int(DAY_S))
     text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}"
     return text if day == 0 else f"{text} (+{day}d)"
@@ -519,7 +522,8 @@ class Measurements:
     refused: list[str] = field(default_factory=list)
     merge_s: float | None = None
     merge_error: str | None = None
-    late_s: float = 0.0  # the driver's worst lag behind the simulated clock, real seconds
+    #: The driver's worst lag behind the simulated clock (real seconds): [at nodes, central].
+    late_s: list[float] = field(default_factory=lambda: [0.0, 0.0])
     planned: int = 0
     unsent: int = 0  # submissions still unanswered DRAIN_TIMEOUT_S after the last one
 
@@ -833,12 +837,14 @@ async def _day(
     cut = fleet.cut
     heal_real: list[float] = []
 
-    sending = asyncio.Semaphore(8)  # a slow answer must not hold the next submissions back
+    # Concurrent sends, per destination: a slow central must not hold the nodes' work back.
+    sending = {r: asyncio.Semaphore(8 if r == "central" else 4) for r in ("central", *fleet.sim)}
     submits: list[asyncio.Task[None]] = []
 
     async def submit(arrival: Arrival) -> None:
-        async with sending:
-            m.late_s = max(m.late_s, (clock.now() - arrival.at) / tl.speed)
+        async with sending[arrival.route]:
+            late = (clock.now() - arrival.at) / tl.speed
+            m.late_s[arrival.route == "central"] = max(m.late_s[arrival.route == "central"], late)
             body = dict(arrival.spec)
             kind = "central" if arrival.route == "central" else "local"
             api = capi if kind == "central" else fleet.napi[arrival.route]
@@ -1092,7 +1098,7 @@ def _report(
             "unanswered": m.unsent,
             "refusals": m.refused[:20],
             "central_tasks_running_on_one_node": sum(1 for v in running_on.values() if len(v) == 1),
-            "driver_late_s": round(m.late_s, 3),
+            "worst_lag_s": {"nodes": round(m.late_s[0], 3), "central": round(m.late_s[1], 3)},
         },
         "utilization": {
             "fleet": round(usage["utilization"], 4),
