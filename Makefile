@@ -64,6 +64,7 @@ bench: setup
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_latency.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_footprint.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_sync.py
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_policies.py
 
 clean:
 	rm -rf $(VENV) build out .pytest_cache .mypy_cache .ruff_cache .hypothesis

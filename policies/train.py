@@ -39,7 +39,8 @@ def config_for(quick: bool, workers: int | None = None) -> TrainConfig:
 
 
 def _command(seed: int, quick: bool) -> str:
-    return f"edgesched policies train --seed {seed}" + (" --quick" if quick else "")
+    flags = " --quick" if quick else ""
+    return f".venv/bin/edgesched policies train --seed {seed} --out policies{flags}"
 
 
 def train_forecaster(
