@@ -8,6 +8,7 @@ The pure parts (timeline, workload plan) are checked without processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ def demo_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "edgesched.cli", "demo", *args]
 
 
-def leftovers(workdir: Path, pids: list[int] = ()) -> list[str]:  # type: ignore[assignment]
+def leftovers(workdir: Path, pids: Sequence[int] = ()) -> list[str]:
     """Processes of this run still alive: the work dir in argv or in the task marker, or one
     of ``pids``."""
     found = []
@@ -53,10 +55,8 @@ def leftovers(workdir: Path, pids: list[int] = ()) -> list[str]:  # type: ignore
             argv = " ".join(proc.info["cmdline"] or ())
             hit = str(workdir) in argv or proc.pid in pids
             if not hit:
-                try:
+                with contextlib.suppress(psutil.Error):
                     hit = proc.environ().get(TASK_MARKER) == str(workdir)
-                except psutil.Error:
-                    pass
             if hit:
                 found.append(f"{proc.pid}: {argv}")
         except psutil.Error:
@@ -64,7 +64,7 @@ def leftovers(workdir: Path, pids: list[int] = ()) -> list[str]:  # type: ignore
     return found
 
 
-def no_leftovers(workdir: Path, pids: list[int] = (), timeout: float = 10.0) -> None:  # type: ignore[assignment]
+def no_leftovers(workdir: Path, pids: Sequence[int] = (), timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while (left := leftovers(workdir, pids)) and time.monotonic() < deadline:
         time.sleep(0.2)
