@@ -626,6 +626,98 @@ def policies_eval(
         fail(str(exc))
 
 
+fieldtest_app = typer.Typer(
+    help="Partition-injection field tests against real processes.", no_args_is_help=True
+)
+app.add_typer(fieldtest_app, name="fieldtest")
+
+
+@fieldtest_app.command("list")
+def fieldtest_list() -> None:
+    """The scenarios, what each does, and which run in the quick matrix."""
+    from edgesched.fieldtest.scenarios import QUICK, SCENARIOS
+
+    for s in SCENARIOS.values():
+        tag = "quick" if s.name in QUICK else ("soak" if s.soak else "")
+        typer.echo(f"{s.name:<16} {tag:<6} {s.description}")
+
+
+def _fieldtest_runs(
+    scenarios: list[str], seeds: list[int], workdir: Path, backend: str, nodes: int
+) -> list[dict[str, Any]]:
+    import asyncio
+
+    from edgesched.fieldtest.report import write as write_report
+    from edgesched.fieldtest.runner import run_scenario
+    from edgesched.fieldtest.scenarios import SCENARIOS
+
+    for name in scenarios:
+        if name not in SCENARIOS:
+            fail(f"--scenario: unknown {name!r} (see: edgesched fieldtest list)")
+    reports = []
+    for name in scenarios:
+        for seed in seeds:
+            where = workdir / f"{name}-{seed}"
+            try:
+                result = asyncio.run(
+                    run_scenario(name, seed, where, nodes=nodes, backend=backend,
+                                 progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+                )  # fmt: skip
+            except RuntimeError as exc:
+                fail(f"{name} seed {seed}: {exc}", 1)
+            page = write_report(result, where)
+            verdict = "PASS" if result["ok"] else "FAIL"
+            heal = result.get("max_heal_convergence_s")
+            err.print(
+                f"{verdict} {name} seed {seed} ({result['backend']}): "
+                f"{result['verdict']['acknowledged']} acknowledged, "
+                f"{result['verdict']['offline_decisions']} offline decisions, slowest heal "
+                f"{'-' if heal is None else f'{heal:.2f}s'}; {page}"
+            )
+            reports.append(result)
+    return reports
+
+
+@fieldtest_app.command("run")
+def fieldtest_run(
+    scenario: Annotated[str, typer.Option(help="A scenario name (see: fieldtest list).")],
+    seed: Annotated[int, typer.Option(help="The seed: the same seed, the same faults.")] = 1,
+    workdir: Annotated[Path, typer.Option(help="Where logs and reports go.")] = Path(
+        "out/fieldtest"
+    ),
+    backend: Annotated[str, typer.Option(help="auto, netns (root) or proxy.")] = "auto",
+    nodes: Annotated[int, typer.Option(help="Edge nodes.", min=1, max=20)] = 3,
+) -> None:
+    """Run one scenario; write report.json, report.md and timeline.png; exit 1 on FAIL."""
+    reports = _fieldtest_runs([scenario], [seed], workdir, backend, nodes)
+    raise typer.Exit(0 if all(r["ok"] for r in reports) else 1)
+
+
+@fieldtest_app.command("matrix")
+def fieldtest_matrix(
+    seeds: Annotated[int, typer.Option(help="Seeds per scenario (1..N).", min=1)] = 1,
+    soak: Annotated[bool, typer.Option(help="Add the hour-long soak.")] = False,
+    workdir: Annotated[Path, typer.Option(help="Where logs and reports go.")] = Path(
+        "out/fieldtest"
+    ),
+    backend: Annotated[str, typer.Option(help="auto, netns (root) or proxy.")] = "auto",
+) -> None:
+    """The quick matrix (what CI runs), optionally with the soak; a summary in matrix.json."""
+    from edgesched.fieldtest.scenarios import QUICK
+
+    names = [*QUICK, *(["soak"] if soak else [])]
+    reports = _fieldtest_runs(names, list(range(1, seeds + 1)), workdir, backend, 3)
+    summary = [
+        {k: r[k] for k in ("scenario", "seed", "backend", "ok", "max_heal_convergence_s")}
+        | {"lost": len(r["verdict"]["lost"]), "duplicates": len(r["verdict"]["duplicates"])}
+        for r in reports
+    ]
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "matrix.json").write_text(json.dumps(summary, indent=2) + "\n")
+    typer.echo(json.dumps(summary, indent=2))
+    raise typer.Exit(0 if all(r["ok"] for r in reports) else 1)
+
+
 def main() -> None:
     try:
         app()

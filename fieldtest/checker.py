@@ -1,0 +1,124 @@
+"""The field test's verdict, from a recorded history and the final state. Pure.
+
+Jepsen's set semantics over the tasks the workload submitted:
+
+* **acknowledged**: the submission returned 201 (committed to SQLite at the node, or
+  journaled into the policy document at central) — these must never be lost;
+* **lost**: acknowledged, but absent from where it must be at the end (the node that took
+  it, for a local submission; central's assignments, for a central one);
+* **unexpected**: present at the end but never submitted (or submitted and refused);
+* **recovered**: not acknowledged (the request failed or timed out) but present anyway.
+
+And the properties of the design: after the heal and a quiet period every node's replica at
+central holds byte-equal content (content hash), every task a node decided while cut off is
+at central as the node has it, and no task of central's runs on two nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ACTIVE = frozenset({"accepted", "placed", "running", "preempted"})
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One submission the workload made, and what it got back."""
+
+    at: float
+    task_id: str
+    where: str  # "central" or the node id it was submitted to
+    acknowledged: bool
+    while_cut: bool = False  # the node it went to was cut off at the time
+
+
+@dataclass(frozen=True)
+class FinalState:
+    """What the harness read after the quiet period."""
+
+    node_hashes: Mapping[str, str]  # node id -> its own document's content hash
+    replica_hashes: Mapping[str, str]  # node id -> central's replica's content hash
+    node_tasks: Mapping[str, Mapping[str, Mapping[str, Any]]]  # node -> task id -> record
+    replica_tasks: Mapping[str, Mapping[str, Mapping[str, Any]]]  # central's view, per node
+    central_tasks: Mapping[str, Mapping[str, Any]]  # central's assignments (task views)
+
+
+@dataclass
+class Verdict:
+    lost: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    duplicates: dict[str, list[str]] = field(default_factory=dict)  # task -> nodes running it
+    diverged: list[str] = field(default_factory=list)  # nodes whose replica differs
+    offline_missing: list[str] = field(default_factory=list)  # offline decisions not at central
+    acknowledged: int = 0
+    offline_decisions: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.lost or self.unexpected or self.duplicates or self.diverged
+            or self.offline_missing
+        )  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "acknowledged": self.acknowledged,
+            "offline_decisions": self.offline_decisions,
+            "lost": self.lost,
+            "unexpected": self.unexpected,
+            "recovered": self.recovered,
+            "duplicates": self.duplicates,
+            "diverged": self.diverged,
+            "offline_missing": self.offline_missing,
+        }
+
+
+def check(history: Sequence[Submission], final: FinalState) -> Verdict:
+    verdict = Verdict()
+    submitted = {s.task_id: s for s in history}
+    verdict.acknowledged = sum(1 for s in history if s.acknowledged)
+    for s in history:
+        if s.where == "central":
+            present = s.task_id in final.central_tasks
+        else:
+            present = s.task_id in final.node_tasks.get(s.where, {})
+        if s.acknowledged and not present:
+            verdict.lost.append(s.task_id)
+        elif present and not s.acknowledged:
+            verdict.recovered.append(s.task_id)
+    for node, tasks in final.node_tasks.items():
+        for task_id, record in tasks.items():
+            central_placed = record.get("decided_by") == "central"
+            if task_id not in submitted and not central_placed:
+                verdict.unexpected.append(f"{node}/{task_id}")
+    for task_id in final.central_tasks:
+        if task_id not in submitted:
+            verdict.unexpected.append(f"central/{task_id}")
+        running = sorted(
+            n
+            for n, tasks in final.node_tasks.items()
+            if tasks.get(task_id, {}).get("state") in ACTIVE
+            and tasks.get(task_id, {}).get("decided_by") == "central"
+        )
+        if len(running) > 1:
+            verdict.duplicates[task_id] = running
+    for node, mine in final.node_hashes.items():
+        if final.replica_hashes.get(node) != mine:
+            verdict.diverged.append(node)
+    for s in history:
+        if not (s.acknowledged and s.while_cut and s.where != "central"):
+            continue
+        found = final.node_tasks.get(s.where, {}).get(s.task_id)
+        if found is None or found.get("decided_by") != "edge-autonomous":
+            continue  # decided after the heal (queued while cut): not an offline decision
+        verdict.offline_decisions += 1
+        at_central = final.replica_tasks.get(s.where, {}).get(s.task_id)
+        if at_central is None or at_central.get("state") != found.get("state"):
+            verdict.offline_missing.append(f"{s.where}/{s.task_id}")
+    for name in ("lost", "unexpected", "recovered", "diverged", "offline_missing"):
+        getattr(verdict, name).sort()
+    return verdict
