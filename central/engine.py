@@ -256,7 +256,7 @@ class CentralEngine:
     def _view(self) -> FleetView:
         """The fleet as central sees it now, with assignments their node has not reported yet
         counted on it (so a burst of submissions does not pile onto one node)."""
-        docs = {n: r.doc.to_json() for n, r in self.replicas.replicas.items()}
+        docs = {n: r.content() for n, r in self.replicas.replicas.items()}
         status = {n: self.liveness.state(n) for n in docs}
         view = fleet_view(docs, status, self.clock())
         # Reported in any state: a task its node has finished no longer holds anything there.
@@ -472,7 +472,7 @@ class CentralEngine:
 
     def _reconcile(self, now: float) -> None:
         policy = _need(self.policy)
-        docs = {n: r.doc.to_json() for n, r in self.replicas.replicas.items()}
+        docs = {n: r.content() for n, r in self.replicas.replicas.items()}
         assignments = policy.assignments()
         stops = policy.stops()
         fresh = self.fresh_nodes()

@@ -62,6 +62,17 @@ class Replica:
     first_seen: float
     persisted: tuple[int, str] = (-1, "")  # (epoch, content hash) last written to SQLite
     changed_at: float = field(default=0.0)
+    _content: dict[str, object] | None = field(default=None, repr=False)
+
+    def content(self) -> dict[str, object]:
+        """The document's JSON content, decoded once per change (central's control loop
+        reads every replica every cycle; decoding a day of tasks each time was its cost)."""
+        if self._content is None:
+            self._content = self.doc.to_json()
+        return self._content
+
+    def invalidate(self) -> None:
+        self._content = None
 
 
 class NodeReplicas:
@@ -152,6 +163,7 @@ class NodeReplicas:
         replica = self.replicas.get(node_id)
         if replica is not None:
             replica.changed_at = self.clock()
+            replica.invalidate()
         if self.on_change is not None:
             self.on_change(node_id)
 
