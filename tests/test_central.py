@@ -118,3 +118,21 @@ def test_replica_peers_refuse_other_writers(nodes: tuple[str, ...]) -> None:
     peer.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(forger))  # claims another id
     assert peer.stats["rejected_senders"] == 1
     assert replicas.replicas["gw1"].doc.task("evil") is None
+
+
+def test_a_replicas_decoded_content_follows_every_change() -> None:
+    replicas = _replicas()
+    node = NodeDoc("node-gw1", client_id_for("gw1"))
+    node.put_task("t1", {"state": "running"})
+    replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(node))
+    replica = replicas.replicas["gw1"]
+    first = replica.content()
+    assert replica.content() is first  # decoded once
+    before = node.state_vector()
+    node.put_task("t2", {"state": "running"})
+    update = node.diff(before)
+    payload = wire.update_payload(update, node.state_vector())
+    (frame,) = wire.encode(wire.Kind.UPDATE, node.name, node.client_id, payload)
+    replica.peer.handle("edgesched/v1/doc/node-gw1/sync/gw1", frame)
+    tasks = replica.content()["tasks"]
+    assert isinstance(tasks, dict) and set(tasks) == {"t1", "t2"}
