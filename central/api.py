@@ -35,13 +35,13 @@ from aiohttp import web
 from edgesched.central.openapi import serve_central
 from edgesched.edge.api import (
     BodyError,
+    answer,
     json_body,
     load_or_create_token,
     problem,
     start_app,
 )
 from edgesched.edge.spec import SpecError, TaskSpec
-from edgesched.edge.store import StoreError
 
 if TYPE_CHECKING:
     from edgesched.central.engine import CentralEngine
@@ -79,15 +79,7 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
                 return problem(403, "Forbidden", "the read-only token cannot change anything")
         else:
             return problem(401, "Unauthorized", "send Authorization: Bearer <token> (api-token)")
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return problem(exc.status, exc.reason, exc.text or exc.reason)
-        raise
-    except StoreError as exc:
-        return problem(503, "Store unavailable", str(exc))
+    return await answer(request, handler)
 
 
 def _central(request: web.Request) -> CentralEngine:

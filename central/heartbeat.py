@@ -18,7 +18,7 @@ from collections.abc import Callable
 import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from edgesched.sync.session import checked
+from edgesched.sync.session import Listener, checked
 from edgesched.sync.topics import HEARTBEAT_TOPIC
 
 
@@ -56,7 +56,7 @@ class Heartbeat:
         return None
 
 
-class CentralPeers:
+class CentralPeers(Listener):
     """Hears the other centrals' heartbeats: which central replicas are alive, and so which
     one leads. The leader (the smallest id among the live ones) places, fails over and
     reconciles; the others serve the API and accept submissions as *pending*, which the
@@ -86,12 +86,6 @@ class CentralPeers:
 
     def is_leader(self) -> bool:
         return self.leader() == self.central_id
-
-    async def serve(self, client: aiomqtt.Client) -> None:
-        return None
-
-    def disconnected(self) -> None:
-        return None
 
     def handle(self, topic: str, payload: bytes) -> None:
         from edgesched.edge.link import parse_heartbeat

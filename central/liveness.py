@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from edgesched.sync.session import Listener
 from edgesched.sync.topics import STATUS_FILTER, json_object, node_of_status_topic
 
 log = logging.getLogger("edgesched.central.liveness")
@@ -45,7 +45,7 @@ def parse_status(topic: str, payload: bytes) -> tuple[str, str]:
     return node_id, str(data["state"])
 
 
-class Liveness:
+class Liveness(Listener):
     """The latest status of every node that announced one."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
@@ -61,12 +61,6 @@ class Liveness:
     def state(self, node_id: str) -> str:
         status = self.nodes.get(node_id)
         return "unknown" if status is None else status.state
-
-    async def serve(self, client: aiomqtt.Client) -> None:
-        return None
-
-    def disconnected(self) -> None:
-        return None
 
     def handle(self, topic: str, payload: bytes) -> None:
         try:

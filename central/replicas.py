@@ -33,7 +33,7 @@ from edgesched.edge.store import Store, StoreError
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.security import accept_sender
-from edgesched.sync.session import MqttSession
+from edgesched.sync.session import Listener, MqttSession
 from edgesched.sync.topics import DOC_SYNC_FILTER
 from edgesched.sync.wire import TOPIC_ROOT
 
@@ -75,7 +75,7 @@ class Replica:
         self._content = None
 
 
-class NodeReplicas:
+class NodeReplicas(Listener):
     """The replica set and the fallback channel that discovers new node documents."""
 
     def __init__(
@@ -106,12 +106,6 @@ class NodeReplicas:
         self.on_change: Callable[[str], None] | None = None
 
     # --- the fallback channel: messages for documents no replica routes yet -----------------
-
-    async def serve(self, client: object) -> None:
-        return None
-
-    def disconnected(self) -> None:
-        return None
 
     def handle(self, topic: str, payload: bytes) -> None:
         parsed = parse_sync_topic(topic)

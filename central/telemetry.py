@@ -11,15 +11,15 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from edgesched.sync.session import Listener
 from edgesched.sync.telemetry import TELEMETRY_FILTER, Telemetry, parse_telemetry
 
 log = logging.getLogger("edgesched.central.telemetry")
 
 
-class TelemetryCollector:
+class TelemetryCollector(Listener):
     """Per-node ring buffers of :class:`Telemetry` samples."""
 
     def __init__(self, *, keep: int = 720, max_nodes: int = 10_000) -> None:
@@ -38,12 +38,6 @@ class TelemetryCollector:
 
     def samples(self, node_id: str, since: float = 0.0) -> list[Telemetry]:
         return [s for s in self.series.get(node_id, ()) if s.at >= since]
-
-    async def serve(self, client: aiomqtt.Client) -> None:
-        return None
-
-    def disconnected(self) -> None:
-        return None
 
     def handle(self, topic: str, payload: bytes) -> None:
         try:

@@ -95,6 +95,11 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
         expected = f"Bearer {request.app[TOKEN_KEY]}"
         if not hmac.compare_digest(sent.encode(), expected.encode()):
             return problem(401, "Unauthorized", "send Authorization: Bearer <token> (api-token)")
+    return await answer(request, handler)
+
+
+async def answer(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The handler's response, with HTTP errors and store failures as problem details."""
     try:
         response: web.StreamResponse = await handler(request)
         return response

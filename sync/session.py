@@ -142,6 +142,17 @@ class Channel(Protocol):
     def disconnected(self) -> None: ...
 
 
+class Listener:
+    """Base of a channel that only hears (its subscriptions and :meth:`Channel.handle`):
+    nothing to do while connected, nothing to undo when the connection ends."""
+
+    async def serve(self, client: aiomqtt.Client) -> None:
+        return None
+
+    def disconnected(self) -> None:
+        return None
+
+
 class MqttSession:
     """One aiomqtt client for many channels: connect, subscribe, dispatch, reconnect.
 

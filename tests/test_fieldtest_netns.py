@@ -7,12 +7,10 @@ A one-way (half-open) link is also exercised. Without root the fault-proxy tests
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,38 +25,22 @@ from conftest import (
 )
 
 from edgesched.fieldtest.netns import Fabric, Host, available
+from edgesched.fieldtest.runner import Proc, Service
 
 pytestmark = pytest.mark.skipif(
     available() is not None, reason=f"real partitions need root: {available()}"
 )
 
 
-class Api:
-    """HTTP to a service listening on a host's loopback, from inside its namespace."""
+class Api(Service):
+    """HTTP to a service on a host's loopback, from inside its namespace (the runner's)."""
 
     def __init__(self, host: Host, state: Path) -> None:
+        super().__init__(Proc(host.name, [], state.parent / "unused.log", host), state)
         self.host = host
-        self.state = state
 
     def __call__(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        token = (self.state / "api-token").read_text().strip()
-        port = int((self.state / "api-port").read_text())
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}{path}",
-            data=data,
-            method=method,
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-        )
-
-        def go() -> tuple[int, Any]:
-            try:
-                with urllib.request.urlopen(request, timeout=5) as resp:
-                    return resp.status, json.loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                return exc.code, json.loads(exc.read() or b"null")
-
-        return self.host.call(go)
+        return self.http(method, path, body)
 
     def ready(self) -> bool:
         try:
