@@ -181,6 +181,12 @@ class CentralEngine:
                         self.central.api_host,
                         self.api_port,
                     )
+                    log.info(
+                        "dashboard: http://%s:%s/dashboard/#token=<the token in %s>",
+                        self.central.api_host,
+                        self.api_port,
+                        self.state_dir / "api-token-read",
+                    )
                     await self._stop.wait()
                     with contextlib.suppress(TimeoutError):  # journal what is queued
                         async with asyncio.timeout(5.0):
