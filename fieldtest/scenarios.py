@@ -62,10 +62,10 @@ def _flapping(rng: random.Random, nodes: Sequence[str]) -> list[Fault]:
     node = rng.choice(list(nodes))
     faults, t = [], 2.0
     for _ in range(4):  # cuts shorter and longer than the 2 s keepalive
-        down = rng.choice([rng.uniform(0.5, 1.5), rng.uniform(3.0, 6.0)])
+        down = rng.choice([rng.uniform(0.5, 1.5), rng.uniform(3.0, 5.0)])
         faults += [Fault(t, "isolate", node), Fault(t + down, "heal", node)]
-        t += down + rng.uniform(1.0, 3.0)
-    return faults
+        t += down + rng.uniform(1.0, 2.0)
+    return faults  # the last heal by 2 + 4 * (5 + 2) = 30 s
 
 
 def _one_way(rng: random.Random, nodes: Sequence[str]) -> list[Fault]:
@@ -118,7 +118,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "isolate-central", "central and its broker cut from every node", 14.0, _isolate_central
         ),
-        Scenario("flapping", "a node's link flaps 4 times around the keepalive", 26.0, _flapping),
+        Scenario("flapping", "a node's link flaps 4 times around the keepalive", 31.0, _flapping),
         Scenario("one-way", "a half-open link: inbound, then outbound dropped", 18.0, _one_way),
         Scenario("kill-while-cut", "power loss and reboot while cut off", 14.0, _kill_while_cut),
         Scenario("stop-cont", "a node frozen (SIGSTOP) then thawed", 12.0, _stop_cont),
