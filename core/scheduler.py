@@ -498,10 +498,14 @@ def _park(cycle: _Cycle, target: float) -> None:
 # --- pin ------------------------------------------------------------------------------------
 
 
-def affinity_demand(task: Task) -> AffinityDemand:
+def affinity_demand(task: Task, max_threads: int | None = None) -> AffinityDemand:
     """A task's threads for the affinity planner: ``threads`` (or its whole cores) sharing
-    its CPU demand evenly, never more than one core per thread."""
+    its CPU demand evenly, never more than one core per thread. ``max_threads`` (the node's
+    core count) caps them: more threads than cores pin no differently, and the planner's
+    cost grows with every one (10,000 threads stalled an edge node's loop for seconds)."""
     threads = max(task.threads, math.ceil(task.demand.cpu - 1e-9), 1)
+    if max_threads is not None:
+        threads = max(1, min(threads, max_threads))
     load = min(task.demand.cpu / threads, 1.0) if task.demand.cpu > 0 else 0.01
     return AffinityDemand(task.id, (max(load, 0.01),) * threads)
 
@@ -513,7 +517,9 @@ def _pin(cycle: _Cycle, pins: Mapping[str, frozenset[int]]) -> None:
         if node.topology is None or not tasks:
             continue
         existing = {t.id: pins[t.id] for t in tasks if t.id in pins}
-        plan = plan_affinity(node.topology, [affinity_demand(t) for t in tasks], existing)
+        cores = len(node.topology.cores)
+        demands = [affinity_demand(t, cores) for t in tasks]
+        plan = plan_affinity(node.topology, demands, existing)
         for decision in to_pin_decisions(node.id, plan, cycle.now):
             if frozenset(decision.cores) != existing.get(decision.task_id or ""):
                 cycle.decisions.append(decision)

@@ -435,3 +435,14 @@ def test_accelerator_reserve_keeps_room_for_free_accelerators() -> None:
     assert not schedule(ClusterView((gpu,), running), [urgent], policy).decisions
     no_reserve = schedule(ClusterView((gpu,), running), [urgent], PolicyConfig())
     assert no_reserve.of_kind(DecisionKind.PLACE)
+
+
+def test_affinity_demand_is_capped_at_the_nodes_cores() -> None:
+    from edgesched.core.scheduler import affinity_demand
+
+    task = Task("t", "default", 50, Resources(cpu=3, mem_gib=1), 0.0, threads=100_000)
+    capped = affinity_demand(task, 8)
+    assert len(capped.threads) == 8 and all(0 < load <= 1 for load in capped.threads)
+    assert len(affinity_demand(task).threads) == 100_000  # uncapped without a node
+    small = Task("s", "default", 50, Resources(cpu=0.5, mem_gib=1), 0.0)
+    assert len(affinity_demand(small, 8).threads) == 1
