@@ -181,10 +181,37 @@ class Fabric:
         )  # fmt: skip
         self.faults[name] = f"one-way: {drop}bound dropped"
 
+    def reset_tcp(self, name: str) -> None:
+        """Answer the host's TCP traffic with resets (nftables ``reject with tcp reset``) until
+        :meth:`heal`: its connections die at once, as when a middlebox loses its state."""
+        host = self.hosts[name]
+        rules = (
+            "table inet edgesched_fault {\n"
+            '  chain c { type filter hook output priority 0; oifname "eth0" '
+            "meta l4proto tcp reject with tcp reset; }\n"
+            "}\n"
+        )
+        self._clear_rules(host)
+        subprocess.run(
+            ["ip", "netns", "exec", host.ns, "nft", "-f", "-"],
+            input=rules, text=True, check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        self.faults[name] = "tcp reset"
+
+    def limit(self, name: str, rate: str = "64kbit") -> None:
+        """Throttle the host's egress to ``rate`` with a token bucket (``tc tbf``; this
+        kernel has no netem, so latency and loss come from the fault proxy instead)."""
+        host = self.hosts[name]
+        _run(["ip", "netns", "exec", host.ns, "tc", "qdisc", "replace", "dev", "eth0", "root",
+              "tbf", "rate", rate, "burst", "4kb", "latency", "400ms"])  # fmt: skip
+        self.faults[name] = f"egress limited to {rate}"
+
     def heal(self, name: str) -> None:
         host = self.hosts[name]
         _run(["ip", "-n", self.fabric_ns, "link", "set", host.veth_fabric, "up"])
         self._clear_rules(host)
+        with contextlib.suppress(FabricError):
+            _run(["ip", "netns", "exec", host.ns, "tc", "qdisc", "del", "dev", "eth0", "root"])
         self.faults.pop(name, None)
 
     def _clear_rules(self, host: Host) -> None:

@@ -174,8 +174,12 @@ class Harness:
         if central_ip != "127.0.0.1":
             listeners.append(f"listener {self.broker_port} {central_ip}")
         root = ["user root"] if os.geteuid() == 0 else []
+        persistence = ["persistence false"]
+        if SCENARIOS[self.run.scenario].broker_persistence:
+            (wd / "mosquitto").mkdir(exist_ok=True)
+            persistence = ["persistence true", f"persistence_location {wd / 'mosquitto'}/"]
         conf.write_text(
-            "\n".join([*listeners, "allow_anonymous true", "persistence false",
+            "\n".join([*listeners, "allow_anonymous true", *persistence,
                        "log_dest stderr", *root]) + "\n"
         )  # fmt: skip
         self.broker = Proc("broker", [exe, "-c", str(conf)], wd / "broker.log",
@@ -242,7 +246,7 @@ class Harness:
 
     async def apply(self, fault: Fault) -> None:
         target, action = fault.target, fault.action
-        if action in ("isolate", "drop-in", "drop-out", "heal"):
+        if action in ("isolate", "drop-in", "drop-out", "heal", "reset", "throttle"):
             self._link(target, action)
         elif action == "kill":
             self.services[target].proc.signal(signal.SIGKILL)
@@ -262,7 +266,7 @@ class Harness:
             self.broker.stop()
             await asyncio.sleep(0.5)
             self.broker.start()
-        if action in ("isolate", "drop-in", "drop-out", "stop", "kill"):
+        if action in ("isolate", "drop-in", "drop-out", "stop", "kill", "reset"):
             self.run.cut.add(target)
         elif action in ("heal", "cont"):
             self.run.cut.discard(target)
@@ -301,6 +305,10 @@ class Harness:
                 self.fabric.isolate(target)
             elif action == "heal":
                 self.fabric.heal(target)
+            elif action == "reset":
+                self.fabric.reset_tcp(target)
+            elif action == "throttle":
+                self.fabric.limit(target, "64kbit")
             else:
                 self.fabric.one_way(target, "in" if action == "drop-in" else "out")
             return
@@ -312,6 +320,11 @@ class Harness:
                 proxy.blackhole()
             elif action == "heal":
                 proxy.heal()
+                proxy.set_bandwidth(None)
+            elif action == "reset":
+                proxy.cut()  # resets every connection and refuses new ones until healed
+            elif action == "throttle":
+                proxy.set_bandwidth(8_000)  # 64 kbit/s
             else:
                 proxy.one_way("c2s" if action == "drop-in" else "s2c")
 

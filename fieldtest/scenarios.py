@@ -15,7 +15,7 @@ from dataclasses import dataclass
 ACTIONS = frozenset(
     {
         "isolate", "heal", "drop-in", "drop-out", "kill", "restart", "stop", "cont",
-        "broker-restart",
+        "broker-restart", "reset", "throttle",
     }
 )  # fmt: skip
 
@@ -44,6 +44,7 @@ class Scenario:
     duration_s: float  # how long the workload runs (faults fall inside it)
     schedule: Schedule
     soak: bool = False  # long: only with --soak
+    broker_persistence: bool = False  # the broker keeps its sessions across a restart
 
 
 def _isolate_node(rng: random.Random, nodes: Sequence[str]) -> list[Fault]:
@@ -99,11 +100,24 @@ def _broker_restart(rng: random.Random, nodes: Sequence[str]) -> list[Fault]:
     return [Fault(rng.uniform(3.0, 6.0), "broker-restart", "broker")]
 
 
+def _tcp_reset(rng: random.Random, nodes: Sequence[str]) -> list[Fault]:
+    node = rng.choice(list(nodes))
+    start = rng.uniform(2.0, 4.0)
+    return [Fault(start, "reset", node), Fault(start + rng.uniform(3.0, 6.0), "heal", node)]
+
+
+def _throttle(rng: random.Random, nodes: Sequence[str]) -> list[Fault]:
+    node = rng.choice(list(nodes))
+    start = rng.uniform(2.0, 3.0)
+    return [Fault(start, "throttle", node), Fault(start + rng.uniform(6.0, 9.0), "heal", node)]
+
+
 def _soak(rng: random.Random, nodes: Sequence[str]) -> list[Fault]:
     """An hour with a partition every few minutes, of every kind, at random."""
     faults: list[Fault] = []
     t = 30.0
-    kinds = [_isolate_node, _isolate_central, _flapping, _one_way, _kill_while_cut, _stop_cont]
+    kinds = [_isolate_node, _isolate_central, _flapping, _one_way, _kill_while_cut, _stop_cont,
+             _tcp_reset, _throttle]  # fmt: skip
     while t < 3500.0:
         for fault in rng.choice(kinds)(rng, nodes):
             faults.append(Fault(t + fault.at, fault.action, fault.target))
@@ -123,12 +137,24 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("kill-while-cut", "power loss and reboot while cut off", 14.0, _kill_while_cut),
         Scenario("stop-cont", "a node frozen (SIGSTOP) then thawed", 12.0, _stop_cont),
         Scenario("broker-restart", "the broker restarts (no persistence)", 10.0, _broker_restart),
+        Scenario(
+            "broker-restart-persistent",
+            "the broker restarts, keeping its sessions on disk",
+            10.0,
+            _broker_restart,
+            broker_persistence=True,
+        ),
+        Scenario("tcp-reset", "a node's TCP connections answered by resets", 12.0, _tcp_reset),
+        Scenario("throttle", "a node's link throttled to 64 kbit/s", 14.0, _throttle),
         Scenario("soak", "an hour of partitions every few minutes", 3600.0, _soak, soak=True),
     )
 }
 
 #: The short matrix CI runs.
-QUICK = ("isolate-node", "isolate-central", "flapping", "one-way", "kill-while-cut")
+QUICK = (
+    "isolate-node", "isolate-central", "flapping", "one-way", "kill-while-cut", "tcp-reset",
+    "throttle", "broker-restart-persistent",
+)  # fmt: skip
 
 
 def schedule_for(name: str, seed: int, nodes: Sequence[str]) -> list[Fault]:
