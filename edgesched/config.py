@@ -92,6 +92,24 @@ _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+def _check_id(value: str, what: str) -> None:
+    if not _NODE_ID.fullmatch(value):
+        raise ValueError(
+            f"{what} must be 1-64 letters, digits, '-' or '_' starting with a letter or "
+            f"digit, got {value!r}"
+        )
+
+
+def _check_api(host: str, port: int, allow_remote: bool) -> None:
+    if not 0 <= port < 65536:
+        raise ValueError(f"api_port must be in 0..65535, got {port}")
+    if host not in _LOOPBACK and not allow_remote:
+        raise ValueError(
+            f"api_host {host!r} is not loopback; set allow_remote_api = true to "
+            "expose the API beyond this machine"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class MqttConfig:
     """The broker and how to reach it: one connection per peer, under its fixed identity.
@@ -207,22 +225,12 @@ class EdgeConfig:
 
     def __post_init__(self) -> None:
         for central in self.centrals:
-            if not _NODE_ID.fullmatch(central):
-                raise ValueError(f"centrals: {central!r} is not a valid id")
+            _check_id(central, "centrals")
         if not self.centrals:
             raise ValueError("centrals: at least one central id is needed")
-        if self.node_id and not _NODE_ID.fullmatch(self.node_id):
-            raise ValueError(
-                f"node_id must be 1-64 letters, digits, '-' or '_' starting with a letter or "
-                f"digit, got {self.node_id!r}"
-            )
-        if not 0 <= self.api_port < 65536:
-            raise ValueError(f"api_port must be in 0..65535, got {self.api_port}")
-        if self.api_host not in _LOOPBACK and not self.allow_remote_api:
-            raise ValueError(
-                f"api_host {self.api_host!r} is not loopback; set allow_remote_api = true to "
-                "expose the local API beyond this machine"
-            )
+        if self.node_id:
+            _check_id(self.node_id, "node_id")
+        _check_api(self.api_host, self.api_port, self.allow_remote_api)
         for name in ("lease_s", "cycle_s", "sample_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -268,18 +276,8 @@ class CentralConfig:
 
     def __post_init__(self) -> None:
         for name in (self.central_id, *self.nodes, *self.peers):
-            if not _NODE_ID.fullmatch(name):
-                raise ValueError(
-                    f"ids must be 1-64 letters, digits, '-' or '_' starting with a letter or "
-                    f"digit, got {name!r}"
-                )
-        if not 0 <= self.api_port < 65536:
-            raise ValueError(f"api_port must be in 0..65535, got {self.api_port}")
-        if self.api_host not in _LOOPBACK and not self.allow_remote_api:
-            raise ValueError(
-                f"api_host {self.api_host!r} is not loopback; set allow_remote_api = true to "
-                "expose the API beyond this machine"
-            )
+            _check_id(name, "ids")
+        _check_api(self.api_host, self.api_port, self.allow_remote_api)
         from edgesched.sync.reconcile import ReconcilePolicy
 
         if self.reconcile not in {p.value for p in ReconcilePolicy}:

@@ -41,7 +41,7 @@ from edgesched.core.forecast import (
     SeasonalNaive,
     time_of_day_features,
 )
-from edgesched.policies.ortsession import ModelLoadError, metadata, open_session
+from edgesched.policies.ortsession import ModelLoadError, open_contract
 
 log = logging.getLogger("edgesched.policies.demand")
 
@@ -299,14 +299,7 @@ class ClassForecaster:
         self.fallback = fallback
         self.on_fallback = on_fallback
         self.fallbacks = 0
-        self.session = open_session(self.path)
-        meta = metadata(self.session)
-        if meta.get("edgesched.contract") != CONTRACT:
-            raise ModelLoadError(
-                f"{self.path}: contract {meta.get('edgesched.contract')!r}, expected {CONTRACT!r}"
-            )
-        if meta.get("edgesched.classes") != ",".join(CLASSES):
-            raise ModelLoadError(f"{self.path}: class order {meta.get('edgesched.classes')!r}")
+        self.session = open_contract(self.path, CONTRACT, "edgesched.classes", ",".join(CLASSES))
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         if len(inputs) != 1 or inputs[0].name != "x" or list(inputs[0].shape)[1:] != [N_INPUT]:
             raise ModelLoadError(f"{self.path}: input must be x [N, {N_INPUT}]")

@@ -29,3 +29,17 @@ def open_session(path: Path) -> Any:
 def metadata(session: Any) -> dict[str, str]:
     """The model's ``metadata_props`` (contract name, feature order, ...)."""
     return dict(session.get_modelmeta().custom_metadata_map)
+
+
+def open_contract(path: Path, contract: str, key: str, order: str) -> Any:
+    """A session for ``path`` whose metadata names ``contract`` and lists ``order`` under
+    ``key`` (the inputs' meaning, in order); ModelLoadError naming the mismatch otherwise."""
+    session = open_session(path)
+    meta = metadata(session)
+    if meta.get("edgesched.contract") != contract:
+        raise ModelLoadError(
+            f"{path}: contract {meta.get('edgesched.contract')!r}, expected {contract!r}"
+        )
+    if meta.get(key) != order:
+        raise ModelLoadError(f"{path}: {key} {meta.get(key)!r} does not match this build")
+    return session

@@ -43,7 +43,7 @@ from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.core.simulator import ScenarioLike, SimReport, simulate
 from edgesched.core.strategies import CoreStrategy, Strategy
 from edgesched.core.tidal import campus_profile
-from edgesched.policies.ortsession import ModelLoadError, metadata, open_session
+from edgesched.policies.ortsession import ModelLoadError, open_contract
 
 log = logging.getLogger("edgesched.policies.placement")
 
@@ -157,14 +157,9 @@ class OnnxPlacementScore:
         self.path = Path(path)
         self.on_fallback = on_fallback
         self.fallbacks = 0
-        self.session = open_session(self.path)
-        meta = metadata(self.session)
-        if meta.get("edgesched.contract") != CONTRACT:
-            raise ModelLoadError(
-                f"{self.path}: contract {meta.get('edgesched.contract')!r}, expected {CONTRACT!r}"
-            )
-        if meta.get("edgesched.features") != ",".join(LEARNED_FEATURES):
-            raise ModelLoadError(f"{self.path}: feature order does not match this build")
+        self.session = open_contract(
+            self.path, CONTRACT, "edgesched.features", ",".join(LEARNED_FEATURES)
+        )
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         if (
             len(inputs) != 1
