@@ -440,6 +440,19 @@ async def _final_state(harness: Harness) -> FinalState:
     )
 
 
+async def _settled_state(harness: Harness, limit: float = 10.0) -> FinalState:
+    """The final state, read again (briefly) while a node's document and central's replica
+    of it differ. Tasks keep finishing after the workload stops, so a read that catches a node
+    between an update and its arrival at central is no divergence; one that lasts is."""
+    deadline = time.monotonic() + limit
+    while True:
+        final = await _final_state(harness)
+        same = all(final.replica_hashes.get(n) == h for n, h in final.node_hashes.items())
+        if same or time.monotonic() > deadline:
+            return final
+        await asyncio.sleep(0.25)
+
+
 async def _converged(harness: Harness) -> bool:
     final = await _final_state(harness)
     same = all(final.replica_hashes.get(n) == h for n, h in final.node_hashes.items())
@@ -501,7 +514,7 @@ async def run_scenario(
                         converge_s = round(time.monotonic() - healed_at, 3)
                         break
                 await asyncio.sleep(0.25)
-            final = await _final_state(harness)
+            final = await _settled_state(harness)
             await asyncio.gather(*harness._measuring, return_exceptions=True)
             watch.cancel()  # the timeline ends when the run is judged
         verdict: Verdict = check(run.history, final)
