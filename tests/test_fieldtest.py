@@ -117,7 +117,8 @@ def test_the_quick_matrix_in_network_namespaces(tmp_path: Path) -> None:
         assert row["ok"] and row["backend"] == "netns" and row["lost"] == 0, row
         assert row["duplicates"] == 0
         heal = row["max_heal_convergence_s"]
-        assert isinstance(heal, float)  # measured; its size is in the report, not asserted
+        if row["scenario"] != "broker-restart-persistent":  # the one without a link heal
+            assert isinstance(heal, float)  # measured; its size is in the report only
     report = json.loads((tmp_path / "isolate-node-1" / "report.json").read_text())
     assert report["verdict"]["offline_decisions"] > 0
     assert (tmp_path / "isolate-node-1" / "report.md").read_text().startswith("# Field test")
