@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ import numpy as np
 import onnx
 import psutil
 from onnx import TensorProto, helper, numpy_helper
+
+from edgesched.ports import free_port
 
 TARGET_RSS_MB = 70.0  # KubeEdge EdgeCore's documented minimum; a K3s agent idles near 270 MB
 MB = 1024 * 1024
@@ -60,13 +61,6 @@ def build_model(path: Path, seed: int = 0) -> None:
     model.ir_version = 8  # the IR version of opset 17; any onnxruntime >= 1.11 reads it
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def write_config(tmp: Path, model: Path | None, sample_s: float, cycle_s: float) -> Path:

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,14 +33,9 @@ from typing import Any
 
 import psutil
 
+from edgesched.ports import free_port
+
 MARK = "EDGESCHED_BENCH_LATENCY"  # in every task's environment, to find leftovers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Node:

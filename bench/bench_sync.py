@@ -52,7 +52,6 @@ import logging
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -64,6 +63,7 @@ from typing import Any
 
 from pycrdt import Doc, YSyncMessageType
 
+from edgesched.ports import free_port, wait_for_port
 from edgesched.sync import wire
 from edgesched.sync.doc import LocalUpdate, NodeDoc, client_id_for, decode_state_vector
 from edgesched.sync.peer import DocPeer
@@ -220,22 +220,6 @@ def bench_converge(n: int, decisions: int) -> float:
 # ---------------------------------------------------------------------- Mosquitto
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_for_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.01)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
-
-
 class Broker:
     """Mosquitto on 127.0.0.1 on a free port (anonymous, no persistence), as tests/conftest."""
 
@@ -260,7 +244,7 @@ class Broker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_for_port(self.port)
+        wait_for_port(self.port, interval=0.01)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

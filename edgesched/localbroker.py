@@ -9,22 +9,16 @@ use it are configured with ``protocol = "3.1.1"``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgesched.ports import free_port, wait_for_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+__all__ = ["LocalBroker", "free_port", "mosquitto_path", "start_local_broker"]
 
 
 def mosquitto_path() -> str | None:
@@ -53,15 +47,17 @@ class LocalBroker:
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the broker exited {proc.returncode}: {log.read_text()[-2000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"the broker did not listen on 127.0.0.1:{port} within {timeout}s")
+    try:
+        wait_for_port(port, timeout, proc=proc)
+    except ChildProcessError:
+        raise RuntimeError(
+            f"the broker exited {proc.returncode}: {log.read_text()[-2000:]}"
+        ) from None
+    except TimeoutError:
+        proc.kill()
+        raise RuntimeError(
+            f"the broker did not listen on 127.0.0.1:{port} within {timeout}s"
+        ) from None
 
 
 def start_local_broker(

@@ -33,7 +33,8 @@ from edgesched.fieldtest.checker import FinalState, Submission, Verdict, check
 from edgesched.fieldtest.faultproxy import FaultProxy
 from edgesched.fieldtest.netns import Fabric, Host, available
 from edgesched.fieldtest.scenarios import SCENARIOS, Fault, schedule_for
-from edgesched.localbroker import free_port, mosquitto_path
+from edgesched.localbroker import mosquitto_path
+from edgesched.ports import free_port
 
 KEEPALIVE_S = 2
 LEASE_S = 2.0

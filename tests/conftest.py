@@ -2,45 +2,57 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from edgesched.localbroker import mosquitto_path
+from edgesched.ports import free_port, wait_for_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+__all__ = ["free_port", "wait_for_port"]  # the tests import them from here
 
 
-def wait_for_port(port: int, timeout: float = 10.0) -> None:
+async def until(
+    pred: Callable[[], Any],
+    timeout: float,
+    what: str,
+    *,
+    tolerate: tuple[type[Exception], ...] = (),
+    interval: float = 0.2,
+) -> Any:
+    """Poll the blocking ``pred`` (on a thread) until it is truthy; return its value.
+    TimeoutError naming ``what`` and the last value after ``timeout``. Exceptions of the
+    ``tolerate`` types count as "not yet" (a service between restarts)."""
     deadline = time.monotonic() + timeout
+    last: Any = None
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+        try:
+            last = await asyncio.to_thread(pred)
+        except tolerate as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        await asyncio.sleep(interval)
+    raise TimeoutError(f"{what} not reached in {timeout}s; last={last!r}")
 
 
 def mosquitto_binary() -> str:
-    found = shutil.which("mosquitto") or (
-        "/usr/sbin/mosquitto" if os.access("/usr/sbin/mosquitto", os.X_OK) else None
-    )
+    found = mosquitto_path()
     if found is None:
         pytest.fail("Mosquitto is not installed: run `make setup` (apt-get install mosquitto)")
     return found

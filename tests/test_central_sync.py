@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,7 @@ from conftest import (
     EdgeNode,
     free_port,
     kill_task_processes,
+    until,
     write_central_config,
     write_edge_config,
 )
@@ -53,17 +54,6 @@ class Fleet:
             if replica is None or replica["document"]["content_hash"] != node_hash:
                 return None
         return hashes
-
-
-async def until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await asyncio.to_thread(pred)
-        if last:
-            return last
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"{what} not reached in {timeout}s; last={last!r}")
 
 
 def submit(node: EdgeNode, task_id: str, seconds: int = 120) -> None:

@@ -19,10 +19,8 @@ import asyncio
 import json
 import os
 import signal
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -32,6 +30,7 @@ from conftest import (
     EdgeNode,
     free_port,
     kill_task_processes,
+    until,
     write_central_config,
     write_edge_config,
 )
@@ -197,17 +196,6 @@ def chromium_or_fail() -> str:
             "the dashboard test never downloads a browser"
         )
     return CHROMIUM
-
-
-async def until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await asyncio.to_thread(pred)
-        if last:
-            return last
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"{what} not reached in {timeout}s; last={last!r}")
 
 
 async def node_state(page: Page, node_id: str, state: str) -> None:

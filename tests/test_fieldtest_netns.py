@@ -23,6 +23,9 @@ from conftest import (
     write_central_config,
     write_edge_config,
 )
+from conftest import (
+    until as poll,
+)
 
 from edgesched.fieldtest.netns import Fabric, Host, available
 from edgesched.fieldtest.runner import Proc, Service
@@ -50,18 +53,8 @@ class Api(Service):
 
 
 async def until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = await asyncio.to_thread(pred)
-        except (OSError, ValueError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        await asyncio.sleep(0.25)
-    raise TimeoutError(f"{what} not reached in {timeout}s; last={last!r}")
+    """Services restart in these scenarios: a refused connection counts as "not yet"."""
+    return await poll(pred, timeout, what, tolerate=(OSError, ValueError), interval=0.25)
 
 
 @pytest.fixture
