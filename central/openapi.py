@@ -140,6 +140,30 @@ def _op(
     return out
 
 
+def _public_paths(tag: str) -> dict[str, Schema]:
+    """The two routes both tiers serve without a token: liveness and this document."""
+    return {
+        "/v1/health": {
+            "get": _op(
+                "health",
+                "Liveness (no token)",
+                tag,
+                {"200": _json(_ref("Health"), "up")},
+                public=True,
+            )
+        },
+        "/v1/openapi.json": {
+            "get": _op(
+                "openapi",
+                "This document (no token)",
+                tag,
+                {"200": _json({"type": "object"}, "the OpenAPI document")},
+                public=True,
+            )
+        },
+    }
+
+
 def _path_id(what: str) -> Schema:
     return {
         "name": "id",
@@ -650,24 +674,7 @@ def _central_paths() -> dict[str, Schema]:
         return op
 
     return {
-        "/v1/health": {
-            "get": _op(
-                "health",
-                "Liveness (no token)",
-                fleet,
-                {"200": _json(_ref("Health"), "up")},
-                public=True,
-            )
-        },
-        "/v1/openapi.json": {
-            "get": _op(
-                "openapi",
-                "This document (no token)",
-                fleet,
-                {"200": _json({"type": "object"}, "the OpenAPI document")},
-                public=True,
-            )
-        },
+        **_public_paths(fleet),
         "/v1/status": {
             "get": _op(
                 "status",
@@ -1042,24 +1049,7 @@ def _edge_paths() -> dict[str, Schema]:
     tag = "edge"
     task_id = _path_id("task id")
     return {
-        "/v1/health": {
-            "get": _op(
-                "health",
-                "Liveness (no token)",
-                tag,
-                {"200": _json(_ref("Health"), "up")},
-                public=True,
-            )
-        },
-        "/v1/openapi.json": {
-            "get": _op(
-                "openapi",
-                "This document (no token)",
-                tag,
-                {"200": _json({"type": "object"}, "the OpenAPI document")},
-                public=True,
-            )
-        },
+        **_public_paths(tag),
         "/v1/status": {
             "get": _op(
                 "status",
