@@ -80,16 +80,20 @@ class SimConfig:
             raise ValueError("scenario must not be empty")
         if self.seed < 0:
             raise ValueError("seed must be >= 0")
-        for name in ("days", "scale", "step_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be finite and > 0, got {value}")
+        _check_positive(self, "days", "scale", "step_s")
         if not 0 <= self.affinity_load <= 1:
             raise ValueError(f"affinity_load must be in [0, 1], got {self.affinity_load}")
 
 
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _check_positive(config: object, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be finite and > 0, got {value}")
 
 
 def _check_id(value: str, what: str) -> None:
@@ -231,10 +235,7 @@ class EdgeConfig:
         if self.node_id:
             _check_id(self.node_id, "node_id")
         _check_api(self.api_host, self.api_port, self.allow_remote_api)
-        for name in ("lease_s", "cycle_s", "sample_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be finite and > 0, got {value}")
+        _check_positive(self, "lease_s", "cycle_s", "sample_s")
         if self.stop_grace_s < 0:
             raise ValueError("stop_grace_s must be >= 0")
 
@@ -289,10 +290,7 @@ class CentralConfig:
             raise ValueError(
                 f"failover_after_s must be finite and >= 0, got {self.failover_after_s}"
             )
-        for name in ("heartbeat_s", "snapshot_s", "cycle_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be finite and > 0, got {value}")
+        _check_positive(self, "heartbeat_s", "snapshot_s", "cycle_s")
 
 
 @dataclass(frozen=True, slots=True)
