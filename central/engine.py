@@ -246,16 +246,17 @@ class CentralEngine:
             replica.peer.request_resync()  # its answer makes the replica fresh again
         self._wake.set()
 
+    def is_fresh(self, node_id: str) -> bool:
+        """Whether the node's replica is current: online, and a full resync answered since."""
+        replica = self.replicas.replicas.get(node_id)
+        status = self.liveness.nodes.get(node_id)
+        if replica is None or status is None or status.state != "online":
+            return False
+        synced = replica.peer.synced_at.get(node_id)
+        return synced is not None and synced >= status.since
+
     def fresh_nodes(self) -> set[str]:
-        """Nodes whose replica is current: online, and a full resync answered since."""
-        out = set()
-        for node_id, replica in self.replicas.replicas.items():
-            status = self.liveness.nodes.get(node_id)
-            synced = replica.peer.synced_at.get(node_id)
-            online = status is not None and status.state == "online"
-            if online and synced is not None and status is not None and synced >= status.since:
-                out.add(node_id)
-        return out
+        return {n for n in self.replicas.replicas if self.is_fresh(n)}
 
     # --- tasks submitted at central -------------------------------------------------------
 
@@ -621,7 +622,7 @@ class CentralEngine:
             "telemetry": None if latest is None else latest.to_json(),
             "sync": {
                 "last_update_s_ago": None if heard is None else round(self.clock() - heard, 3),
-                "fresh": node_id in self.fresh_nodes(),
+                "fresh": self.is_fresh(node_id),
             },
         }
 
