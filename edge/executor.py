@@ -55,7 +55,7 @@ import signal
 import subprocess
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -571,6 +571,33 @@ class Executor:
 
 
 # --------------------------------------------------------------------- helpers
+
+
+def kill_leftovers(
+    run_dirs: Iterable[Path], also: Callable[[psutil.Process], bool] | None = None
+) -> int:
+    """SIGKILL the process group of every task a node started under ``run_dirs``, or that
+    ``also`` picks: tasks outlive their engine by design, and whoever ran a fleet of its own
+    (a test, the demo, a field test) stops them at the end. A task's wrapper carries its
+    exit-record path, inside the run dir, in its argv. Returns how many were found."""
+    runs = [str(d) for d in run_dirs]
+    me, found = os.getpid(), 0
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid == me:
+            continue
+        with contextlib.suppress(psutil.Error):
+            argv = proc.info.get("cmdline") or ()
+            ours = any(r in arg for r in runs for arg in argv)
+            if not ours and also is not None:
+                with contextlib.suppress(psutil.Error):
+                    ours = also(proc)
+            if ours:
+                found += 1
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.pid, signal.SIGKILL)
+    return found
 
 
 def _resolve_command(task_id: str, name: str, path_env: str, cwd: str | None) -> str:

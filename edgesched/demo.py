@@ -36,7 +36,6 @@ import contextlib
 import itertools
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -422,27 +421,9 @@ def kill_task_processes(run_dirs: Iterable[Path], marker: str) -> int:
     """Kill the process groups of every task process: the executor's wrapper carries its run
     directory in argv, and every demo task has ``marker`` (the work dir) in its environment.
     Returns how many were found."""
-    import psutil
+    from edgesched.edge.executor import kill_leftovers
 
-    runs = [str(d) for d in run_dirs]
-    found = 0
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if proc.pid == me:
-            continue
-        with contextlib.suppress(psutil.Error):
-            argv = proc.info.get("cmdline") or ()
-            ours = any(r in arg for r in runs for arg in argv)
-            if not ours:
-                with contextlib.suppress(psutil.Error):
-                    ours = proc.environ().get(TASK_MARKER) == marker
-            if ours:
-                found += 1
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(proc.pid, signal.SIGKILL)
-    return found
+    return kill_leftovers(run_dirs, also=lambda p: p.environ().get(TASK_MARKER) == marker)
 
 
 def _toml(value: object) -> str:

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from edgesched.edge.executor import kill_leftovers
 from edgesched.fieldtest.checker import FinalState, Submission, Verdict, check
 from edgesched.fieldtest.faultproxy import FaultProxy
 from edgesched.fieldtest.netns import Fabric, Host, available
@@ -356,20 +355,7 @@ class Harness:
             await proxy.__aexit__(None, None, None)
         if self.fabric is not None:
             self.fabric.close()
-        _kill_tasks([s.state / "run" for s in self.services.values()])
-
-
-def _kill_tasks(run_dirs: list[Path]) -> None:
-    """Tasks outlive their engine by design; the run's own are stopped at the end. The
-    executor's wrapper carries its exit-record path (in the node's run dir) in its argv."""
-    markers = [str(d) for d in run_dirs]
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            args = proc.info.get("cmdline") or ()
-            if proc.pid != me and any(m in arg for m in markers for arg in args):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+        kill_leftovers([s.state / "run" for s in self.services.values()])
 
 
 # --- the run -------------------------------------------------------------------------------

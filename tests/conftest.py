@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from edgesched.edge.executor import kill_leftovers
 from edgesched.localbroker import mosquitto_path
 from edgesched.ports import free_port, wait_for_port
 
@@ -266,12 +266,4 @@ def edge_node(tmp_path: Path) -> Iterator[EdgeNode]:
 
 def kill_task_processes(state: Path) -> None:
     """Tasks outlive the engine by design; tests clean up the ones they started."""
-    import psutil
-
-    run = str(state / "run")
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            # The executor's wrapper carries its exit-record path (in the run dir) in argv.
-            if any(run in arg for arg in proc.info.get("cmdline") or ()):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+    kill_leftovers([state / "run"])
