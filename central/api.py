@@ -21,6 +21,8 @@ naming what is wrong.
     GET    /v1/events       the fleet's timeline: nodes on/offline, placements, failovers, merges
     GET    /v1/policy       the fleet policy: mode and tidal profile
     POST   /v1/policy       switch them ({"mode": ..., "tidal_profile": ...}); nodes follow
+    GET    /v1/models       the ONNX models: central's, the published ones, each node's
+    PUT    /v1/models/{kind}[?name=]   publish a .onnx file (body) for the fleet: checked first
     POST   /v1/k8s/filter | prioritize | bind   kube-scheduler extender v1 (if enabled)
     GET /metrics            Prometheus text format
 """
@@ -225,6 +227,32 @@ async def set_policy(request: web.Request) -> web.Response:
     return web.json_response(view)
 
 
+async def get_models(request: web.Request) -> web.Response:
+    return web.json_response(_central(request).models_view())
+
+
+async def put_model(request: web.Request) -> web.Response:
+    from edgesched.central.engine import TaskRefused
+    from edgesched.policies.models import KINDS, MAX_MODEL_BYTES
+
+    kind = request.match_info["kind"]
+    if kind not in KINDS:
+        return problem(404, "No such model kind", f"one of {', '.join(KINDS)}", "kind")
+    name = request.query.get("name", "")
+    if len(name) > 128:
+        return problem(400, "Model refused", "at most 128 characters", "name")
+    if request.content_length is not None and request.content_length > MAX_MODEL_BYTES:
+        return problem(413, "Model refused", f"at most {MAX_MODEL_BYTES} bytes", "body")
+    data = await request.read()
+    if len(data) > MAX_MODEL_BYTES:
+        return problem(413, "Model refused", f"at most {MAX_MODEL_BYTES} bytes", "body")
+    try:
+        view = await _central(request).set_model(kind, data, name)
+    except TaskRefused as exc:
+        return problem(exc.status, "Model refused", exc.message, exc.field)
+    return web.json_response(view)
+
+
 async def metrics(request: web.Request) -> web.Response:
     engine = _central(request)
     engine.refresh_metrics()
@@ -249,6 +277,8 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/policy", get_policy)
     app.router.add_post("/v1/policy", set_policy)
+    app.router.add_get("/v1/models", get_models)
+    app.router.add_put("/v1/models/{kind}", put_model)
     app.router.add_get("/metrics", metrics)
     from edgesched.central.dashboard import add_routes  # it imports this module
 

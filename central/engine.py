@@ -13,7 +13,11 @@
 
 The control loop (every ``cycle_s``, or as soon as a replica or a node's status changes)
 places waiting tasks, fails services over from nodes offline past ``failover_after_s``, and
-settles tasks placed twice by the pure rule of :mod:`edgesched.central.placement`. Loops run
+settles tasks placed twice by the pure rule of :mod:`edgesched.central.placement`. The
+forecast loop samples what each workload class asks of the fleet and forecasts the next 15
+minutes with the per-class ONNX model; ``learned`` mode places with the ONNX score, and an
+admin swaps either model for the whole fleet through the policy document
+(:mod:`edgesched.policies.models`). Loops run
 in one ``asyncio.TaskGroup`` owned by :meth:`CentralEngine.run`; :meth:`stop` ends them,
 saves the replicas and closes the store.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -45,10 +50,13 @@ from edgesched.central.placement import (
 from edgesched.central.replicas import NodeReplicas
 from edgesched.central.telemetry import TelemetryCollector
 from edgesched.config import EdgeschedConfig
+from edgesched.core.classdemand import ClassDemand
 from edgesched.core.model import Node, Placement
-from edgesched.core.policy import PolicyMode
+from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.edge.spec import SpecError, TaskSpec
-from edgesched.edge.store import Store
+from edgesched.edge.store import Store, StoreError
+from edgesched.policies.models import ActiveModels, ModelBlob
+from edgesched.policies.ortsession import ModelLoadError
 from edgesched.sync.doc import PolicyDoc, client_id_for
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
@@ -57,6 +65,8 @@ from edgesched.sync.session import MqttSession, wait_event
 
 POLICY_DOC = "policy"
 MAX_EVENTS = 1000
+#: How often central samples what each workload class asks of the fleet (5-minute bins).
+DEMAND_SAMPLE_S = 5.0
 
 
 class TaskRefused(Exception):
@@ -138,6 +148,9 @@ class CentralEngine:
         self._lock = asyncio.Lock()  # one control step or submission at a time
         self.liveness.on_change = self._node_status_changed
         self.replicas.on_change = lambda _node: self._wake.set()
+        self.models: ActiveModels | None = None  # loaded in run(): onnxruntime is slow to import
+        self.demand = ClassDemand()  # what each workload class asks of the fleet, 5-min bins
+        self.forecast_cpu: float | None = None
 
     @property
     def store(self) -> Store:
@@ -157,7 +170,17 @@ class CentralEngine:
 
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._store = await Store.open(self.state_dir / "central.db")
+        fallbacks = self.metrics.model_fallbacks
         try:
+            self.models = ActiveModels(
+                self.state_dir / "models",
+                {
+                    "forecast": self.central.forecast_model,
+                    "placement": self.central.placement_model,
+                },
+                on_event=lambda kind, stage: fallbacks.labels(kind, stage).inc(),
+            )
+            await self._seed_demand()
             self.replicas.store = self._store
             restored = await self.replicas.load()
             log.info("central %s: %d node replicas restored", self.central.central_id, restored)
@@ -171,6 +194,7 @@ class CentralEngine:
                         group.create_task(self.session.run(), name="mqtt"),
                         group.create_task(self._snapshot_loop(), name="snapshots"),
                         group.create_task(self._control_loop(), name="control"),
+                        group.create_task(self._forecast_loop(), name="forecast"),
                     ]
                     self._ready.set()
                     log.info(
@@ -314,7 +338,7 @@ class CentralEngine:
         replacement: bool,
         view: FleetView | None = None,
     ) -> str | None:
-        choice = place(spec, self._view() if view is None else view, self.config.policy, pin=pin)
+        choice = place(spec, self._view() if view is None else view, self._policy_config(), pin=pin)
         now = self.clock()
         policy = _need(self.policy)
         if choice.node_id is None:
@@ -355,7 +379,7 @@ class CentralEngine:
             if target == source:
                 raise TaskRefused(409, "node", f"task {task_id!r} already runs on {target}")
             spec = TaskSpec.from_json(entry["spec"])
-            choice = place(spec, self._view(), self.config.policy, pin=target)
+            choice = place(spec, self._view(), self._policy_config(), pin=target)
             if choice.node_id is None:
                 raise TaskRefused(422, "node", choice.reason)
             now = self.clock()
@@ -461,7 +485,7 @@ class CentralEngine:
             entry = assignments[task_id]
             spec = TaskSpec.from_json(entry["spec"])
             old = str(entry.get("node"))
-            choice = place(spec, self._view(), self.config.policy, exclude=[old])
+            choice = place(spec, self._view(), self._policy_config(), exclude=[old])
             if choice.node_id is None:
                 continue  # nowhere to go: it stays with its node, which may come back
             epoch = int(entry.get("epoch", 1)) + 1
@@ -515,6 +539,98 @@ class CentralEngine:
             entry = tasks.get(task_id)
             if node_id in docs and (entry is None or entry.get("state") not in ACTIVE_STATES):
                 policy.drop_stop(task_id, node_id)
+
+    # --- the 15-minute forecast and the models --------------------------------------------
+
+    def _policy_config(self) -> PolicyConfig:
+        """The fleet policy, with the placement model injected when in ``learned`` mode."""
+        models: ActiveModels = _need(self.models)
+        return models.policy(self.config.policy)
+
+    async def _seed_demand(self) -> None:
+        saved = await self.store.get_meta("class_demand")
+        if saved:
+            try:
+                self.demand = ClassDemand.from_json(json.loads(saved))
+            except ValueError as exc:
+                log.error("dropping the saved demand history: %s", exc)
+
+    async def _forecast_loop(self) -> None:
+        while True:
+            await asyncio.sleep(DEMAND_SAMPLE_S)
+            async with self._lock:
+                closed = self.observe_demand()
+            if closed:
+                with contextlib.suppress(StoreError):
+                    await self.store.set_meta("class_demand", json.dumps(self.demand.to_json()))
+
+    def observe_demand(self) -> bool:
+        """Sample what each workload class asks of the fleet now (CPU of its placed and
+        waiting tasks); on each closed 5-minute bin, forecast the fleet's next 15 minutes with
+        the per-class model. True when a bin closed."""
+        view = self._view()
+        asked: dict[str, float] = {}
+        for p in view.placements:
+            asked[p.task.workload] = asked.get(p.task.workload, 0.0) + p.task.demand.cpu
+        for entry in _need(self.policy).assignments().values():
+            spec = entry.get("spec") if entry.get("state") == "pending" else None
+            if isinstance(spec, dict):
+                cls, cpu = spec.get("workload", "default"), spec.get("cpu", 1.0)
+                if isinstance(cls, str) and isinstance(cpu, int | float):
+                    asked[cls] = asked.get(cls, 0.0) + float(cpu)
+        if not self.demand.observe(view.now, asked):
+            return False
+        capacity = sum(n.capacity.cpu for n in view.nodes)
+        self.forecast_cpu = _need(self.models).peak(self.demand, capacity)
+        if self.forecast_cpu is None:
+            return True
+        self.metrics.forecast.set(self.forecast_cpu)
+        if self.forecast_cpu > capacity:
+            self._event(
+                "forecast",
+                f"the next 15 minutes may ask {self.forecast_cpu:.1f} cores; "
+                f"{capacity:.1f} are online",
+            )
+        return True
+
+    def models_view(self) -> dict[str, Any]:
+        """What central runs, what it published, and what each node reports running."""
+        published = {
+            kind: {k: v for k, v in entry.items() if k != "data"}
+            for kind, entry in _need(self.policy).models().items()
+        }
+        nodes: dict[str, Any] = {}
+        for node_id, replica in sorted(self.replicas.replicas.items()):
+            about: Any = replica.content().get("node") or {}
+            nodes[node_id] = about.get("models")
+        return {
+            "central": _need(self.models).status(),
+            "published": published,
+            "nodes": nodes,
+            "forecast": {
+                "peak_cpu_next_15min": self.forecast_cpu,
+                "classes": sorted(self.demand.bins),
+            },
+        }
+
+    async def set_model(self, kind: str, data: bytes, name: str = "") -> dict[str, Any]:
+        """Check an uploaded model against its contract, then publish it in the policy
+        document: central swaps it in now, every node when it hears (cut-off ones on heal)."""
+        models = _need(self.models)
+        try:
+            blob = ModelBlob.of(kind, data, name, self.clock())
+            models.check(blob)
+        except ModelLoadError as exc:
+            models.on_event(kind, "swap")
+            raise TaskRefused(422, "model", str(exc)) from None
+        async with self._lock:
+            _need(self.policy).set_model(kind, blob.to_entry())
+            models.swap(blob)
+            self._event(
+                "model", f"{kind} model {name or '?'} (sha256 {blob.sha256[:12]}) published"
+            )
+        await _need(self._journal).flushed()
+        return self.models_view()
 
     # --- the fleet policy -----------------------------------------------------------------
 
@@ -572,6 +688,8 @@ class CentralEngine:
             policy = replace(policy, tidal=builtin_profiles()[tidal])
             self._tidal_name = tidal
         self.config = replace(self.config, policy=policy)
+        if self.models is not None:  # a peer may have published a model
+            self.models.follow(doc.models())
 
     # --- the fleet for the Kubernetes extender --------------------------------------------
 

@@ -25,6 +25,18 @@ class CentralMetrics:
         self.snapshots = Counter(
             "edgesched_central_replica_snapshots", "Replica snapshots written", registry=r
         )
+        self.model_fallbacks = Counter(
+            "edgesched_central_model_fallbacks",
+            "Model fallbacks: a file refused at load, an upload or peer's swap refused, or one "
+            "forecast or placement served by the heuristic",
+            ["kind", "stage"],
+            registry=r,
+        )
+        self.forecast = Gauge(
+            "edgesched_central_forecast_cpu",
+            "Fleet CPU cores forecast as the peak of the next 15 min (per-class model)",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -192,6 +192,20 @@ _TEXT: Schema = _json(_STR, "Prometheus text exposition format", "text/plain")
 
 # --- shared schemas: the task spec, problems --------------------------------------------------
 
+
+def _model_info() -> Schema:
+    """One ONNX model an engine runs (``edgesched.policies.models.ModelInfo``)."""
+    return _obj(
+        {
+            "source": {"type": "string", "enum": ["shipped", "config", "central", "none"]},
+            "path": _STR,
+            "sha256": _STR,
+            "refused": {"type": "string", "description": "the last refusal, if any"},
+            "refused_sha256": _STR,
+        }
+    )
+
+
 #: ``TaskSpec`` ids: Python's ``str.isalnum`` letters and digits, '-', '_' and '.'. ``\\w`` is
 #: exactly that plus '_' under Python's ``re`` (and ASCII-only under ECMA-262, a stricter rule a
 #: client can follow safely).
@@ -465,6 +479,33 @@ def _central_schemas() -> dict[str, Schema]:
             }
         ),
         "Migration": _obj({"node": {"type": "string", "description": "the target node id"}}),
+        "ModelInfo": _model_info(),
+        "Models": _obj(
+            {
+                "central": _map(_ref("ModelInfo"), "kind -> what central runs"),
+                "published": _map(
+                    _obj(
+                        {
+                            "sha256": _STR,
+                            "size": _INT,
+                            "name": _STR,
+                            "set_at": _NUMBER,
+                        }
+                    ),
+                    "kind -> the model in the policy document, which every node follows",
+                ),
+                "nodes": _map(
+                    _nullable({"type": "object"}),
+                    "node -> kind -> {sha256, source, refused} as the node reports it",
+                ),
+                "forecast": _obj(
+                    {
+                        "peak_cpu_next_15min": _nullable(_NUMBER),
+                        "classes": {"type": "array", "items": _STR},
+                    }
+                ),
+            }
+        ),
         "PolicyUpdate": {
             **_obj(
                 {
@@ -806,6 +847,52 @@ def _central_paths() -> dict[str, Schema]:
                 body=_body(_ref("PolicyUpdate"), "what to switch"),
             ),
         },
+        "/v1/models": {
+            "get": _op(
+                "getModels",
+                "The ONNX models: what central runs, what it published, what nodes run",
+                fleet,
+                {"200": _json(_ref("Models"), "the models"), **_problems(401)},
+                description=read,
+            )
+        },
+        "/v1/models/{kind}": {
+            "put": _op(
+                "putModel",
+                "Publish an ONNX model for the whole fleet (forecast or placement)",
+                fleet,
+                {
+                    "200": _json(_ref("Models"), "the models now"),
+                    **_problems(400, 401, 403, 404, 413, 422, 503),
+                },
+                description=admin
+                + " The body is the `.onnx` file (at most 1 MiB). Central loads it to check it"
+                " against the kind's contract (422 naming the mismatch otherwise), swaps it in"
+                " and writes it into the policy document: every node verifies its sha256 and"
+                " swaps it in when it hears, a cut-off node on heal.",
+                params=[
+                    {
+                        "name": "kind",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "enum": ["forecast", "placement"]},
+                    },
+                    _query("name", {"type": "string", "maxLength": 128}, "a display name"),
+                ],
+                body={
+                    "required": True,
+                    "description": "the ONNX file",
+                    "content": {
+                        "application/octet-stream": {
+                            "schema": {
+                                "type": "string",
+                                "contentMediaType": "application/octet-stream",
+                            }
+                        }
+                    },
+                },
+            )
+        },
         "/metrics": {
             "get": _op(
                 "metrics",
@@ -993,8 +1080,14 @@ def _edge_schemas() -> dict[str, Schema]:
                         {"type": "null"},
                     ]
                 },
+                "models": _map(_model_info(), "kind -> the model in use, or why none"),
                 "forecast": _obj(
-                    {"model": _STR, "peak_cpu_next_15min": _nullable(_NUMBER), "history_bins": _INT}
+                    {
+                        "model": _STR,
+                        "peak_cpu_next_15min": _nullable(_NUMBER),
+                        "history_bins": _INT,
+                        "classes": {"type": "array", "items": _STR},
+                    }
                 ),
                 "hardware": {
                     "anyOf": [hardware, {"type": "null"}],

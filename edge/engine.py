@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from edgesched.config import EdgeschedConfig
-from edgesched.core.forecast import DemandHistory, Ewma, Forecaster, peak_next
+from edgesched.core.classdemand import ClassDemand
 from edgesched.core.model import Decision, DecisionKind, Node, Placement
 from edgesched.core.policy import PolicyMode
 from edgesched.core.scheduler import ClusterView, schedule
@@ -55,7 +55,7 @@ from edgesched.edge.spec import (
     TaskState,
 )
 from edgesched.edge.store import Store, StoreError, StoreFullError
-from edgesched.policies.runtime import ModelError, OnnxForecaster
+from edgesched.policies.models import ActiveModels
 from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
@@ -67,8 +67,6 @@ _T = TypeVar("_T")
 
 _QUEUED = (TaskState.ACCEPTED, TaskState.PREEMPTED)
 QUALIFICATION_FILE = "qualification.json"  # written by `edgesched node qualify --save`
-BIN_S = 300.0  # the forecaster's sample spacing: 5-minute mean demand
-HISTORY_BINS = 288  # one day
 #: Finished tasks leave the node document after this long (SQLite keeps them): bounded growth.
 DOC_RETENTION_S = 86_400.0
 #: Central's desired-state document (see :class:`edgesched.sync.doc.PolicyDoc`).
@@ -140,8 +138,8 @@ class EdgeEngine:
         self.profile: HardwareProfile | None = None
         self.node: Node | None = None
         self.api_port: int | None = None
-        self.fallback_forecaster: Forecaster = Ewma()
-        self.forecaster: Forecaster = self.fallback_forecaster
+        self.models: ActiveModels | None = None  # loaded in run(): onnxruntime is slow to import
+        self.demand = ClassDemand()  # what each workload class asks for, in 5-minute bins
         self.forecast_cpu: float | None = None
         self._doc: NodeDoc | None = None
         self._policy: PolicyDoc | None = None
@@ -149,8 +147,6 @@ class EdgeEngine:
         self._policy_saved = ""  # content hash of the policy replica last written to SQLite
         self.tidal_profile = "config"  # the config file's, until central names one
         self._journal: DocJournal | None = None
-        self._bins: list[float] = []  # 5-minute mean CPU cores in use, oldest first
-        self._bin: tuple[float, float, int] | None = None  # (start, sum, count) being filled
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -186,11 +182,11 @@ class EdgeEngine:
             )
             self._executor = Executor(self.state_dir / "run")
             agent = Agent(self.profile, power, self.hal_root)
-            self._load_forecaster()
+            self._load_models()
             await self._open_document()
             await self._recover()
             await self._mirror_all()
-            await self._seed_history()
+            await self._seed_demand()
             async with asyncio.TaskGroup() as group:
                 runner = await serve(self, self.edge.api_host, self.edge.api_port)
                 loops: list[asyncio.Task[None]] = []
@@ -321,6 +317,17 @@ class EdgeEngine:
         if policy != self.config.policy:
             log.warning("policy from central: mode %s, tidal %s", policy.mode, self.tidal_profile)
             self.config = replace(self.config, policy=policy)
+        self.active_models.follow(self.policy.models())
+        self._report_models()
+
+    def _report_models(self) -> None:
+        """Tell central (through our document) which models we run and what we refused."""
+        report = {
+            kind: {"sha256": info["sha256"], "source": info["source"], "refused": info["refused"]}
+            for kind, info in self.active_models.status().items()
+        }
+        if self.doc.node().get("models") != report:
+            self.doc.set_node("models", report)
 
     async def _follow_assignment(self, task_id: str, entry: dict[str, Any]) -> bool:
         """Apply one assignment to us; True if a process is to be stopped."""
@@ -462,47 +469,45 @@ class EdgeEngine:
         log.info("node profile from %s: perf %.2f, iops_k %s", path, perf, profile.get("iops_k"))
         return (perf if perf > 0 else 1.0), profile.get("iops_k")
 
-    def _load_forecaster(self) -> None:
-        path = self.edge.forecast_model
-        if not path:
+    def _load_models(self) -> None:
+        """The forecaster and placement score: the config's files, else the shipped ones;
+        central may swap either later through the policy document (:meth:`_follow_models`)."""
+        self.models = ActiveModels(
+            self.state_dir / "models",
+            {"forecast": self.edge.forecast_model, "placement": self.edge.placement_model},
+            on_event=lambda kind, stage: self.metrics.model_fallbacks.labels(kind, stage).inc(),
+        )
+
+    @property
+    def active_models(self) -> ActiveModels:
+        return _started(self.models)
+
+    async def _seed_demand(self) -> None:
+        """The per-class demand history saved at the last closed bin, so a restart keeps its
+        forecast (a malformed copy is logged and dropped: it only costs forecast quality)."""
+        saved = await self.store.get_meta("class_demand")
+        if not saved:
             return
         try:
-            self.forecaster = OnnxForecaster(
-                Path(path),
-                self.fallback_forecaster,
-                on_fallback=lambda why: self.metrics.model_fallbacks.labels("inference").inc(),
-            )
-            log.info("forecast model %s loaded", path)
-        except ModelError as exc:
-            self.metrics.model_fallbacks.labels("load").inc()
-            log.error("forecast model refused, using %s: %s", self.fallback_forecaster.name, exc)
+            self.demand = ClassDemand.from_json(json.loads(saved))
+        except ValueError as exc:
+            log.error("dropping the saved demand history: %s", exc)
 
-    async def _seed_history(self) -> None:
-        """Rebuild the demand history from stored samples, so a restart keeps its forecast."""
+    async def _observe_demand(self, now: float, records: list[TaskRecord]) -> None:
+        """Fold what each class asks for now (CPU of its queued and running tasks) into the
+        5-minute bins; on each closed bin, forecast the next 15 minutes and save the bins."""
+        asked: dict[str, float] = {}
+        for r in records:
+            if r.state in _QUEUED or r.state in _HELD:
+                asked[r.spec.workload] = asked.get(r.spec.workload, 0.0) + r.spec.cpu
+        if not self.demand.observe(now, asked):
+            return
         assert self.profile is not None
-        since = self.clock() - HISTORY_BINS * BIN_S
-        rows = await self.store.rollups(since) + await self.store.samples(since)
-        bins: dict[int, list[float]] = {}
-        for at, payload in rows:
-            cpu = payload.get("cpu_total")
-            if isinstance(cpu, int | float):
-                bins.setdefault(int(at // BIN_S), []).append(float(cpu) * self.profile.cores)
-        current = int(self.clock() // BIN_S)
-        self._bins = [sum(v) / len(v) for k, v in sorted(bins.items()) if k < current]
-
-    def _observe_demand(self, now: float, cores_used: float) -> None:
-        """Fold a sample into 5-minute bins; on each closed bin, forecast the next 15 min."""
-        start = now - now % BIN_S
-        if self._bin is not None and self._bin[0] != start:
-            _, total, count = self._bin
-            self._bins = [*self._bins[-(HISTORY_BINS - 1) :], total / count]
-            history = DemandHistory(BIN_S, tuple(self._bins), start)
-            self.forecast_cpu = peak_next(self.forecaster, history, 900.0)
+        self.forecast_cpu = self.active_models.peak(self.demand, float(self.profile.cores))
+        if self.forecast_cpu is not None:
             self.metrics.forecast.set(self.forecast_cpu)
-            self._bin = None
-        if self._bin is None:
-            self._bin = (start, 0.0, 0)
-        self._bin = (start, self._bin[1] + cores_used, self._bin[2] + 1)
+        with contextlib.suppress(StoreError):  # counted where the store fails for real
+            await self.store.set_meta("class_demand", json.dumps(self.demand.to_json()))
 
     async def _claim_identity(self) -> None:
         owner = await self.store.get_meta("node_id")
@@ -639,10 +644,12 @@ class EdgeEngine:
                 "content_hash": self._doc.content_hash(),
                 "tasks": len(self._doc.tasks()),
             },
+            "models": self.active_models.status(),
             "forecast": {
-                "model": self.forecaster.name,
+                "model": self.active_models.forecast_name,
                 "peak_cpu_next_15min": self.forecast_cpu,
-                "history_bins": len(self._bins),
+                "history_bins": max((len(v) for v in self.demand.bins.values()), default=0),
+                "classes": sorted(self.demand.bins),
             },
             "hardware": None
             if profile is None
@@ -720,7 +727,7 @@ class EdgeEngine:
                 pins=dict(self._pins),
             )
             pending = [r.spec.to_task(r.submitted_at) for r in queued]
-            result = schedule(view, pending, self.config.policy)
+            result = schedule(view, pending, self.active_models.policy(self.config.policy))
             # One node does not park itself: power decisions are for fleets and sites.
             decisions = [d for d in result.decisions if d.kind not in _POWER]
             if not decisions:
@@ -860,7 +867,6 @@ class EdgeEngine:
             sample = agent.sample(now)
             self.metrics.observe(sample)
             self._publish_telemetry(now, sample)
-            self._observe_demand(now, sample.cpu_total * len(sample.cpu_per_core))
             try:
                 await self.store.add_sample(now, sample.to_json())
                 if now - last_rollup >= 3600:
@@ -875,8 +881,10 @@ class EdgeEngine:
             self.executor.rotate_logs()
             counts: dict[str, int] = {}
             with contextlib.suppress(StoreError):
-                for r in await self.store.list_tasks():
+                records = await self.store.list_tasks()
+                for r in records:
                     counts[r.state.value] = counts.get(r.state.value, 0) + 1
+                await self._observe_demand(now, records)
             for state in TaskState:
                 self.metrics.tasks.labels(state.value).set(counts.get(state.value, 0))
             await asyncio.sleep(self.edge.sample_s)

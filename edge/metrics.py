@@ -45,8 +45,9 @@ class EdgeMetrics:
         )
         self.model_fallbacks = Counter(
             "edgesched_edge_model_fallbacks",
-            "Forecasts served by the fallback instead of the ONNX model",
-            ["stage"],
+            "Model fallbacks: a file refused at load, a swap from central refused, or one "
+            "forecast or placement served by the heuristic",
+            ["kind", "stage"],
             registry=r,
         )
 

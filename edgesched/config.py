@@ -206,8 +206,10 @@ class EdgeConfig:
 
     ``node_id`` is the node's fixed identity (also its MQTT client id). The local API listens
     on loopback only unless ``allow_remote_api`` is set. The node is *connected* while it has
-    heard central within ``lease_s``, *autonomous* after that. ``forecast_model`` is an ONNX
-    forecaster for the node's next 15 minutes (empty: the built-in Holt/EWMA forecaster).
+    heard central within ``lease_s``, *autonomous* after that. ``forecast_model`` (the
+    per-class 15-minute forecaster) and ``placement_model`` (the ``learned`` mode's score) are
+    ONNX files; empty: the ones shipped in ``edgesched.policies``. Central can swap either at
+    run time (``PUT /v1/models/{kind}``).
     ``hal_root``: read hardware from this directory tree instead of ``/`` (simulated nodes:
     the demo, tests); the node's tasks still run on this machine.
     """
@@ -223,6 +225,7 @@ class EdgeConfig:
     sample_s: float = 5.0
     stop_grace_s: float = 10.0
     forecast_model: str = ""
+    placement_model: str = ""
     centrals: tuple[str, ...] = ("central",)
     hal_root: str = "/"
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -257,6 +260,8 @@ class CentralConfig:
     less than ``failover_after_s`` is *suspect*, then *partitioned*, and *dead* past
     ``dead_after_s`` (central cannot tell a cut link from a dead node by itself: these are
     policy). ``k8s_extender`` serves the kube-scheduler extender endpoints under ``/v1/k8s``.
+    ``forecast_model`` / ``placement_model``: ONNX files central starts with (empty: the
+    shipped ones); an admin swaps them for the whole fleet with ``PUT /v1/models/{kind}``.
     """
 
     central_id: str = "central"
@@ -271,6 +276,8 @@ class CentralConfig:
     dead_after_s: float = 3600.0
     reconcile: str = "keep-original"
     k8s_extender: bool = False
+    forecast_model: str = ""
+    placement_model: str = ""
     nodes: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -476,7 +483,8 @@ def _parse_edge(t: _Table) -> EdgeConfig:
             cycle_s=t.number("cycle_s", d.cycle_s, low=0, low_open=True),
             sample_s=t.number("sample_s", d.sample_s, low=0, low_open=True),
             stop_grace_s=t.number("stop_grace_s", d.stop_grace_s, low=0),
-            forecast_model=t.string("forecast_model", "") if "forecast_model" in t.data else "",
+            forecast_model=t.string("forecast_model", d.forecast_model),
+            placement_model=t.string("placement_model", d.placement_model),
             centrals=t.strings("centrals") if "centrals" in t.data else d.centrals,
             hal_root=t.string("hal_root", d.hal_root),
             mqtt=mqtt,
@@ -501,6 +509,8 @@ def _parse_central(t: _Table) -> CentralConfig:
             failover_after_s=t.number("failover_after_s", d.failover_after_s, low=0),
             dead_after_s=t.number("dead_after_s", d.dead_after_s, low=0),
             k8s_extender=t.boolean("k8s_extender", d.k8s_extender),
+            forecast_model=t.string("forecast_model", d.forecast_model),
+            placement_model=t.string("placement_model", d.placement_model),
             reconcile=t.string("reconcile", d.reconcile),
             nodes=t.strings("nodes"),
             peers=t.strings("peers"),

@@ -12,8 +12,8 @@ card states it):
 
 Inside the graph: 24 time-of-day harmonics (built from sin and cos by the angle-addition
 recurrence), the last three lags times the first four harmonics, and one linear map per class
-(ridge regression, closed form, so training is deterministic). Version 1 (``x [N, 32]``,
-:mod:`edgesched.policies.runtime`) is unchanged and still served.
+(ridge regression, closed form, so training is deterministic). Both engines run it through
+:mod:`edgesched.policies.models` (which central can swap at run time).
 
 Training data is the campus scenario's *offered* demand per class (:func:`class_demand`: the
 cores in use if every task started when it arrived), over training seeds; evaluation uses

@@ -1,8 +1,7 @@
-"""Building small ONNX graphs with the ``onnx`` package (no torch): the MLP forecasters.
+"""Building small ONNX graphs with the ``onnx`` package (no torch): random MLPs.
 
-Used by tests and benchmarks now, and by ``edgesched policies train`` later, to write real
-``.onnx`` files that :mod:`edgesched.policies.runtime` loads with onnxruntime.
-"""
+Used by tests and benchmarks to write real ``.onnx`` files of a given shape (inference
+latency; models that load but break a contract)."""
 
 from __future__ import annotations
 

@@ -196,12 +196,16 @@ def _write_policy_card(
         "",
         "A linear score (13 weights, no hidden layer). Queue, preemption, waking and parking are",
         "the energy mode's; only the score stage is learned. Black-box policy search (RL) by the",
-        f"cross-entropy method: {p.population} candidates per generation (the current mean "
-        f"and {p.population - 1} Gaussian samples), {p.elite} elite, {p.generations} "
-        f"generations, start = the energy mode's weights, initial spread {p.init_std}. Each "
-        f"candidate is scored on {p.seeds_per_candidate} simulated campus day(s) (scale "
-        f"{p.scale}, {p.days} day) from training seeds {list(p.train_seeds)}; at the end the "
-        "refitted mean and the best candidate are compared on all training seeds.",
+        f"cross-entropy method: {p.population} candidates per generation (the energy start, "
+        f"the current mean and {p.population - 2} Gaussian samples around it), {p.elite} "
+        f"elite, {p.generations} generations, initial spread {p.init_std}. Every candidate "
+        f"of a generation is scored on the same {p.seeds_per_candidate} simulated campus "
+        f"day(s) (scale {p.scale}, {p.days} day) from training seeds {list(p.train_seeds)}, "
+        "so it is judged by its paired advantage over the energy start. At the end the start, "
+        "the refitted mean and the candidate with the best advantage are compared on all "
+        "training seeds and the best is shipped: "
+        + ", ".join(f"{n} {r:.4f}" for n, r in found.final)
+        + f"; shipped: the **{found.picked}**.",
         "",
         "**Reward** of one simulated run (`policies/placement.py: reward`):",
         "",

@@ -703,7 +703,8 @@ class NodeDoc(SyncedDoc):
 
 class PolicyDoc(SyncedDoc):
     """The fleet policy document written by central (several central replicas may co-write
-    it; nodes only read it): ``policy`` (mode, tidal profile), ``assignments`` (task id →
+    it; nodes only read it): ``policy`` (mode, tidal profile), ``models`` (kind → an ONNX
+    model file to swap in, see :mod:`edgesched.policies.models`), ``assignments`` (task id →
     central's placement: the spec, the node, the placement epoch) and ``stops`` (``<task>@<node>``
     → an order to stop that node's copy of a task placed twice, from the reconcile rule)."""
 
@@ -755,6 +756,18 @@ class PolicyDoc(SyncedDoc):
     def tidal(self) -> dict[str, Any] | None:
         value = self.root("policy").get("tidal")
         return None if value is None else dict(normalise(value))
+
+    def set_model(self, kind: str, entry: Mapping[str, object]) -> None:
+        """Publish a model file (``edgesched.policies.models.ModelBlob.to_entry``) for
+        every node to swap in."""
+        if not kind:
+            raise ValueError("model kind must not be empty")
+        self.root("models")[kind] = _json_value(dict(entry), f"model {kind}")
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        """kind -> the model entry central published (the nodes verify it before use)."""
+        out: dict[str, dict[str, Any]] = normalise(self.root("models").to_py() or {})
+        return out
 
 
 class SiteDoc(SyncedDoc):

@@ -314,12 +314,14 @@ def test_edge_commands_have_help(flag: str) -> None:
 
 
 def test_forecast_model_loads_or_falls_back_loudly(tmp_path: Path) -> None:
+    import shutil
+
     from conftest import free_port
 
-    from edgesched.policies.onnxgraph import random_mlp
-    from edgesched.policies.runtime import FEATURES
+    from edgesched.policies.models import shipped
 
-    good = random_mlp(tmp_path / "good.onnx", [FEATURES, 16, 3])
+    good = tmp_path / "good.onnx"
+    shutil.copy(shipped("forecast"), good)
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"definitely not onnx")
     for model, expect_name, load_fallbacks in ((good, "onnx:good.onnx", 0), (bad, "ewma", 1)):
@@ -331,11 +333,13 @@ def test_forecast_model_loads_or_falls_back_loudly(tmp_path: Path) -> None:
         try:
             status = node.get("/v1/status")[1]
             assert status["forecast"]["model"] == expect_name
+            assert status["models"]["placement"]["source"] == "shipped"
             _, metrics = node.get("/metrics")
-            line = 'edgesched_edge_model_fallbacks_total{stage="load"} 1.0'
+            line = 'edgesched_edge_model_fallbacks_total{kind="forecast",stage="load"} 1.0'
             assert (line in metrics) == bool(load_fallbacks)
             if load_fallbacks:
                 assert "forecast model refused" in node.log.read_text()
+                assert "cannot load" in status["models"]["forecast"]["refused"]
         finally:
             node.kill(signal.SIGTERM)
 
