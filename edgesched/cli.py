@@ -488,6 +488,106 @@ def certs_issue(
     typer.echo(f"{files.identity}: {files.cert} {files.key}")
 
 
+# --- install on a gateway ------------------------------------------------------------------
+
+RoleOption = Annotated[str, typer.Option("--role", help="edge (a node) or central.")]
+PrefixOption = Annotated[
+    Path, typer.Option("--prefix", help="Releases and the `current` link live here.")
+]
+EtcOption = Annotated[Path, typer.Option("--etc-dir", help="Config and certificates.")]
+UnitDirOption = Annotated[Path, typer.Option("--unit-dir", help="Where the systemd unit goes.")]
+RootOption = Annotated[
+    Path,
+    typer.Option("--root", help="Stage every path under this directory (like DESTDIR)."),
+]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Print every file and command; write nothing.")
+]
+
+
+@app.command()
+def install(
+    node_id: Annotated[
+        str | None, typer.Option("--node-id", help="The node's fixed identity (central_id).")
+    ] = None,
+    role: RoleOption = "edge",
+    site: Annotated[str | None, typer.Option(help="The node's site.")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="A config to start from.")
+    ] = None,
+    broker: Annotated[str | None, typer.Option(help="MQTT broker, HOST or HOST:PORT.")] = None,
+    ca: Annotated[Path | None, typer.Option(help="The fleet CA certificate.")] = None,
+    cert: Annotated[Path | None, typer.Option(help="The node's client certificate.")] = None,
+    key: Annotated[Path | None, typer.Option(help="Its private key.")] = None,
+    ca_dir: Annotated[
+        Path | None,
+        typer.Option(help="Issue the node's certificate from the CA here (certs init)."),
+    ] = None,
+    password_file: Annotated[
+        Path | None, typer.Option(help="MQTT password (without TLS client certificates).")
+    ] = None,
+    user: Annotated[
+        str | None, typer.Option(help="Run as this existing user (default: edgesched, made).")
+    ] = None,
+    release: Annotated[
+        Path | None, typer.Option(help="The release `current` points at (a venv).")
+    ] = None,
+    read_write_path: Annotated[
+        list[Path] | None,
+        typer.Option("--read-write-path", help="Also writable for the service and its tasks."),
+    ] = None,
+    container_runtime: Annotated[
+        str | None, typer.Option(help="docker, podman or a path: run tasks with images.")
+    ] = None,
+    start: Annotated[bool, typer.Option(help="Enable and (re)start the service.")] = True,
+    prefix: PrefixOption = Path("/opt/edgesched"),
+    etc_dir: EtcOption = Path("/etc/edgesched"),
+    unit_dir: UnitDirOption = Path("/etc/systemd/system"),
+    root: RootOption = Path("/"),
+    dry_run: DryRunOption = False,
+) -> None:
+    """Install this machine as a gateway service: config, identity, systemd unit, user."""
+    from edgesched.install import InstallError, InstallOptions, Layout, StepFailed
+    from edgesched.install import install as do_install
+
+    try:
+        layout = Layout(role, prefix, etc_dir, unit_dir, root)  # type: ignore[arg-type]
+        opts = InstallOptions(
+            layout, node_id, site, config, broker, ca, cert, key, ca_dir, password_file, user,
+            release, tuple(read_write_path or ()), container_runtime, start,
+        )  # fmt: skip
+        do_install(opts, dry_run=dry_run, say=typer.echo)
+    except InstallError as exc:
+        fail(str(exc), 1 if isinstance(exc, StepFailed) else 2)
+
+
+@app.command()
+def uninstall(
+    role: RoleOption = "edge",
+    purge: Annotated[
+        bool, typer.Option(help="Also remove the config, certificates and state.")
+    ] = False,
+    keep_tasks: Annotated[
+        bool, typer.Option(help="Leave the node's task processes running.")
+    ] = False,
+    prefix: PrefixOption = Path("/opt/edgesched"),
+    etc_dir: EtcOption = Path("/etc/edgesched"),
+    unit_dir: UnitDirOption = Path("/etc/systemd/system"),
+    root: RootOption = Path("/"),
+    dry_run: DryRunOption = False,
+) -> None:
+    """Stop and remove the gateway service (the unit, `current`; --purge: config and state)."""
+    from edgesched.install import InstallError, Layout, StepFailed, UninstallOptions
+    from edgesched.install import uninstall as do_uninstall
+
+    try:
+        layout = Layout(role, prefix, etc_dir, unit_dir, root)  # type: ignore[arg-type]
+        opts = UninstallOptions(layout, purge, keep_tasks)
+        do_uninstall(opts, dry_run=dry_run, say=typer.echo)
+    except InstallError as exc:
+        fail(str(exc), 1 if isinstance(exc, StepFailed) else 2)
+
+
 @app.command()
 def demo(
     speed: Annotated[
