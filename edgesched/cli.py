@@ -818,6 +818,151 @@ def fieldtest_matrix(
     raise typer.Exit(0 if all(r["ok"] for r in reports) else 1)
 
 
+@app.command()
+def bundle(
+    arch: Annotated[str, typer.Option(help="Target architecture: x86_64 or aarch64.")],
+    python: Annotated[str, typer.Option(help="Target CPython version, e.g. 3.11.")] = "3.11",
+    out: Annotated[Path, typer.Option(help="Folder the bundle is written to.")] = Path("dist"),
+    tar: Annotated[bool, typer.Option("--tar", help="Write a .tar.gz (and .sha256).")] = False,
+    glibc: Annotated[str, typer.Option(help="Oldest glibc of the targets.")] = "2.28",
+    source: Annotated[
+        Path | None, typer.Option(help="edgesched source tree (default: the one installed).")
+    ] = None,
+    wheel: Annotated[
+        Path | None, typer.Option(help="Bundle this edgesched wheel instead of building one.")
+    ] = None,
+    set_version: Annotated[
+        str | None, typer.Option(help="Build the release with this version (e.g. 1.2.3+site1).")
+    ] = None,
+    find_links: Annotated[
+        list[Path] | None, typer.Option(help="Extra folder of wheels or sources (repeatable).")
+    ] = None,
+) -> None:
+    """Build an offline install bundle: wheels for the target, manifest.json, install.sh."""
+    from edgesched.bundle import BundleError, build_bundle
+
+    def step(message: str) -> None:
+        err.print(f"[bold cyan]bundle:[/] {message}", highlight=False, soft_wrap=True)
+
+    try:
+        with err.status("building the bundle", spinner="dots"):
+            result = build_bundle(
+                arch=arch,
+                python=python,
+                out=out,
+                source=source,
+                wheel=wheel,
+                version=set_version,
+                glibc=glibc,
+                tar=tar,
+                find_links=find_links or [],
+                progress=step,
+            )
+    except BundleError as exc:
+        fail(str(exc), 1)
+    err.print(
+        f"[bold green]bundle:[/] edgesched {result.version} for {result.arch}, CPython "
+        f"{result.python}: {result.wheels} wheels, {result.size_bytes / 2**20:.1f} MiB; "
+        f"manifest.json sha256 {result.manifest_sha256}",
+        highlight=False,
+    )
+    typer.echo(result.path)
+
+
+_UPGRADE_PREFIX = typer.Option(help="Install prefix (releases/ and current).")
+_UPGRADE_CONFIG = typer.Option(help="The edge node's config (state_dir, API).")
+_UPGRADE_PIDFILE = typer.Option(
+    help="Without systemd: the engine's pidfile (it is restarted detached, output in .log)."
+)
+_UPGRADE_TIMEOUT = typer.Option(help="Seconds the new engine has to answer /v1/health.")
+
+
+def _engine_control(pidfile: Path | None, service: str, prefix: Path, config: Path) -> Any:
+    from edgesched.upgrade import PidfileEngine, SystemdEngine
+
+    if pidfile is not None:
+        return PidfileEngine(pidfile, config, prefix)
+    if not Path("/run/systemd/system").is_dir():
+        fail("systemd is not running here: pass --pidfile with the engine's pidfile")
+    return SystemdEngine(service)
+
+
+@app.command()
+def upgrade(
+    bundle_path: Annotated[
+        Path, typer.Option("--bundle", help="Bundle folder or tarball (edgesched bundle).")
+    ],
+    prefix: Annotated[Path, _UPGRADE_PREFIX] = Path("/opt/edgesched"),
+    config: Annotated[Path, _UPGRADE_CONFIG] = Path("/etc/edgesched/edge.toml"),
+    pidfile: Annotated[Path | None, _UPGRADE_PIDFILE] = None,
+    service: Annotated[str, typer.Option(help="systemd unit.")] = "edgesched-edge.service",
+    timeout: Annotated[float, _UPGRADE_TIMEOUT] = 60.0,
+    keep: Annotated[int, typer.Option(help="Older releases to keep.")] = 2,
+) -> None:
+    """Install a bundle beside the running release and switch to it; tasks keep running,
+    the database is backed up, and a new engine that does not come up is rolled back."""
+    from edgesched.upgrade import UpgradeError, UpgradeFailed
+    from edgesched.upgrade import upgrade as run_upgrade
+
+    engine = _engine_control(pidfile, service, prefix, config)
+    try:
+        entry = run_upgrade(
+            bundle_path,
+            engine=engine,
+            config=config,
+            prefix=prefix,
+            timeout=timeout,
+            keep=keep,
+            progress=lambda m: err.print(
+                f"[bold cyan]upgrade:[/] {m}", highlight=False, soft_wrap=True
+            ),
+        )
+    except UpgradeFailed as exc:
+        fail(str(exc), 1)
+    except UpgradeError as exc:
+        fail(str(exc), 2)
+    typer.echo(json.dumps(entry, indent=2))
+
+
+@app.command()
+def rollback(
+    prefix: Annotated[Path, _UPGRADE_PREFIX] = Path("/opt/edgesched"),
+    config: Annotated[Path, _UPGRADE_CONFIG] = Path("/etc/edgesched/edge.toml"),
+    pidfile: Annotated[Path | None, _UPGRADE_PIDFILE] = None,
+    service: Annotated[str, typer.Option(help="systemd unit.")] = "edgesched-edge.service",
+    timeout: Annotated[float, _UPGRADE_TIMEOUT] = 60.0,
+    restore_db: Annotated[
+        bool,
+        typer.Option(
+            "--restore-db",
+            help="Past a schema migration: restore the pre-upgrade database backup (changes "
+            "since the upgrade are forgotten).",
+        ),
+    ] = False,
+) -> None:
+    """Switch back to the release the current one replaced; tasks keep running."""
+    from edgesched.upgrade import UpgradeError, UpgradeFailed
+    from edgesched.upgrade import rollback as run_rollback
+
+    engine = _engine_control(pidfile, service, prefix, config)
+    try:
+        entry = run_rollback(
+            engine=engine,
+            config=config,
+            prefix=prefix,
+            timeout=timeout,
+            restore_db=restore_db,
+            progress=lambda m: err.print(
+                f"[bold cyan]rollback:[/] {m}", highlight=False, soft_wrap=True
+            ),
+        )
+    except UpgradeFailed as exc:
+        fail(str(exc), 1)
+    except UpgradeError as exc:
+        fail(str(exc), 2)
+    typer.echo(json.dumps(entry, indent=2))
+
+
 def main() -> None:
     try:
         app()
