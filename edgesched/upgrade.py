@@ -421,7 +421,7 @@ class Node:
         host = f"[{host}]" if ":" in host else host
         try:
             with urllib.request.urlopen(f"http://{host}:{port}/v1/health", timeout=2) as resp:
-                return resp.status == 200
+                return bool(resp.status == 200)
         except (OSError, urllib.error.URLError):
             return False
 
