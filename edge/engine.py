@@ -184,6 +184,7 @@ class EdgeEngine:
             agent = Agent(self.profile, power, self.hal_root)
             self._load_models()
             await self._open_document()
+            self._follow_models()  # the cached policy's models, before any decision
             await self._recover()
             await self._mirror_all()
             await self._seed_demand()
@@ -317,11 +318,12 @@ class EdgeEngine:
         if policy != self.config.policy:
             log.warning("policy from central: mode %s, tidal %s", policy.mode, self.tidal_profile)
             self.config = replace(self.config, policy=policy)
-        self.active_models.follow(self.policy.models())
-        self._report_models()
+        self._follow_models()
 
-    def _report_models(self) -> None:
-        """Tell central (through our document) which models we run and what we refused."""
+    def _follow_models(self) -> None:
+        """Swap in the models central published (verified first), and tell central through
+        our document which models we run and what we refused."""
+        self.active_models.follow(self.policy.models())
         report = {
             kind: {"sha256": info["sha256"], "source": info["source"], "refused": info["refused"]}
             for kind, info in self.active_models.status().items()
