@@ -628,7 +628,12 @@ def _uninstall(opts: UninstallOptions, dry_run: bool, say: Say) -> Outcome:
         n = stop_tasks(run_dir, opts.grace_s)
         say(f"stopped {n} task process group(s) started from {run_dir}")
 
-    remove: list[Path] = [lay.unit, lay.current]
+    remove: list[Path] = [lay.unit]
+    other = Layout(_other(lay.role), lay.prefix, lay.etc_dir, lay.unit_dir, lay.root)
+    if lay.host(other.unit).exists():  # both roles on one machine share the release
+        say(f"kept {lay.current}: {other.unit} still runs it")
+    else:
+        remove.append(lay.current)
     if opts.purge:
         remove += _purge_paths(lay)
     for path in remove:
@@ -673,8 +678,7 @@ def _maybe_run(c: Command, dry_run: bool, say: Say, out: Outcome) -> None:
 def _purge_paths(lay: Layout) -> list[Path]:
     """The role's config, the certificate files only it uses (with their backups), its state."""
     mine = _config_files(lay, lay.role)
-    other_role: Role = "central" if lay.role == "edge" else "edge"
-    theirs = _config_files(lay, other_role)
+    theirs = _config_files(lay, _other(lay.role))
     paths = [lay.config, *(p for p in mine if p not in theirs)]
     backups: list[Path] = []
     for p in paths:
@@ -682,6 +686,10 @@ def _purge_paths(lay: Layout) -> list[Path]:
         if host_dir.is_dir():
             backups += [p.parent / b.name for b in host_dir.glob(f"{p.name}.bak-*")]
     return [*paths, *sorted(backups), lay.state_dir]
+
+
+def _other(role: Role) -> Role:
+    return "central" if role == "edge" else "edge"
 
 
 def _config_files(lay: Layout, role: Role) -> set[Path]:
@@ -728,16 +736,18 @@ def stop_tasks(run_dir: Path, grace_s: float = 10.0) -> int:
     while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
         time.sleep(0.1)
     for pgid in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+        if _group_alive(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
     return len(groups)
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether a member of ``pgid`` still runs (zombies awaiting their reaper do not count)."""
+    import psutil
+
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                return True
+    return False

@@ -56,7 +56,14 @@ def _is_table_array(v: object) -> bool:
 
 
 def _key(k: str) -> str:
-    return k if _BARE.fullmatch(k) else json.dumps(k)
+    return k if _BARE.fullmatch(k) else _string(k)
+
+
+def _string(s: str) -> str:
+    # A JSON string is a TOML basic string, but for two things: JSON writes characters beyond
+    # U+FFFF as surrogate pairs (TOML refuses them: written as they are instead), and leaves
+    # DEL unescaped (TOML refuses it unescaped).
+    return json.dumps(s, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _value(v: object) -> str:
@@ -71,7 +78,7 @@ def _value(v: object) -> str:
             return "inf" if v > 0 else "-inf"
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a TOML basic string (\uXXXX escapes included)
+        return _string(v)
     if isinstance(v, dt.datetime | dt.date | dt.time):
         return v.isoformat()
     if isinstance(v, list):
