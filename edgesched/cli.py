@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -238,7 +239,7 @@ def edge_run(
     _logging(log_level)
 
     async def main_async() -> None:
-        engine = EdgeEngine(cfg, hal_root=Path(cfg.edge.hal_root))
+        engine = EdgeEngine(cfg, hal_root=Path(cfg.edge.hal_root), clock=_clock())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, engine.stop)
@@ -423,7 +424,7 @@ def central_run(
         fail(f"central.mqtt: {exc}")
     _logging(log_level)
     try:
-        asyncio.run(run_until_signalled(CentralEngine(cfg)))
+        asyncio.run(run_until_signalled(CentralEngine(cfg, clock=_clock())))
     except (StoreError, OSError) as exc:
         fail(str(exc), 1)
 
@@ -726,6 +727,24 @@ def policies_eval(
         fail(str(exc))
 
 
+def _clock() -> Callable[[], float]:
+    """The wall clock, offset by ``EDGESCHED_CLOCK_SKEW_S`` seconds if set. A test hook: the
+    field tests skew one node's clock on a machine whose clock all processes share. It moves
+    the engine's wall clock (records, tidal windows), not the monotonic one of leases."""
+    import os
+    import time
+
+    raw = os.environ.get("EDGESCHED_CLOCK_SKEW_S")
+    if not raw:
+        return time.time
+    try:
+        skew = float(raw)
+    except ValueError:
+        fail(f"EDGESCHED_CLOCK_SKEW_S: not a number of seconds: {raw!r}")
+    err.print(f"[yellow]clock skewed by {skew:+g} s (EDGESCHED_CLOCK_SKEW_S, a test hook)[/]")
+    return lambda: time.time() + skew
+
+
 fieldtest_app = typer.Typer(
     help="Partition-injection field tests against real processes.", no_args_is_help=True
 )
@@ -739,11 +758,17 @@ def fieldtest_list() -> None:
 
     for s in SCENARIOS.values():
         tag = "quick" if s.name in QUICK else ("soak" if s.soak else "")
-        typer.echo(f"{s.name:<16} {tag:<6} {s.description}")
+        typer.echo(f"{s.name:<26} {tag:<6} {s.description}")
 
 
 def _fieldtest_runs(
-    scenarios: list[str], seeds: list[int], workdir: Path, backend: str, nodes: int
+    scenarios: list[str],
+    seeds: list[int],
+    workdir: Path,
+    backend: str,
+    nodes: int,
+    sites: int | None = None,
+    duration: float | None = None,
 ) -> list[dict[str, Any]]:
     import asyncio
 
@@ -760,9 +785,12 @@ def _fieldtest_runs(
             where = workdir / f"{name}-{seed}"
             try:
                 result = asyncio.run(
-                    run_scenario(name, seed, where, nodes=nodes, backend=backend,
+                    run_scenario(name, seed, where, nodes=nodes, sites=sites, backend=backend,
+                                 duration_s=duration if SCENARIOS[name].soak else None,
                                  progress=lambda m: err.print(f"[dim]{m}[/dim]"))
                 )  # fmt: skip
+            except ValueError as exc:
+                fail(f"{name}: {exc}")
             except RuntimeError as exc:
                 fail(f"{name} seed {seed}: {exc}", 1)
             page = write_report(result, where)
@@ -787,33 +815,57 @@ def fieldtest_run(
     ),
     backend: Annotated[str, typer.Option(help="auto, netns (root) or proxy.")] = "auto",
     nodes: Annotated[int, typer.Option(help="Edge nodes.", min=1, max=20)] = 3,
+    sites: Annotated[
+        int | None,
+        typer.Option(
+            help="Sites with brokers bridged to central's (default: as the scenario "
+            "needs; 0: every node on central's broker).",
+            min=0,
+            max=8,
+        ),
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="The soak's length in seconds (default 3600).", min=60)
+    ] = None,
 ) -> None:
     """Run one scenario; write report.json, report.md and timeline.png; exit 1 on FAIL."""
-    reports = _fieldtest_runs([scenario], [seed], workdir, backend, nodes)
+    reports = _fieldtest_runs([scenario], [seed], workdir, backend, nodes, sites, duration)
     raise typer.Exit(0 if all(r["ok"] for r in reports) else 1)
 
 
 @fieldtest_app.command("matrix")
 def fieldtest_matrix(
     seeds: Annotated[int, typer.Option(help="Seeds per scenario (1..N).", min=1)] = 1,
-    soak: Annotated[bool, typer.Option(help="Add the hour-long soak.")] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Every scenario but the soak, not only the quick ones.")
+    ] = False,
+    soak: Annotated[bool, typer.Option(help="Add the soak (an hour unless --duration).")] = False,
+    duration: Annotated[
+        float | None, typer.Option(help="The soak's length in seconds.", min=60)
+    ] = None,
     workdir: Annotated[Path, typer.Option(help="Where logs and reports go.")] = Path(
         "out/fieldtest"
     ),
     backend: Annotated[str, typer.Option(help="auto, netns (root) or proxy.")] = "auto",
 ) -> None:
-    """The quick matrix (what CI runs), optionally with the soak; a summary in matrix.json."""
-    from edgesched.fieldtest.scenarios import QUICK
+    """The quick matrix (what CI runs), or every scenario, optionally with the soak; a summary
+    in matrix.json and a table in matrix.md."""
+    from edgesched.fieldtest.report import matrix_markdown
+    from edgesched.fieldtest.scenarios import QUICK, SCENARIOS
 
-    names = [*QUICK, *(["soak"] if soak else [])]
-    reports = _fieldtest_runs(names, list(range(1, seeds + 1)), workdir, backend, 3)
+    names = [s.name for s in SCENARIOS.values() if not s.soak] if all_ else list(QUICK)
+    names += ["soak"] if soak else []
+    reports = _fieldtest_runs(names, list(range(1, seeds + 1)), workdir, backend, 3,
+                              duration=duration)  # fmt: skip
     summary = [
         {k: r[k] for k in ("scenario", "seed", "backend", "ok", "max_heal_convergence_s")}
-        | {"lost": len(r["verdict"]["lost"]), "duplicates": len(r["verdict"]["duplicates"])}
+        | {"lost": len(r["verdict"]["lost"]), "duplicates": len(r["verdict"]["duplicates"]),
+           "heals": [h["seconds"] for h in r["heals"]], "sites": len(r["topology"]["sites"])}
         for r in reports
-    ]
+    ]  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "matrix.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (workdir / "matrix.md").write_text(matrix_markdown(reports))
     typer.echo(json.dumps(summary, indent=2))
     raise typer.Exit(0 if all(r["ok"] for r in reports) else 1)
 

@@ -9,9 +9,15 @@ Jepsen's set semantics over the tasks the workload submitted:
 * **unexpected**: present at the end but never submitted (or submitted and refused);
 * **recovered**: not acknowledged (the request failed or timed out) but present anyway.
 
+A task a node preempted is still there (``preempted``, back in its node's queue, then placed
+again): present, so never lost. Lost means absent.
+
 And the properties of the design: after the heal and a quiet period every node's replica at
 central holds byte-equal content (content hash), every task a node decided while cut off is
-at central as the node has it, and no task of central's runs on two nodes.
+at central as the node has it, and no task of central's runs on two nodes. A node that lost
+power (its engine and every task process killed) and booted while still cut off must bring
+back, without central, every task that was running: running again under a new process, or
+ended or preempted since (*not brought back* otherwise).
 """
 
 from __future__ import annotations
@@ -45,6 +51,29 @@ class FinalState:
     central_tasks: Mapping[str, Mapping[str, Any]]  # central's assignments (task views)
 
 
+@dataclass(frozen=True)
+class Reboot:
+    """A power loss of a node: what ran before, and what the node said some seconds after it
+    booted again (still cut off)."""
+
+    node: str
+    running_before: Mapping[str, int]  # task id -> pid
+    after: Mapping[str, tuple[str, int | None]]  # task id -> (state, pid)
+
+
+def brought_back(reboot: Reboot) -> list[str]:
+    """The tasks of ``reboot`` that the node did *not* bring back."""
+    missing = []
+    for task_id, pid in reboot.running_before.items():
+        state, new_pid = reboot.after.get(task_id, ("absent", None))
+        back = (state == "running" and new_pid != pid) or state in (
+            "exited", "failed", "cancelled", "preempted",
+        )  # fmt: skip
+        if not back:
+            missing.append(f"{reboot.node}/{task_id} ({state})")
+    return sorted(missing)
+
+
 @dataclass
 class Verdict:
     lost: list[str] = field(default_factory=list)
@@ -53,14 +82,16 @@ class Verdict:
     duplicates: dict[str, list[str]] = field(default_factory=dict)  # task -> nodes running it
     diverged: list[str] = field(default_factory=list)  # nodes whose replica differs
     offline_missing: list[str] = field(default_factory=list)  # offline decisions not at central
+    not_brought_back: list[str] = field(default_factory=list)  # after a power loss, cut off
     acknowledged: int = 0
     offline_decisions: int = 0
+    rebooted_tasks: int = 0  # tasks running at a power loss, all reboots together
 
     @property
     def ok(self) -> bool:
         return not (
             self.lost or self.unexpected or self.duplicates or self.diverged
-            or self.offline_missing
+            or self.offline_missing or self.not_brought_back
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -74,11 +105,18 @@ class Verdict:
             "duplicates": self.duplicates,
             "diverged": self.diverged,
             "offline_missing": self.offline_missing,
+            "rebooted_tasks": self.rebooted_tasks,
+            "not_brought_back": self.not_brought_back,
         }
 
 
-def check(history: Sequence[Submission], final: FinalState) -> Verdict:
+def check(
+    history: Sequence[Submission], final: FinalState, reboots: Sequence[Reboot] = ()
+) -> Verdict:
     verdict = Verdict()
+    for reboot in reboots:
+        verdict.rebooted_tasks += len(reboot.running_before)
+        verdict.not_brought_back += brought_back(reboot)
     submitted = {s.task_id: s for s in history}
     verdict.acknowledged = sum(1 for s in history if s.acknowledged)
     for s in history:

@@ -17,7 +17,14 @@ The model, and where a proxy differs from a real network:
 - ``cut()`` resets both sides of every connection at once; a real partition would leave both
   to find out later. Use ``blackhole()`` for that.
 - Bandwidth is one pacer per direction shared by all connections (the link), with no burst.
-  Latency is added per chunk after pacing, pipelined, so it does not cut throughput.
+  Latency is added per chunk after pacing, pipelined, so it does not cut throughput; jitter
+  adds a uniform random extra per chunk, and chunks still leave in order (a stream is never
+  reordered, as TCP would not be).
+
+The proxy can live in other network namespaces than its own: ``listen_sock`` is a socket it
+listens on (made in a host's namespace, see :func:`edgesched.fieldtest.netns.socket_in`) and
+``upstream_sock`` makes the socket it connects upstream with. That puts latency on a link of
+the network-namespace fabric, whose kernel has no netem.
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import random
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
@@ -129,7 +138,15 @@ class FaultProxy:
         target_port: int,
         *,
         connect_timeout: float = 5.0,
+        listen_sock: socket.socket | None = None,
+        upstream_sock: Callable[[], socket.socket] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
+        """``listen_sock`` (bound here if it is not yet) replaces ``listen_host`` and
+        ``listen_port``; ``upstream_sock`` makes each upstream socket (not yet connected)."""
+        self.listen_sock = listen_sock
+        self.upstream_sock = upstream_sock
+        self._rng = rng or random.Random()
         self.listen_host = listen_host
         self.listen_port = listen_port
         self.target_host = target_host
@@ -137,6 +154,7 @@ class FaultProxy:
         self.connect_timeout = connect_timeout
         self._mode = _Mode.NORMAL
         self._latency = {d: 0.0 for d in Direction}
+        self._jitter = {d: 0.0 for d in Direction}
         self._pacers = {d: _Pacer() for d in Direction}
         self._conns: set[_Conn] = set()
         self._server: asyncio.Server | None = None
@@ -158,9 +176,14 @@ class FaultProxy:
         await tg.__aenter__()
         self._tg = tg
         try:
-            self._server = await asyncio.start_server(
-                self._on_accept, self.listen_host, self.listen_port
-            )
+            if self.listen_sock is not None:
+                if self.listen_sock.getsockname()[1] == 0:
+                    self.listen_sock.bind((self.listen_host, self.listen_port))
+                self._server = await asyncio.start_server(self._on_accept, sock=self.listen_sock)
+            else:
+                self._server = await asyncio.start_server(
+                    self._on_accept, self.listen_host, self.listen_port
+                )
         except BaseException:
             self._closing = True
             await tg.__aexit__(None, None, None)
@@ -239,12 +262,16 @@ class FaultProxy:
         for conn in list(self._conns):
             self._kill(conn, rst=True)
 
-    def set_latency(self, seconds: float, direction: Direction | str | None = None) -> None:
-        """Delay every chunk by ``seconds`` in ``direction`` (both when None)."""
-        if seconds < 0:
-            raise ValueError(f"latency must be >= 0, got {seconds}")
+    def set_latency(
+        self, seconds: float, direction: Direction | str | None = None, *, jitter: float = 0.0
+    ) -> None:
+        """Delay every chunk by ``seconds`` plus a uniform ``[0, jitter)`` in ``direction``
+        (both when None). Chunks keep their order: one delayed more holds back those after."""
+        if seconds < 0 or jitter < 0:
+            raise ValueError(f"latency and jitter must be >= 0, got {seconds}, {jitter}")
         for d in self._directions(direction):
             self._latency[d] = float(seconds)
+            self._jitter[d] = float(jitter)
 
     def set_bandwidth(
         self, bytes_per_s: float | None, direction: Direction | str | None = None
@@ -321,9 +348,7 @@ class FaultProxy:
                 return
             try:
                 async with asyncio.timeout(self.connect_timeout):
-                    up_reader, up_writer = await asyncio.open_connection(
-                        self.target_host, self.target_port
-                    )
+                    up_reader, up_writer = await self._connect_upstream()
             except (OSError, TimeoutError):
                 self._upstream_failures += 1
                 conn.rst = True
@@ -343,6 +368,18 @@ class FaultProxy:
         finally:
             self._conns.discard(conn)
             self._close(conn)
+
+    async def _connect_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.upstream_sock is None:
+            return await asyncio.open_connection(self.target_host, self.target_port)
+        sock = self.upstream_sock()
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_connect(sock, (self.target_host, self.target_port))
+        except BaseException:
+            sock.close()
+            raise
+        return await asyncio.open_connection(sock=sock)
 
     async def _swallow(self, conn: _Conn) -> None:
         """A connection accepted during a blackhole: no upstream, read and drop until reset."""
@@ -380,7 +417,8 @@ class FaultProxy:
             delay = done - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await queue.put((loop.time() + self._latency[d], data))
+            extra = self._rng.uniform(0.0, self._jitter[d]) if self._jitter[d] else 0.0
+            await queue.put((loop.time() + self._latency[d] + extra, data))
 
     async def _write_side(
         self,

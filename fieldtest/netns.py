@@ -1,15 +1,19 @@
 """Real network partitions: hosts in Linux network namespaces joined by a bridge (root only).
 
-A :class:`Fabric` is a bridge in a namespace of its own and one namespace per host, each host
-joined to the bridge by a veth pair and given an address on a private /24. Processes run in a
-host with :meth:`Host.popen` (``ip netns exec``); the harness talks to a host's loopback
-services with :func:`in_namespace`, which runs a function on a thread switched into that
-namespace (a socket belongs to the namespace it was created in).
+A :class:`Fabric` is a namespace of its own holding one or more bridges (``br0``, the WAN,
+always; a LAN per site with :meth:`Fabric.add_bridge`) and one namespace per host, each host
+joined to a bridge by a veth pair and given an address on that bridge's private /24. A host
+may be joined to a second bridge (:meth:`Fabric.attach`: a site broker sits on its site's LAN
+and on the WAN). Processes run in a host with :meth:`Host.popen` (``ip netns exec``); the
+harness talks to a host's loopback services with :func:`in_namespace`, which runs a function
+on a thread switched into that namespace (a socket belongs to the namespace it was created
+in; :func:`socket_in` makes one there for a proxy).
 
 Faults are the kernel's, not a proxy's:
 
-* :meth:`Fabric.isolate` sets the bridge side of the host's veth down: nothing passes either
-  way, TCP sees a dead link and only keepalives notice (a real cut WAN link);
+* :meth:`Fabric.isolate` sets the bridge side of the host's veths down (or of one of them:
+  a site broker's WAN link alone): nothing passes either way, TCP sees a dead link and only
+  keepalives notice (a real cut cable);
 * :meth:`Fabric.one_way` drops one direction with nftables in the host's namespace (a
   half-open link);
 * :meth:`Fabric.heal` undoes both.
@@ -24,6 +28,7 @@ import ctypes
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,9 +78,32 @@ def in_namespace(ns: str, fn: Callable[[], T]) -> T:
             _setns(home.fileno())
 
 
+def socket_in(ns: str, family: int = socket.AF_INET) -> socket.socket:
+    """A non-blocking TCP socket created in namespace ``ns`` (it stays there whichever thread
+    or loop uses it): how a proxy in the root namespace listens or connects inside a host."""
+
+    def make() -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        return sock
+
+    return in_namespace(ns, make)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One veth of a host: its name inside the host, its peer on a bridge, and its address."""
+
+    bridge: str
+    ifname: str  # inside the host's namespace: eth0, eth1
+    veth_fabric: str  # inside the fabric namespace, on the bridge
+    ip: str
+
+
 @dataclass
 class Host:
-    """One host of the fabric: its namespace, address and the veth that joins it."""
+    """One host of the fabric: its namespace and the veths that join it to bridges (the
+    first one's address is :attr:`ip`)."""
 
     name: str
     ns: str
@@ -83,6 +111,10 @@ class Host:
     veth_host: str  # inside the host's namespace, named eth0
     veth_fabric: str  # inside the fabric namespace, on the bridge
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    links: dict[str, Link] = field(default_factory=dict)  # bridge -> the veth on it
+
+    def ip_on(self, bridge: str) -> str:
+        return self.links[bridge].ip
 
     def popen(
         self, argv: Sequence[str], *, log: IO[bytes] | None = None, **kw: Any
@@ -113,14 +145,15 @@ class Fabric:
         self.subnet = f"10.{200 + int(self.run_id[:2], 16) % 50}.{int(self.run_id[2:], 16)}"
         self.fabric_ns = f"{self.prefix}-fab"
         self.hosts: dict[str, Host] = {}
+        self.bridges: dict[str, str] = {}  # bridge -> its /24 ("10.a.b", without the host)
         self._namespaces: list[str] = []
+        self._veths = 0
         self.faults: dict[str, str] = {}  # host -> "isolated" | "one-way in" | ...
 
     def __enter__(self) -> Fabric:
         try:
             self._add_ns(self.fabric_ns)
-            _run(["ip", "-n", self.fabric_ns, "link", "add", "br0", "type", "bridge"])
-            _run(["ip", "-n", self.fabric_ns, "link", "set", "br0", "up"])
+            self.add_bridge("br0")
         except BaseException:
             self.close()
             raise
@@ -134,34 +167,70 @@ class Fabric:
         self._namespaces.append(ns)
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
 
-    def add_host(self, name: str) -> Host:
-        """A new namespace joined to the bridge, with the next address of the subnet."""
-        index = len(self.hosts) + 1
-        if index > 250:
+    def add_bridge(self, bridge: str) -> str:
+        """Another bridge (a site's LAN) with a /24 of its own; returns that subnet. Hosts on
+        different bridges reach each other only through a host joined to both, which routes
+        nothing: a site's nodes reach their site broker, never central's directly."""
+        if bridge in self.bridges:
+            raise FabricError(f"bridge {bridge} exists")
+        _run(["ip", "-n", self.fabric_ns, "link", "add", bridge, "type", "bridge"])
+        _run(["ip", "-n", self.fabric_ns, "link", "set", bridge, "up"])
+        # The namespaces are private, so a subnet needs only be unique within this fabric.
+        octet = self.subnet.split(".")[2]
+        subnet = self.subnet if not self.bridges else f"172.{16 + len(self.bridges) % 16}.{octet}"
+        self.bridges[bridge] = subnet
+        return subnet
+
+    def add_host(self, name: str, bridge: str = "br0") -> Host:
+        """A new namespace joined to ``bridge`` as its ``eth0``."""
+        if len(self.hosts) >= 250:
             raise FabricError("at most 250 hosts per fabric")
         ns = f"{self.prefix}-{name}"[:48]
-        here, there = f"{self.prefix}h{index}", f"{self.prefix}f{index}"
         self._add_ns(ns)
-        _run(["ip", "link", "add", here, "type", "veth", "peer", "name", there])
-        _run(["ip", "link", "set", here, "netns", ns])
-        _run(["ip", "link", "set", there, "netns", self.fabric_ns])
-        _run(["ip", "-n", ns, "link", "set", here, "name", "eth0"])
-        ip = f"{self.subnet}.{index}"
-        _run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0"])
-        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-        _run(["ip", "-n", self.fabric_ns, "link", "set", there, "master", "br0"])
-        _run(["ip", "-n", self.fabric_ns, "link", "set", there, "up"])
-        host = Host(name, ns, ip, "eth0", there)
+        host = Host(name, ns, "", "eth0", "")
         self.hosts[name] = host
+        link = self._join(host, bridge)
+        host.ip, host.veth_fabric = link.ip, link.veth_fabric
         return host
+
+    def attach(self, name: str, bridge: str) -> Link:
+        """Join host ``name`` to another bridge as its next ``ethN`` (no routing between)."""
+        host = self.hosts[name]
+        if bridge in host.links:
+            raise FabricError(f"{name} is on {bridge} already")
+        return self._join(host, bridge)
+
+    def _join(self, host: Host, bridge: str) -> Link:
+        if bridge not in self.bridges:
+            raise FabricError(f"no bridge {bridge}")
+        self._veths += 1
+        here, there = f"{self.prefix}h{self._veths}", f"{self.prefix}f{self._veths}"
+        ifname = f"eth{len(host.links)}"
+        used = sum(1 for h in self.hosts.values() for lk in h.links.values() if lk.bridge == bridge)
+        if used >= 250:
+            raise FabricError(f"at most 250 hosts on {bridge}")
+        ip = f"{self.bridges[bridge]}.{used + 1}"
+        _run(["ip", "link", "add", here, "type", "veth", "peer", "name", there])
+        _run(["ip", "link", "set", here, "netns", host.ns])
+        _run(["ip", "link", "set", there, "netns", self.fabric_ns])
+        _run(["ip", "-n", host.ns, "link", "set", here, "name", ifname])
+        _run(["ip", "-n", host.ns, "addr", "add", f"{ip}/24", "dev", ifname])
+        _run(["ip", "-n", host.ns, "link", "set", ifname, "up"])
+        _run(["ip", "-n", self.fabric_ns, "link", "set", there, "master", bridge])
+        _run(["ip", "-n", self.fabric_ns, "link", "set", there, "up"])
+        link = Link(bridge, ifname, there, ip)
+        host.links[bridge] = link
+        return link
 
     # --- faults --------------------------------------------------------------------------
 
-    def isolate(self, name: str) -> None:
-        """Cut the host off: its link to the bridge goes down, both directions."""
+    def isolate(self, name: str, bridge: str | None = None) -> None:
+        """Cut the host off: its links (or only the one on ``bridge``) go down, both ways."""
         host = self.hosts[name]
-        _run(["ip", "-n", self.fabric_ns, "link", "set", host.veth_fabric, "down"])
-        self.faults[name] = "isolated"
+        for link in host.links.values():
+            if bridge is None or link.bridge == bridge:
+                _run(["ip", "-n", self.fabric_ns, "link", "set", link.veth_fabric, "down"])
+        self.faults[name] = "isolated" if bridge is None else f"cut from {bridge}"
 
     def one_way(self, name: str, drop: str) -> None:
         """Drop the host's ``"in"``bound or ``"out"``bound traffic on eth0 (nftables)."""
@@ -208,7 +277,8 @@ class Fabric:
 
     def heal(self, name: str) -> None:
         host = self.hosts[name]
-        _run(["ip", "-n", self.fabric_ns, "link", "set", host.veth_fabric, "up"])
+        for link in host.links.values():
+            _run(["ip", "-n", self.fabric_ns, "link", "set", link.veth_fabric, "up"])
         self._clear_rules(host)
         with contextlib.suppress(FabricError):
             _run(["ip", "netns", "exec", host.ns, "tc", "qdisc", "del", "dev", "eth0", "root"])

@@ -3,7 +3,8 @@
 The JSON report (:func:`edgesched.fieldtest.runner.run_scenario`) is the record; this renders
 it: the verdict, the faults and how long each heal took to converge, and a timeline of every
 node's mode (connected, autonomous, unreachable) with the faults drawn over it. The picture
-needs matplotlib (the ``plot`` extra); without it the page says so.
+needs matplotlib (the ``plot`` extra); without it the page says so. :func:`matrix_markdown`
+is the table of a whole matrix (the README's).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ def to_markdown(report: Mapping[str, Any], picture: str | None = None) -> str:
         f"# Field test: {report['scenario']} (seed {report['seed']})",
         "",
         f"**{'PASS' if report['ok'] else 'FAIL'}** on the `{report['backend']}` backend "
-        f"({'network namespaces, kernel link faults' if report['backend'] == 'netns' else 'TCP fault proxy'}), "  # noqa: E501
-        f"nodes {', '.join(report['nodes'])}.",
+        f"({report.get('links', '')}), nodes {', '.join(report['nodes'])}"
+        f"{_sites(report)}.",
         "",
         "| check | result |",
         "|---|---|",
@@ -37,6 +38,10 @@ def to_markdown(report: Mapping[str, Any], picture: str | None = None) -> str:
         f"| offline decisions missing at central | {_list(verdict['offline_missing']) or 'none'} |",
         f"| converged after the final heal | {_seconds(report['converged_after_heal_s'])} |",
         f"| slowest heal to converge | {_seconds(report.get('max_heal_convergence_s'))} |",
+        f"| tasks running at a power loss / not brought back | "
+        f"{verdict.get('rebooted_tasks', 0)} / {_list(verdict.get('not_brought_back', [])) or 0} |",
+        f"| tidal window opened at | {report.get('tidal_window_opens_at_s', '-')} s |",
+        f"| preemptions per node (since its last start) | {_pairs(report.get('preemptions'))} |",
         "",
         "## Faults",
         "",
@@ -49,9 +54,110 @@ def to_markdown(report: Mapping[str, Any], picture: str | None = None) -> str:
         f"| {h['healed_at']:.2f} | {h['target']} | {_seconds(h['seconds'])} |"
         for h in report.get("heals", [])
     ]
+    lines += _extras(report)
     lines += ["", "## Timeline", ""]
     lines.append(f"![timeline]({picture})" if picture else "(matplotlib not installed: no picture)")
     return "\n".join(lines) + "\n"
+
+
+def _sites(report: Mapping[str, Any]) -> str:
+    topo = report.get("topology") or {}
+    if not topo.get("sites"):
+        return ", all on central's broker"
+    members: dict[str, list[str]] = {}
+    for node, site in topo["site_of"].items():
+        members.setdefault(site, []).append(node)
+    return "; site brokers bridged to central's: " + "; ".join(
+        f"{site} ({', '.join(nodes)})" for site, nodes in sorted(members.items())
+    )
+
+
+def _pairs(mapping: Mapping[str, Any] | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted((mapping or {}).items())) or "-"
+
+
+def _extras(report: Mapping[str, Any]) -> list[str]:
+    """Reboots, clock skews and central's view of cut-off nodes, when the run had them."""
+    lines: list[str] = []
+    if report.get("reboots"):
+        lines += [
+            "", "## Power losses", "",
+            "| node | booted at (s) | tasks running before | all back after | still cut off |",
+            "|---|---|---|---|---|",
+        ]  # fmt: skip
+        for r in report["reboots"]:
+            cut = "-" if r["still_cut"] is None else ("yes" if r["still_cut"] else "no")
+            lines.append(
+                f"| {r['node']} | {r['booted_at']:.2f} | {r['tasks']} "
+                f"| {_seconds(r['seconds'])} | {cut} |"
+            )
+    if report.get("skew"):
+        lines += [
+            "", "## Clock skew", "",
+            "| node | skew (s) | its records' offset, measured (s) "
+            "| window opened for the fleet / the node at (s) |",
+            "|---|---|---|---|",
+        ]  # fmt: skip
+        for node, v in sorted(report["skew"].items()):
+            lines.append(
+                f"| {node} | {v['skew_s']:+g} | {v['records_offset_s']} "
+                f"| {v['window_opened_for_fleet_at_s']} / {v['window_opened_for_node_at_s']} |"
+            )
+    views = report.get("central_view") or []
+    if views:
+        lines += [
+            "", "## What central called the cut-off nodes", "",
+            "| cut | from–to (s) | central's states | noticed | long enough to notice |",
+            "|---|---|---|---|---|",
+        ]  # fmt: skip
+        for v in views:
+            states = "; ".join(f"{n}: {', '.join(s) or '-'}" for n, s in v["states"].items())
+            noticed = "yes" if v["noticed"] else ("**no**" if v["expected"] else "no")
+            expected = "yes" if v["expected"] else "no"
+            lines.append(
+                f"| {v['target']} | {v['from']:.1f}–{v['to']:.1f} | {states} "
+                f"| {noticed} | {expected} |"
+            )
+    return lines
+
+
+def matrix_markdown(reports: Sequence[Mapping[str, Any]]) -> str:
+    """One row per run: what the README's field-test table shows."""
+    lines = [
+        "| scenario | seed | backend | sites | acknowledged | offline decisions | lost "
+        "| duplicates | heal → byte-equal (s) | notes | pass |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        v = r["verdict"]
+        heals = ", ".join("never" if h["seconds"] is None else f"{h['seconds']:.2f}"
+                          for h in r.get("heals", [])) or "(no heal)"  # fmt: skip
+        backend = r["backend"] + (" + proxy" if "proxy on every node" in r.get("links", "") else "")
+        lines.append(
+            f"| {r['scenario']} | {r['seed']} | {backend} | {len(r['topology']['sites'])} "
+            f"| {v['acknowledged']} | {v['offline_decisions']} | {len(v['lost'])} "
+            f"| {len(v['duplicates'])} | {heals} | {_notes(r)} | "
+            f"{'PASS' if r['ok'] else '**FAIL**'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _notes(r: Mapping[str, Any]) -> str:
+    notes = []
+    for b in r.get("reboots", []):
+        back = "never" if b["seconds"] is None else f"{b['seconds']:.1f} s"
+        notes.append(
+            f"{b['tasks']} tasks back in {back}" + (" while cut" if b["still_cut"] else "")
+        )
+    for node, s in (r.get("skew") or {}).items():
+        notes.append(f"{node} clock {s['skew_s']:+g} s")
+    views = r.get("central_view", [])
+    missed = [v["target"] for v in views if v["expected"] and not v["noticed"]]
+    if missed:
+        notes.append(f"central never saw {', '.join(sorted(set(missed)))} cut off")
+    if sum((r.get("preemptions") or {}).values()):
+        notes.append(f"{sum(r['preemptions'].values())} preemptions")
+    return "; ".join(notes)
 
 
 def _list(items: Sequence[str]) -> str:

@@ -1,11 +1,18 @@
 """Run one field-test scenario against real processes and judge it.
 
-A broker (Mosquitto), central and N edge nodes run as separate processes. With root they live
-in network namespaces (:mod:`.netns`: the kernel cuts links); without root every link to the
-broker goes through a :class:`~edgesched.fieldtest.faultproxy.FaultProxy`. The report says
-which was used. A workload submits tasks at central and locally at nodes throughout, the
-seeded fault schedule runs, everything is healed, and after a quiet period the harness reads
-the final state and :func:`edgesched.fieldtest.checker.check` gives the verdict.
+A broker (Mosquitto), central and N edge nodes run as separate processes; with sites, each
+site has a broker of its own bridged to central's (:mod:`.brokers`) and its nodes connect to
+it. With root every host lives in a network namespace (:mod:`.netns`: the kernel cuts links;
+a site broker sits on its site's LAN and on the WAN, and a WAN cut takes its WAN link down);
+without root every link goes through a :class:`~edgesched.fieldtest.faultproxy.FaultProxy`
+(a node's to its broker, a site broker's WAN link to central's). A scenario that needs latency
+puts a proxy on every node's link in the namespaces too (this kernel has no netem). The
+report says which was used.
+
+A workload (:mod:`.workload`) submits tasks of several classes at central and locally at
+nodes throughout, a tidal window opens mid-run, the seeded fault schedule runs, everything is
+healed, and after a quiet period the harness reads the final state and
+:func:`edgesched.fieldtest.checker.check` gives the verdict.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -28,15 +36,34 @@ from pathlib import Path
 from typing import Any
 
 from edgesched.edge.executor import kill_leftovers
-from edgesched.fieldtest.checker import FinalState, Submission, Verdict, check
+from edgesched.fieldtest.brokers import broker_config
+from edgesched.fieldtest.checker import (
+    FinalState,
+    Reboot,
+    Submission,
+    Verdict,
+    brought_back,
+    check,
+)
 from edgesched.fieldtest.faultproxy import FaultProxy
-from edgesched.fieldtest.netns import Fabric, Host, available
-from edgesched.fieldtest.scenarios import SCENARIOS, Fault, schedule_for
+from edgesched.fieldtest.netns import Fabric, Host, available, socket_in
+from edgesched.fieldtest.scenarios import BREAKS, SCENARIOS, Fault, Topology, schedule_for
+from edgesched.fieldtest.workload import TidalWindow, submit_loop
 from edgesched.localbroker import mosquitto_path
 from edgesched.ports import free_port
 
 KEEPALIVE_S = 2
 LEASE_S = 2.0
+BROKER_PORT = 1883  # in the namespaces, where every host has its own addresses
+#: The test hook of ``edgesched edge run`` / ``central run`` that offsets the wall clock.
+SKEW_ENV = "EDGESCHED_CLOCK_SKEW_S"
+#: Seconds from writing the configs to the workload's start, about (the processes come up):
+#: the tidal window is placed from it, and the report gives where it actually fell.
+STARTUP_S = 6.0
+#: How long a node that booted after a power loss has to bring its running tasks back.
+BRING_BACK_S = 8.0
+_LINK_ACTIONS = ("isolate", "drop-in", "drop-out", "heal", "reset", "throttle", "wan-cut",
+                 "latency")  # fmt: skip
 
 
 def _edgesched() -> str:
@@ -53,13 +80,15 @@ class Proc:
     log: Path
     host: Host | None = None
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # on top of ours, at every start
 
     def start(self) -> None:
+        env = {**os.environ, **self.env} if self.env else None
         with self.log.open("ab") as out:
             if self.host is not None:
-                self.proc = self.host.popen(self.argv, log=out)
+                self.proc = self.host.popen(self.argv, log=out, env=env)
             else:
-                self.proc = subprocess.Popen(self.argv, stdout=out, stderr=out)
+                self.proc = subprocess.Popen(self.argv, stdout=out, stderr=out, env=env)
 
     def signal(self, sig: int) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -90,16 +119,23 @@ class Service:
     proc: Proc
     state: Path
 
-    def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def _request(self, method: str, path: str, body: Any = None) -> urllib.request.Request:
         token = (self.state / "api-token").read_text().strip()
         port = int((self.state / "api-port").read_text())
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
+        return urllib.request.Request(
             f"http://127.0.0.1:{port}{path}",
             data=data,
             method=method,
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
         )
+
+    def _call(self, go: Callable[[], Any]) -> Any:
+        host = self.proc.host
+        return host.call(go) if host is not None else go()
+
+    def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        request = self._request(method, path, body)
 
         def go() -> tuple[int, Any]:
             try:
@@ -108,8 +144,19 @@ class Service:
             except urllib.error.HTTPError as exc:
                 return exc.code, json.loads(exc.read() or b"null")
 
-        host = self.proc.host
-        return host.call(go) if host is not None else go()
+        result: tuple[int, Any] = self._call(go)
+        return result
+
+    def text(self, path: str) -> str:
+        """A plain-text GET (``/metrics``)."""
+        request = self._request("GET", path)
+
+        def go() -> str:
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                return str(resp.read().decode())
+
+        result: str = self._call(go)
+        return result
 
 
 @dataclass
@@ -119,12 +166,16 @@ class Run:
     workdir: Path
     nodes: int = 3
     backend: str = ""
+    sites: int = 0
     history: list[Submission] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)  # samples of node modes
     faults_done: list[dict[str, Any]] = field(default_factory=list)
     cut: set[str] = field(default_factory=set)
     started: float = 0.0
+    started_wall: float = 0.0
     heals: list[dict[str, Any]] = field(default_factory=list)  # per heal: time to converge
+    reboots: list[Reboot] = field(default_factory=list)
+    bring_back: list[dict[str, Any]] = field(default_factory=list)  # per reboot: how long
 
 
 class Harness:
@@ -133,15 +184,27 @@ class Harness:
     def __init__(self, run: Run, backend: str) -> None:
         self.run = run
         self.backend = backend
-        self.node_ids = [f"gw-{i}" for i in range(1, run.nodes + 1)]
+        self.scenario = SCENARIOS[run.scenario]
+        self.topo = Topology.of(run.nodes, run.sites)
+        self.node_ids = list(self.topo.nodes)
         self.fabric: Fabric | None = None
         self.hosts: dict[str, Host] = {}
-        self.proxies: dict[str, FaultProxy] = {}
-        self.broker: Proc | None = None
+        self.proxies: dict[str, FaultProxy] = {}  # a node's, a site's WAN, central's own
+        self.brokers: dict[str, Proc] = {}  # "broker" (central's) and one per site
         self.central: Service | None = None
         self.services: dict[str, Service] = {}
-        self.broker_port = 1883
+        self.tidal = TidalWindow(0.0)
         self._measuring: list[asyncio.Task[None]] = []
+        self._before_reboot: dict[str, dict[str, int]] = {}
+
+    @property
+    def links(self) -> str:
+        """How links are cut, for the report."""
+        if self.fabric is None:
+            return "fault proxy on every link"
+        if any(n in self.proxies for n in self.node_ids):
+            return "network namespaces (kernel faults) + a fault proxy on every node link"
+        return "network namespaces (kernel faults)"
 
     async def __aenter__(self) -> Harness:
         try:
@@ -154,61 +217,101 @@ class Harness:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    # --- start ---------------------------------------------------------------------------
+
     async def _start(self) -> None:
         wd = self.run.workdir
         wd.mkdir(parents=True, exist_ok=True)
         exe = mosquitto_path()
         if exe is None:
             raise RuntimeError("mosquitto is not installed (make setup installs it)")
-        central_ip = "127.0.0.1"
+        tidal_at = self.scenario.tidal_at
+        if tidal_at is None:
+            tidal_at = self.scenario.duration_s / 2
+        self.tidal = TidalWindow(float(math.ceil(time.time() + STARTUP_S + tidal_at)))
         if self.backend == "netns":
             self.fabric = Fabric().__enter__()
             self.hosts["central"] = self.fabric.add_host("central")
+            for i, site in enumerate(self.topo.sites, 1):
+                self.fabric.add_bridge(f"lan{i}")
+                self.hosts[site] = self.fabric.add_host(site, f"lan{i}")
+                self.fabric.attach(site, "br0")
             for node in self.node_ids:
-                self.hosts[node] = self.fabric.add_host(node)
-            central_ip = self.hosts["central"].ip
-        else:
-            self.broker_port = free_port()
-        conf = wd / "mosquitto.conf"
-        listeners = [f"listener {self.broker_port} 127.0.0.1"]
-        if central_ip != "127.0.0.1":
-            listeners.append(f"listener {self.broker_port} {central_ip}")
-        root = ["user root"] if os.geteuid() == 0 else []
-        persistence = ["persistence false"]
-        if SCENARIOS[self.run.scenario].broker_persistence:
-            (wd / "mosquitto").mkdir(exist_ok=True)
-            persistence = ["persistence true", f"persistence_location {wd / 'mosquitto'}/"]
-        conf.write_text(
-            "\n".join([*listeners, "allow_anonymous true", *persistence,
-                       "log_dest stderr", *root]) + "\n"
-        )  # fmt: skip
-        self.broker = Proc("broker", [exe, "-c", str(conf)], wd / "broker.log",
-                           self.hosts.get("central"))  # fmt: skip
-        self.broker.start()
+                home = self.topo.site_of(node)
+                lan = "br0" if home is None else f"lan{self.topo.sites.index(home) + 1}"
+                self.hosts[node] = self.fabric.add_host(node, lan)
+        central_addr = self._broker("broker", "central", exe, None)
+        # Where each node's broker is: central's, or its site's (bridged over the WAN).
+        node_broker: dict[str, tuple[str, int]] = {}
+        for site in self.topo.sites:
+            wan = central_addr
+            if self.fabric is None:
+                wan = await self._proxy(site, *central_addr)
+            site_addr = self._broker(site, site, exe, wan)
+            for node in self.topo.members(site):
+                node_broker[node] = site_addr
         await asyncio.sleep(0.3)
-        central_port = self.broker_port
-        if self.backend == "proxy":
-            proxy = FaultProxy("127.0.0.1", 0, "127.0.0.1", self.broker_port)
-            self.proxies["central"] = await proxy.__aenter__()
-            central_port = proxy.port
+        central_port = BROKER_PORT  # central reaches its broker on its own loopback
+        if self.fabric is None:
+            central_port = (await self._proxy("central", *central_addr))[1]
         self.central = self._service(
             "central", "central", central_port, "127.0.0.1",
             {"central_id": "central", "failover_after_s": 4.0, "heartbeat_s": 0.5,
              "snapshot_s": 1.0, "cycle_s": 0.5},
         )  # fmt: skip
         for node in self.node_ids:
-            port = self.broker_port
-            if self.backend == "proxy":
-                proxy = FaultProxy("127.0.0.1", 0, "127.0.0.1", self.broker_port)
-                self.proxies[node] = await proxy.__aenter__()
-                port = proxy.port
-            self.services[node] = self._service(
-                node, "edge", port, central_ip,
-                {"node_id": node, "lease_s": LEASE_S, "cycle_s": 0.2, "sample_s": 1.0,
-                 "stop_grace_s": 1.0},
-            )  # fmt: skip
+            host, port = node_broker.get(node, central_addr)
+            if self.fabric is None or self.scenario.proxy_links:
+                ns = None if self.fabric is None else self.hosts[node].ns
+                host, port = await self._proxy(node, host, port, ns=ns)
+            settings: dict[str, Any] = {"node_id": node, "lease_s": LEASE_S, "cycle_s": 0.2,
+                                        "sample_s": 1.0, "stop_grace_s": 1.0}  # fmt: skip
+            home = self.topo.site_of(node)
+            if home is not None:
+                settings["site"] = home
+            self.services[node] = self._service(node, "edge", port, host, settings)
         for service in [self.central, *self.services.values()]:
             await self._wait_up(service)
+
+    def _broker(
+        self, name: str, host: str, exe: str, bridge_to: tuple[str, int] | None
+    ) -> tuple[str, int]:
+        """Start a broker on ``host`` (bridged to ``bridge_to``); its address for its clients:
+        the host's address on its first bridge (a site broker's: on its LAN), or loopback."""
+        wd = self.run.workdir
+        if self.fabric is not None:
+            ip, port = self.hosts[host].ip, BROKER_PORT
+            listeners = [("127.0.0.1", port), (ip, port)]
+        else:
+            ip, port = "127.0.0.1", free_port()
+            listeners = [(ip, port)]
+        persist = None
+        if name == "broker" and self.scenario.broker_persistence:
+            persist = wd / "mosquitto"
+            persist.mkdir(exist_ok=True)
+        bridge = None if bridge_to is None else (name, *bridge_to)
+        conf = wd / f"{name}-mosquitto.conf"
+        conf.write_text(broker_config(listeners, persistence_dir=persist, bridge=bridge))
+        proc = Proc(name, [exe, "-c", str(conf)], wd / f"{name}.log", self.hosts.get(host))
+        proc.start()
+        self.brokers[name] = proc
+        return ip, port
+
+    async def _proxy(
+        self, name: str, host: str, port: int, *, ns: str | None = None
+    ) -> tuple[str, int]:
+        """A fault proxy in front of ``host:port`` for ``name``'s link; its address. With
+        ``ns`` it listens and connects inside that namespace (a node's, in the fabric)."""
+        if ns is None:
+            proxy = FaultProxy("127.0.0.1", 0, host, port)
+        else:
+            proxy = FaultProxy(
+                "127.0.0.1", 0, host, port,
+                listen_sock=await asyncio.to_thread(socket_in, ns),
+                upstream_sock=lambda: socket_in(ns),
+            )  # fmt: skip
+        self.proxies[name] = await proxy.__aenter__()
+        return "127.0.0.1", proxy.port
 
     def _service(
         self, name: str, tier: str, port: int, broker_host: str, settings: dict[str, Any]
@@ -223,6 +326,7 @@ class Harness:
                   f"keepalive_s = {KEEPALIVE_S}", "reconnect_max_s = 1.0"]  # fmt: skip
         if broker_host != "127.0.0.1":
             lines.append("allow_plain_remote = true  # a lab network of the harness's own")
+        lines += self.tidal.config_lines()
         config = d / f"{name}.toml"
         config.write_text("\n".join(lines) + "\n")
         argv = [_edgesched(), tier, "run", "-c", str(config)]
@@ -244,42 +348,98 @@ class Harness:
 
     # --- faults --------------------------------------------------------------------------
 
+    def cut_off(self, node: str) -> bool:
+        """Whether ``node`` is cut off from central now (its link, central's, its site's)."""
+        cut = self.run.cut
+        return node in cut or "central" in cut or self.topo.site_of(node) in cut
+
+    def nodes_of(self, target: str) -> list[str]:
+        """The nodes a fault on ``target`` cuts off."""
+        if target == "central":
+            return list(self.node_ids)
+        if target in self.topo.sites:
+            return list(self.topo.members(target))
+        return [target] if target in self.services else []
+
     async def apply(self, fault: Fault) -> None:
         target, action = fault.target, fault.action
-        if action in ("isolate", "drop-in", "drop-out", "heal", "reset", "throttle"):
-            self._link(target, action)
+        if action in _LINK_ACTIONS:
+            self._link(target, action, fault.arg)
         elif action == "kill":
             self.services[target].proc.signal(signal.SIGKILL)
+        elif action == "reboot":
+            await self._power_loss(target)
         elif action == "restart":
-            service = self.services[target]
-            if service.proc.proc is not None:
-                service.proc.proc.wait(10)
-            with contextlib.suppress(FileNotFoundError):
-                (service.state / "api-port").unlink()
-            service.proc.start()
-            await self._wait_up(service)
+            await self._restart(target)
+        elif action == "skew":
+            self.services[target].proc.env[SKEW_ENV] = repr(fault.arg or 0.0)
         elif action in ("stop", "cont"):
             sig = signal.SIGSTOP if action == "stop" else signal.SIGCONT
             self.services[target].proc.signal(sig)
         elif action == "broker-restart":
-            assert self.broker is not None
-            self.broker.stop()
+            broker = self.brokers["broker"]
+            await asyncio.to_thread(broker.stop)
             await asyncio.sleep(0.5)
-            self.broker.start()
-        if action in ("isolate", "drop-in", "drop-out", "stop", "kill", "reset"):
+            broker.start()
+        if action in BREAKS:
             self.run.cut.add(target)
         elif action in ("heal", "cont"):
             self.run.cut.discard(target)
             self._measuring.append(asyncio.create_task(self._time_to_converge(target)))
         self.run.faults_done.append({**fault.to_json(), "done_at": self._t()})
 
+    async def _power_loss(self, node: str) -> None:
+        """The node's engine and every task process it started die at once."""
+        service = self.services[node]
+        before: dict[str, int] = {}
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            rows = (await asyncio.to_thread(service.http, "GET", "/v1/tasks"))[1]
+            before = {r["id"]: r["pid"] for r in rows if r["state"] == "running" and r["pid"]}
+        service.proc.signal(signal.SIGKILL)
+        kill_leftovers([service.state / "run"])
+        self._before_reboot[node] = before
+
+    async def _restart(self, node: str) -> None:
+        service = self.services[node]
+        if service.proc.proc is not None:
+            await asyncio.to_thread(service.proc.proc.wait, 10)
+        with contextlib.suppress(FileNotFoundError):
+            (service.state / "api-port").unlink()
+        service.proc.start()
+        await self._wait_up(service)
+        before = self._before_reboot.pop(node, None)
+        if before is not None:
+            self._measuring.append(asyncio.create_task(self._bring_back(node, before)))
+
+    async def _bring_back(self, node: str, before: dict[str, int]) -> None:
+        """After a boot that followed a power loss: poll until every task that was running is
+        back (see :func:`edgesched.fieldtest.checker.brought_back`), for BRING_BACK_S."""
+        service = self.services[node]
+        start = time.monotonic()
+        after: dict[str, tuple[str, int | None]] = {}
+        record: dict[str, Any] = {"node": node, "booted_at": self._t(), "tasks": len(before),
+                                  "seconds": None, "still_cut": None}  # fmt: skip
+        self.run.bring_back.append(record)
+        while time.monotonic() - start < BRING_BACK_S:
+            with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+                rows = (await asyncio.to_thread(service.http, "GET", "/v1/tasks"))[1]
+                after = {r["id"]: (r["state"], r["pid"]) for r in rows}
+                if not brought_back(Reboot(node, before, after)):
+                    record["seconds"] = round(time.monotonic() - start, 3)
+                    record["still_cut"] = self.cut_off(node)
+                    break
+            await asyncio.sleep(0.25)
+        self.run.reboots.append(Reboot(node, before, after))
+
     async def _time_to_converge(self, target: str, limit: float = 30.0) -> None:
         """From a heal until central's replica of the node(s) equals the node's own."""
-        nodes = self.node_ids if target == "central" else [target]
+        nodes = self.nodes_of(target)
         assert self.central is not None
         central = self.central
         start = time.monotonic()
         record: dict[str, Any] = {"target": target, "healed_at": self._t(), "seconds": None}
+        if not nodes:
+            return
         self.run.heals.append(record)
         while time.monotonic() - start < limit:
             try:
@@ -299,9 +459,20 @@ class Harness:
                 pass
             await asyncio.sleep(0.1)
 
-    def _link(self, target: str, action: str) -> None:
-        if self.fabric is not None:
-            if action == "isolate":
+    def _link(self, target: str, action: str, arg: float | None = None) -> None:
+        if target in self.topo.sites:  # the site broker's WAN link (its LAN stays up)
+            if self.fabric is not None:
+                if action == "heal":
+                    self.fabric.heal(target)
+                else:
+                    self.fabric.isolate(target, "br0")
+            elif action == "heal":
+                self.proxies[target].heal()
+            else:
+                self.proxies[target].blackhole()
+            return
+        if self.fabric is not None and action != "latency":
+            if action in ("isolate", "wan-cut"):
                 self.fabric.isolate(target)
             elif action == "heal":
                 self.fabric.heal(target)
@@ -311,25 +482,37 @@ class Harness:
                 self.fabric.limit(target, "64kbit")
             else:
                 self.fabric.one_way(target, "in" if action == "drop-in" else "out")
-            return
-        # The proxy sits between the host and the broker: c2s is what the host sends.
-        # Cutting central's host cuts every link to the broker, central's own included.
-        proxies = list(self.proxies.values()) if target == "central" else [self.proxies[target]]
-        for proxy in proxies:
-            if action == "isolate":
+            if action != "heal":
+                return
+        for proxy in self._proxies_of(target):
+            # The proxy sits between the host and its broker: c2s is what the host sends.
+            if action in ("isolate", "wan-cut"):
                 proxy.blackhole()
             elif action == "heal":
                 proxy.heal()
                 proxy.set_bandwidth(None)
+                proxy.set_latency(0.0)
             elif action == "reset":
                 proxy.cut()  # resets every connection and refuses new ones until healed
             elif action == "throttle":
                 proxy.set_bandwidth(8_000)  # 64 kbit/s
+            elif action == "latency":
+                proxy.set_latency(arg or 0.0, jitter=arg or 0.0)
             else:
                 proxy.one_way("c2s" if action == "drop-in" else "s2c")
 
+    def _proxies_of(self, target: str) -> list[FaultProxy]:
+        if target != "central":
+            return [self.proxies[target]] if target in self.proxies else []
+        if self.fabric is not None:
+            return []  # central's host is cut by the kernel
+        # Cutting central's host cuts every link to its broker, central's own included: the
+        # nodes' (no sites) or the site brokers' WAN links.
+        names = ["central", *(self.topo.sites or self.node_ids)]
+        return [self.proxies[n] for n in names if n in self.proxies]
+
     async def heal_all(self) -> None:
-        for name in [*self.node_ids, "central"]:
+        for name in [*self.node_ids, *self.topo.sites, "central"]:
             with contextlib.suppress(Exception):
                 self._link(name, "heal")
         for service in self.services.values():
@@ -349,8 +532,8 @@ class Harness:
             await asyncio.to_thread(service.proc.stop)
         if self.central is not None:
             await asyncio.to_thread(self.central.proc.stop)
-        if self.broker is not None:
-            await asyncio.to_thread(self.broker.stop)
+        for broker in reversed(list(self.brokers.values())):
+            await asyncio.to_thread(broker.stop)
         for proxy in self.proxies.values():
             await proxy.__aexit__(None, None, None)
         if self.fabric is not None:
@@ -361,40 +544,10 @@ class Harness:
 # --- the run -------------------------------------------------------------------------------
 
 
-async def _workload(harness: Harness, rng: random.Random, until: float) -> None:
-    """Submit a task every ~0.4 s: locally at a node (it decides, cut off or not) or at
-    central (a service or a batch job)."""
-    n = 0
-    while time.monotonic() < until:
-        n += 1
-        seconds = rng.choice([2, 5, 10, 60])
-        body: dict[str, Any] = {"command": ["sleep", str(seconds)], "cpu": 0.05,
-                                "mem_gib": 0.05, "priority": rng.randint(10, 90)}  # fmt: skip
-        if rng.random() < 0.6:
-            where = rng.choice(harness.node_ids)
-            service = harness.services[where]
-            task_id = f"{where}-local-{n}"
-        else:
-            where = "central"
-            assert harness.central is not None
-            service = harness.central
-            task_id = f"central-{n}"
-            body["restart"] = "always" if rng.random() < 0.4 else "never"
-        body["id"] = task_id
-        # Cutting central's host cuts every node off from it, so a node decides alone then.
-        cut = where in harness.run.cut or (where != "central" and "central" in harness.run.cut)
-        at = time.monotonic() - harness.run.started
-        try:
-            status, _ = await asyncio.to_thread(service.http, "POST", "/v1/tasks", body)
-            acked = status == 201
-        except (OSError, ValueError):
-            acked = False  # a frozen (SIGSTOPped) or restarting node: unknown outcome
-        harness.run.history.append(Submission(at, task_id, where, acked, while_cut=cut))
-        await asyncio.sleep(rng.uniform(0.2, 0.6))
-
-
 async def _watch(harness: Harness, until: float) -> None:
-    """Sample every node's mode twice a second for the timeline."""
+    """Sample every node's mode, and central's view of every node, twice a second."""
+    assert harness.central is not None
+    central = harness.central
     while time.monotonic() < until:
         sample: dict[str, Any] = {"t": round(time.monotonic() - harness.run.started, 2)}
         for node, service in harness.services.items():
@@ -403,6 +556,11 @@ async def _watch(harness: Harness, until: float) -> None:
                 sample[node] = status["mode"]
             except (OSError, ValueError, KeyError, TypeError):
                 sample[node] = "unreachable"
+        try:
+            seen = (await asyncio.to_thread(central.http, "GET", "/v1/nodes"))[1]["nodes"]
+            sample["central_view"] = {n["id"]: n["state"] for n in seen}
+        except (OSError, ValueError, KeyError, TypeError):
+            sample["central_view"] = {}
         sample["cut"] = sorted(harness.run.cut)
         harness.run.timeline.append(sample)
         await asyncio.sleep(0.5)
@@ -453,6 +611,76 @@ async def _converged(harness: Harness) -> bool:
     return same and all(v == 1 for v in running.values())
 
 
+async def _preemptions(harness: Harness) -> dict[str, int]:
+    """Each node's preemptions since its (last) start, from its /metrics."""
+    counts: dict[str, int] = {}
+    for node, service in harness.services.items():
+        with contextlib.suppress(OSError, ValueError):
+            text = await asyncio.to_thread(service.text, "/metrics")
+            for line in text.splitlines():
+                if line.startswith("edgesched_edge_preemptions_total "):
+                    counts[node] = int(float(line.split()[1]))
+    return counts
+
+
+def _skew_effects(harness: Harness, final: FinalState) -> dict[str, dict[str, Any]]:
+    """For every node started with a skewed clock: its offset, the offset measured in its
+    records (local submissions' ``submitted_at`` against the harness's clock when it sent
+    them, the median), and when it and the fleet saw the tidal window open."""
+    out: dict[str, dict[str, Any]] = {}
+    started = harness.run.started_wall
+    for node, service in harness.services.items():
+        raw = service.proc.env.get(SKEW_ENV)
+        if raw is None:
+            continue
+        skew = float(raw)
+        rows = final.node_tasks.get(node, {})
+        offsets = sorted(
+            float(rows[s.task_id]["submitted_at"]) - (started + s.at)
+            for s in harness.run.history
+            if s.where == node and s.acknowledged and s.task_id in rows
+        )
+        out[node] = {
+            "skew_s": round(skew, 1),
+            "records_offset_s": round(offsets[len(offsets) // 2], 1) if offsets else None,
+            "window_opened_for_fleet_at_s": round(harness.tidal.opens_at - started, 2),
+            "window_opened_for_node_at_s": round(harness.tidal.opens_at - skew - started, 2),
+        }
+    return out
+
+
+#: Faults that cut a link (not only slow it), whose target central should see go away.
+_CUTS = frozenset({"isolate", "drop-out", "stop", "kill", "reboot", "reset", "wan-cut"})
+
+
+def _central_view(harness: Harness) -> list[dict[str, Any]]:
+    """For every cut: what central called the nodes it cut off meanwhile, and whether it was
+    expected to notice (the cut outlasted 1.5 keepalives plus a second: 2 s for a node's link,
+    5 s for a site broker's bridge). A WAN cut leaves the nodes' status online at central."""
+    views: list[dict[str, Any]] = []
+    open_: dict[str, float] = {}
+    for fault in harness.run.faults_done:
+        target, at = fault["target"], fault["done_at"]
+        if fault["action"] in _CUTS and target not in open_:
+            open_[target] = at
+        elif fault["action"] in ("heal", "cont") and target in open_:
+            start = open_.pop(target)
+            nodes = harness.nodes_of(target)
+            states: dict[str, list[str]] = {n: [] for n in nodes}
+            for sample in harness.run.timeline:
+                if start <= sample["t"] <= at:
+                    for n in nodes:
+                        state = sample.get("central_view", {}).get(n)
+                        if state is not None and state not in states[n]:
+                            states[n].append(state)
+            keepalive = 5.0 if target in harness.topo.sites else KEEPALIVE_S
+            noticed = all(any(s != "connected" for s in v) for v in states.values())
+            views.append({"target": target, "from": start, "to": at, "states": states,
+                          "noticed": noticed,
+                          "expected": at - start > 1.5 * keepalive + 1.0})  # fmt: skip
+    return views
+
+
 def choose_backend(requested: str = "auto") -> str:
     if requested == "netns" or (requested == "auto" and available() is None):
         why = available()
@@ -468,28 +696,49 @@ async def run_scenario(
     workdir: Path,
     *,
     nodes: int = 3,
+    sites: int | None = None,
     backend: str = "auto",
+    duration_s: float | None = None,
     quiet_timeout_s: float = 30.0,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
-    """Run it; return the report (also written to ``workdir/report.json``)."""
+    """Run it; return the report (also written to ``workdir/report.json``). ``sites``: bridged
+    site brokers (default: as many as the scenario needs); ``duration_s``: a soak's length."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; see `edgesched fieldtest list`")
+    spec = SCENARIOS[scenario]
+    sites = spec.sites if sites is None else sites
+    if sites < spec.sites:
+        raise ValueError(f"{scenario} needs at least {spec.sites} site(s), got {sites}")
+    if sites > nodes:
+        raise ValueError(f"{sites} sites need at least as many nodes, got {nodes}")
+    if duration_s is not None and not spec.soak:
+        raise ValueError("--duration applies to the soak only")
     chosen = choose_backend(backend)
-    run = Run(scenario, seed, workdir, nodes, chosen)
+    run = Run(scenario, seed, workdir, nodes, chosen, sites)
     rng = random.Random(seed)
     async with Harness(run, chosen) as harness:
-        schedule = schedule_for(scenario, seed, harness.node_ids)
-        duration = SCENARIOS[scenario].duration_s
-        progress(f"{scenario} seed {seed} on {chosen}: {len(schedule)} faults over {duration:g}s")
+        duration = duration_s or spec.duration_s
+        schedule = schedule_for(scenario, seed, harness.topo, duration_s)
+        progress(
+            f"{scenario} seed {seed} on {chosen} ({harness.links}), {sites} site(s): "
+            f"{len(schedule)} faults over {duration:g}s"
+        )
         run.started = time.monotonic()
+        run.started_wall = time.time()
         end = run.started + duration + 2.0
         async with asyncio.TaskGroup() as group:
-            group.create_task(_workload(harness, rng, end))
+            group.create_task(
+                submit_loop(
+                    rng, harness.services, _need(harness.central), until=end,
+                    started=run.started, cut_off=harness.cut_off, history=run.history,
+                )
+            )  # fmt: skip
             watch = group.create_task(_watch(harness, end + quiet_timeout_s))
             for fault in schedule:
                 await asyncio.sleep(max(0.0, run.started + fault.at - time.monotonic()))
-                progress(f"t={fault.at:6.2f}s {fault.action} {fault.target}")
+                arg = "" if fault.arg is None else f" {fault.arg:g}"
+                progress(f"t={fault.at:6.2f}s {fault.action} {fault.target}{arg}")
                 await harness.apply(fault)
             await asyncio.sleep(max(0.0, end - time.monotonic()))
             await harness.heal_all()
@@ -503,19 +752,32 @@ async def run_scenario(
                 await asyncio.sleep(0.25)
             final = await _settled_state(harness)
             await asyncio.gather(*harness._measuring, return_exceptions=True)
+            preemptions = await _preemptions(harness)
             watch.cancel()  # the timeline ends when the run is judged
-        verdict: Verdict = check(run.history, final)
+        verdict: Verdict = check(run.history, final, run.reboots)
         heal_times = [h["seconds"] for h in run.heals]
+        extra = {
+            "links": harness.links,
+            "topology": {"sites": list(harness.topo.sites),
+                         "site_of": {n: harness.topo.site_of(n) for n in harness.node_ids}},
+            "tidal_window_opens_at_s": round(harness.tidal.opens_at - run.started_wall, 2),
+            "preemptions": preemptions,
+            "skew": _skew_effects(harness, final),
+            "central_view": _central_view(harness),
+        }  # fmt: skip
     report = {
         "scenario": scenario,
         "seed": seed,
         "backend": chosen,
         "nodes": harness.node_ids,
+        **extra,
+        "duration_s": duration,
         "schedule": [f.to_json() for f in schedule],
         "faults": run.faults_done,
         "converged_after_heal_s": converge_s,
         "heals": run.heals,
         "max_heal_convergence_s": max((t for t in heal_times if t is not None), default=None),
+        "reboots": run.bring_back,
         "verdict": verdict.to_json(),
         "ok": verdict.ok and converge_s is not None and None not in heal_times,
         "submissions": len(run.history),
@@ -523,3 +785,8 @@ async def run_scenario(
     }
     (workdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _need(service: Service | None) -> Service:
+    assert service is not None
+    return service

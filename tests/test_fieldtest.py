@@ -1,11 +1,13 @@
-"""The field test's pure parts (the checker's set semantics, seeded schedules) and a real
-run: the quick matrix in network namespaces as root (CI), one scenario through the fault
-proxy otherwise and always (the non-root path)."""
+"""The field test's pure parts (the checker's set semantics, seeded schedules, the bridge
+configuration) and real runs: the quick matrix in network namespaces as root (CI), and
+through the fault proxy otherwise and always (the non-root path): one node's link, and one
+site's WAN link with the site broker bridged to central's."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,11 +15,12 @@ from conftest import edgesched_binary
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgesched.fieldtest.checker import FinalState, Submission, check
+from edgesched.config import parse_config
+from edgesched.fieldtest.brokers import broker_config
+from edgesched.fieldtest.checker import FinalState, Reboot, Submission, check
 from edgesched.fieldtest.netns import available
-from edgesched.fieldtest.scenarios import QUICK, SCENARIOS, schedule_for
-
-NODES = ["gw-1", "gw-2", "gw-3"]
+from edgesched.fieldtest.scenarios import BREAKS, MENDS, QUICK, SCENARIOS, Topology, schedule_for
+from edgesched.fieldtest.workload import TidalWindow
 
 
 def final(**over: object) -> FinalState:
@@ -83,21 +86,80 @@ def test_each_violation_is_named() -> None:
     assert verdict.diverged == ["gw-2"] and verdict.offline_missing == ["gw-1/off"]
 
 
-@given(st.sampled_from(sorted(SCENARIOS)), st.integers(0, 10_000))
-def test_schedules_are_seeded_and_end_healed(name: str, seed: int) -> None:
-    first = schedule_for(name, seed, NODES)
-    assert first == schedule_for(name, seed, NODES)  # replayable
+def test_a_power_loss_must_bring_running_tasks_back() -> None:
+    before = {"a": 10, "b": 11, "c": 12, "d": 13, "e": 14}
+    after = {
+        "a": ("running", 20),  # a new process: back
+        "b": ("running", 11),  # the same pid: it never died (the kill failed): not back
+        "c": ("accepted", None),  # requeued but never started again
+        "d": ("exited", None),  # finished since: fine
+    }  # "e" vanished
+    verdict = check([], final(), [Reboot("gw-1", before, after)])
+    assert not verdict.ok and verdict.rebooted_tasks == 5
+    assert verdict.not_brought_back == ["gw-1/b (running)", "gw-1/c (accepted)", "gw-1/e (absent)"]
+
+
+@given(st.sampled_from(sorted(SCENARIOS)), st.integers(0, 10_000), st.integers(0, 3))
+def test_schedules_are_seeded_and_end_healed(name: str, seed: int, sites: int) -> None:
+    topo = Topology.of(3, max(sites, SCENARIOS[name].sites))
+    duration = 300.0 if SCENARIOS[name].soak else SCENARIOS[name].duration_s
+    first = schedule_for(name, seed, topo, duration if SCENARIOS[name].soak else None)
+    assert first == schedule_for(name, seed, topo, duration if SCENARIOS[name].soak else None)
     assert [f.at for f in first] == sorted(f.at for f in first)
-    if not SCENARIOS[name].soak:
-        assert all(f.at < SCENARIOS[name].duration_s for f in first)
+    assert all(f.at < duration for f in first)
+    hosts = {*topo.nodes, *topo.sites, "central", "broker"}
     broken: set[str] = set()
     for fault in first:
-        if fault.action in ("isolate", "drop-in", "drop-out", "stop", "kill"):
+        assert fault.target in hosts, fault
+        if fault.action in BREAKS:
             broken.add(fault.target)
-        elif fault.action in ("heal", "cont", "restart"):
+        elif fault.action in MENDS:
             broken.discard(fault.target)
-    # a kill is healed by its restart; a cut by its heal: nothing is left broken
+    # a kill or a power loss is healed by its restart; a cut by its heal: nothing is broken
     assert not broken, (name, seed, first)
+
+
+def test_a_short_soak_has_every_kind_of_fault() -> None:
+    topo = Topology.of(3, 2)
+    actions = {f.action for seed in range(20) for f in schedule_for("soak", seed, topo, 300.0)}
+    assert actions >= {"isolate", "wan-cut", "latency", "reboot", "skew", "drop-in", "reset"}
+
+
+def test_site_split_never_lets_the_two_halves_meet() -> None:
+    for seed in range(50):
+        faults = schedule_for("site-split", seed, Topology.of(3, 2))
+        cut: set[str] = set()
+        first_cut = min(f.at for f in faults)
+        last_heal = max(f.at for f in faults)
+        for fault in faults:
+            if fault.action == "wan-cut":
+                cut.add(fault.target)
+            else:
+                cut.discard(fault.target)
+            if first_cut <= fault.at < last_heal:
+                assert cut, (seed, faults)  # at least one side is off the hub throughout
+        assert {f.target for f in faults} == {"site-1", "site-2"}
+
+
+def test_the_bridge_config_crosses_each_topic_family_one_way_or_both() -> None:
+    conf = broker_config([("127.0.0.1", 1884)], bridge=("site-1", "10.0.0.1", 1883))
+    lines = conf.splitlines()
+    assert "address 10.0.0.1:1883" in lines and "cleansession false" in lines
+    assert "bridge_protocol_version mqttv311" in lines  # v5 bridges lose queued messages
+    assert "topic edgesched/v1/central/# in 1" in lines
+    assert "topic edgesched/v1/node/# out 1" in lines
+    assert "topic edgesched/v1/doc/# both 1" in lines
+    assert "connection" not in broker_config([("127.0.0.1", 1883)])
+
+
+def test_the_tidal_window_is_written_as_the_engines_read_it() -> None:
+    window = TidalWindow(86_400 * 20_000 + 23 * 3600 + 59 * 60 + 50.0)  # wraps midnight
+    cfg = parse_config(tomllib.loads("\n".join(window.config_lines())))
+    profile = cfg.policy.tidal
+    assert profile.shares_at(window.opens_at - 1) == {}
+    assert profile.shares_at(window.opens_at) == {"surge": 0.6}
+    assert profile.shares_at(window.opens_at + 3599) == {"surge": 0.6}
+    assert window.open_at(window.opens_at + 10) and not window.open_at(window.opens_at - 10)
 
 
 def _matrix(args: list[str], workdir: Path) -> list[dict[str, object]]:
@@ -122,6 +184,13 @@ def test_the_quick_matrix_in_network_namespaces(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "isolate-node-1" / "report.json").read_text())
     assert report["verdict"]["offline_decisions"] > 0
     assert (tmp_path / "isolate-node-1" / "report.md").read_text().startswith("# Field test")
+    wan = json.loads((tmp_path / "wan-cut-1" / "report.json").read_text())
+    assert wan["topology"]["sites"] == ["site-1", "site-2"] and wan["heals"][0]["target"] in (
+        "site-1", "site-2",
+    )  # fmt: skip
+    reboot = json.loads((tmp_path / "reboot-while-cut-1" / "report.json").read_text())
+    assert reboot["reboots"] and reboot["verdict"]["not_brought_back"] == []
+    assert "| wan-cut | 1 | netns | 2 |" in (tmp_path / "matrix.md").read_text()
 
 
 def test_one_scenario_through_the_fault_proxy(tmp_path: Path) -> None:
@@ -129,3 +198,17 @@ def test_one_scenario_through_the_fault_proxy(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "isolate-node-2" / "report.json").read_text())
     assert report["ok"] and report["backend"] == "proxy"
     assert report["verdict"]["offline_decisions"] > 0 and not report["verdict"]["lost"]
+
+
+def test_a_wan_cut_through_the_fault_proxy(tmp_path: Path) -> None:
+    """Without root: a proxy on the site broker's WAN link to central's broker."""
+    _matrix(["run", "--scenario", "wan-cut", "--seed", "3", "--backend", "proxy"], tmp_path)
+    report = json.loads((tmp_path / "wan-cut-3" / "report.json").read_text())
+    assert report["ok"] and report["backend"] == "proxy", report["verdict"]
+    assert report["links"] == "fault proxy on every link"
+    (heal,) = report["heals"]
+    assert heal["target"] in report["topology"]["sites"] and heal["seconds"] is not None
+    cut_off = [n for n, s in report["topology"]["site_of"].items() if s == heal["target"]]
+    autonomous = {n for sample in report["timeline"] for n in cut_off
+                  if sample.get(n) == "autonomous"}  # fmt: skip
+    assert autonomous == set(cut_off)  # the site's nodes lost central, not their broker
