@@ -29,7 +29,14 @@ from aiohttp import web
 
 from edgesched.core.model import MAX_PRIORITY, Arch, DecisionKind, ServerClass
 from edgesched.core.policy import PolicyMode
-from edgesched.edge.spec import MAX_SPEC_INT, MAX_THREADS, RestartPolicy, TaskState
+from edgesched.edge.spec import (
+    IMAGE_REF,
+    MAX_IMAGE_REF,
+    MAX_SPEC_INT,
+    MAX_THREADS,
+    RestartPolicy,
+    TaskState,
+)
 from edgesched.sync.reconcile import ReconcilePolicy
 from edgesched.version import __version__
 
@@ -276,6 +283,19 @@ def task_spec_schema() -> Schema:
                 "items": {"type": "string", "enum": [a.value for a in Arch]},
                 "description": "architectures it can run on (empty: any)",
             },
+            "images": _obj(
+                {
+                    a.value: {
+                        "type": "string",
+                        "pattern": f"^{IMAGE_REF}$",
+                        "maxLength": MAX_IMAGE_REF,
+                    }
+                    for a in Arch
+                },
+                required=[],
+                description="the image to run on each architecture (an OCI reference); a task "
+                "with images is placed only where one fits the node's architecture",
+            ),
             "server_classes": {
                 "type": "array",
                 "items": {"type": "string", "enum": [c.value for c in ServerClass]},

@@ -180,7 +180,11 @@ class EdgeEngine:
             self.node = to_node(
                 self.profile, self.edge.node_id, self.edge.site, power, iops_k=iops_k, perf=perf
             )
-            self._executor = Executor(self.state_dir / "run")
+            self._executor = Executor(
+                self.state_dir / "run",
+                arch=self.profile.arch,
+                container_runtime=self.edge.container_runtime,
+            )
             agent = Agent(self.profile, power, self.hal_root)
             self._load_models()
             await self._open_document()
@@ -592,7 +596,8 @@ class EdgeEngine:
     def _check_feasible(self, spec: TaskSpec, node: Node) -> None:
         task = spec.to_task(0.0)
         if not task.runs_on(node.arch):
-            raise SubmitError(422, "archs", f"this node is {node.arch.value}")
+            field = "images" if not task.archs or node.arch in task.archs else "archs"
+            raise SubmitError(422, field, f"this node is {node.arch.value}")
         if task.server_classes and node.server_class not in task.server_classes:
             raise SubmitError(422, "server_classes", f"this node is {node.server_class.value}")
         cap = node.capacity
@@ -604,6 +609,8 @@ class EdgeEngine:
             if want > have + 1e-9:
                 raise SubmitError(422, name, f"asks for {want:g}, this node has {have:g} in all")
         program = spec.command[0]
+        if spec.images and self.edge.container_runtime:  # the command runs inside its image
+            program = self.edge.container_runtime
         if "/" in program:
             if not (Path(spec.cwd or ".") / program).exists() and not Path(program).exists():
                 raise SubmitError(422, "command", f"{program!r} does not exist")

@@ -33,6 +33,11 @@ How a task survives its engine:
 * Exit events are delivered at least once across engine restarts (the ``.exit`` file stays
   until :meth:`Executor.forget` or the next :meth:`Executor.start` of the same id).
 
+Images: a task that names an image per architecture runs the one for ``arch`` (the node's;
+default this host's) with ``container_runtime``, or its command as it is with the image in
+``EDGESCHED_IMAGE`` when there is no runtime; one with no image for ``arch`` is refused
+(:mod:`edgesched.edge.container`).
+
 Limits: with a writable cgroup v2 (the parent of ``cgroup_parent`` has ``cgroup.controllers``
 and we can create ``cgroup_parent`` with the ``memory`` and ``cpu`` controllers enabled) each
 task gets ``<cgroup_parent>/task-<id>`` with ``memory.max`` (``limits.memory_mb``) and
@@ -62,6 +67,9 @@ from typing import Any, Literal
 
 import psutil
 
+from edgesched.core.model import Arch
+from edgesched.edge.container import NoImage, container_argv, image_env, image_for
+from edgesched.edge.hal import UnsupportedHardware, arch_of
 from edgesched.edge.spec import TaskSpec
 from edgesched.sync.session import wait_event
 
@@ -133,6 +141,8 @@ class Executor:
         log_backups: int = 3,
         cgroup_parent: Path | None = Path("/sys/fs/cgroup/edgesched"),
         poll_s: float = 0.2,
+        arch: Arch | None = None,
+        container_runtime: str = "",
     ) -> None:
         if log_max_bytes <= 0 or log_backups < 0 or poll_s <= 0:
             raise ValueError("log_max_bytes and poll_s must be > 0, log_backups >= 0")
@@ -142,6 +152,9 @@ class Executor:
         self.log_backups = log_backups
         self.cgroup_parent = cgroup_parent
         self.poll_s = poll_s
+        # the node's architecture picks a task's image (edge/container.py); None: this host's
+        self.arch = arch
+        self.container_runtime = container_runtime
         self._cgroup_ok: bool | None = None  # decided at the first start
         self._tasks: dict[str, _Tracked] = {}
         self._stopping: set[str] = set()
@@ -175,8 +188,9 @@ class Executor:
         cwd = spec.cwd
         if cwd is not None and not os.path.isdir(cwd):
             raise ExecutorError(f"{task_id}: cwd {cwd!r} is not a directory")
-        _resolve_command(task_id, spec.command[0], env.get("PATH", os.defpath), cwd)
         cpus = _check_cores(task_id, cores) if cores is not None else None
+        command = self._command(spec, env, cpus)
+        _resolve_command(task_id, command[0], env.get("PATH", os.defpath), cwd)
 
         exit_path = self._path(task_id, ".exit")
         for stale in (exit_path, self._path(task_id, ".exit.tmp"), self._path(task_id, ".pid")):
@@ -198,7 +212,7 @@ class Executor:
         go_r, go_w = os.pipe()  # the wrapper's stdin: "go" once the spawn is recorded
         try:
             popen = subprocess.Popen(
-                ["/bin/sh", "-c", _WRAPPER, "edgesched", str(exit_path), *spec.command],
+                ["/bin/sh", "-c", _WRAPPER, "edgesched", str(exit_path), *command],
                 stdin=go_r,
                 stdout=log_fd,
                 stderr=log_fd,
@@ -256,6 +270,24 @@ class Executor:
         log.info("started %s as pid %d (limits via %s)", task_id, pid, limits_via)
         await _until_exec(popen)
         return handle
+
+    def _command(
+        self, spec: TaskSpec, env: dict[str, str], cpus: Sequence[int] | None
+    ) -> tuple[str, ...]:
+        """What to run for ``spec``: its command, or its image's (edge/container.py); ``env``
+        gains the image's variables."""
+        if not spec.images:
+            return spec.command
+        try:
+            arch = self.arch or arch_of(os.uname().machine)
+            image = image_for(spec, arch)
+        except (NoImage, UnsupportedHardware) as exc:
+            raise ExecutorError(f"{spec.id}: {exc}") from None
+        assert image is not None
+        env.update(image_env(image, arch))
+        if not self.container_runtime:
+            return spec.command
+        return container_argv(self.container_runtime, spec, image, cores=cpus)
 
     def adopt(self, task_id: str, pid: int, started_at: float) -> ProcessHandle | None:
         """Track a task an earlier engine started, identified by ``(pid, started_at)``.

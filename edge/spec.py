@@ -9,6 +9,7 @@ Plain dataclasses with JSON round-trips and validation that names the bad field.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -23,6 +24,16 @@ class SpecError(ValueError):
 
 #: Integers a spec may carry: what SQLite and the CRDT documents store (int64).
 MAX_SPEC_INT = 2**63 - 1
+#: An OCI image reference (``[registry[:port]/]name[/name...][:tag][@digest]``), as
+#: distribution/reference defines it, in ASCII, without anchors (the API document adds them).
+IMAGE_REF = (
+    r"(?:[a-zA-Z0-9]+(?:-+[a-zA-Z0-9]+)*(?:\.[a-zA-Z0-9]+(?:-+[a-zA-Z0-9]+)*)*(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+_IMAGE_REF = re.compile(IMAGE_REF)
+MAX_IMAGE_REF = 255
 #: The affinity planner lays out one entry per thread: a bound keeps a typo from exhausting
 #: the node's memory in its scheduling loop (1024: more than any node's cores).
 MAX_THREADS = 1024
@@ -73,6 +84,11 @@ class TaskSpec:
     max_restarts: int = 5
     limits: Limits = field(default_factory=Limits)
     archs: frozenset[Arch] = frozenset()
+    #: The image to run on each architecture (empty: the command runs as it is). A task with
+    #: images is placed only on an architecture it has one for; the node runs the command in
+    #: that image with its ``[edge] container_runtime``, or, without one, as it is with the
+    #: image's reference in ``EDGESCHED_IMAGE`` (see :mod:`edgesched.edge.container`).
+    images: Mapping[Arch, str] = field(default_factory=dict)
     server_classes: frozenset[ServerClass] = frozenset()
     preemptible: bool = True
     duration_s: float | None = None  # expected run time, a hint for the scheduler
@@ -101,6 +117,8 @@ class TaskSpec:
             not math.isfinite(self.duration_s) or self.duration_s < 0
         ):
             raise SpecError("duration_s: must be a finite number >= 0")
+        for arch, ref in self.images.items():
+            check_image(arch, ref)
 
     def to_task(self, submitted_at: float) -> Task:
         """The scheduler's view of this spec."""
@@ -112,12 +130,20 @@ class TaskSpec:
             submitted_at=submitted_at,
             duration_s=self.duration_s,
             archs=self.archs,
+            images=self.images,
             server_classes=self.server_classes,
             preemptible=self.preemptible,
             threads=self.threads,
         )
 
     def to_json(self) -> dict[str, Any]:
+        data = self._to_json()
+        if self.images:  # only when set: a node or central of an older release refuses the
+            # unknown field, so specs without images stay readable across a rolling upgrade
+            data["images"] = {a.value: ref for a, ref in sorted(self.images.items())}
+        return data
+
+    def _to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "command": list(self.command),
@@ -151,7 +177,7 @@ class TaskSpec:
         known = {
             "id", "command", "workload", "priority", "cpu", "mem_gib", "accel", "threads",
             "env", "cwd", "restart", "max_restarts", "limits", "archs", "server_classes",
-            "preemptible", "duration_s", "reconcile",
+            "preemptible", "duration_s", "reconcile", "images",
         }  # fmt: skip
         unknown = sorted(set(data) - known)
         if unknown:
@@ -199,6 +225,14 @@ class TaskSpec:
             raise SpecError(
                 "server_classes: each must be one of " + ", ".join(c.value for c in ServerClass)
             ) from None
+        images: dict[Arch, str] = {}
+        for arch, ref in get("images", dict, {}).items():
+            try:
+                images[Arch(arch)] = ref
+            except ValueError:
+                raise SpecError(
+                    f"images.{arch}: unknown architecture (one of arm64, x86_64)"
+                ) from None
         duration = get("duration_s", (int, float), None)
         cwd = get("cwd", str, None)
         reconcile = get("reconcile", str, "")
@@ -220,10 +254,24 @@ class TaskSpec:
             max_restarts=get("max_restarts", int, 5),
             limits=Limits(**limits_raw),
             archs=archs,
+            images=images,
             server_classes=classes,
             preemptible=get("preemptible", bool, True),
             duration_s=float(duration) if duration is not None else None,
             reconcile=reconcile,
+        )
+
+
+def check_image(arch: object, ref: object) -> None:
+    """SpecError naming ``images.<arch>`` unless ``ref`` is an OCI image reference."""
+    if not isinstance(arch, Arch):
+        raise SpecError(f"images.{arch}: unknown architecture (one of arm64, x86_64)")
+    if not isinstance(ref, str):
+        raise SpecError(f"images.{arch.value}: expected a string, got {type(ref).__name__}")
+    if len(ref) > MAX_IMAGE_REF or not _IMAGE_REF.fullmatch(ref):
+        raise SpecError(
+            f"images.{arch.value}: not an image reference ([registry/]name[:tag][@digest], "
+            f"lower-case name, at most {MAX_IMAGE_REF} characters): {ref[:80]!r}"
         )
 
 

@@ -211,7 +211,10 @@ class EdgeConfig:
     ONNX files; empty: the ones shipped in ``edgesched.policies``. Central can swap either at
     run time (``PUT /v1/models/{kind}``).
     ``hal_root``: read hardware from this directory tree instead of ``/`` (simulated nodes:
-    the demo, tests); the node's tasks still run on this machine.
+    the demo, tests); the node's tasks still run on this machine. ``container_runtime``
+    (``docker``, ``podman`` or a path) runs a task that names an image for this node's
+    architecture in that image; empty: such a task runs its command as it is, with the image
+    in ``EDGESCHED_IMAGE`` (see :mod:`edgesched.edge.container`).
     """
 
     node_id: str = ""
@@ -228,9 +231,17 @@ class EdgeConfig:
     placement_model: str = ""
     centrals: tuple[str, ...] = ("central",)
     hal_root: str = "/"
+    container_runtime: str = ""
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
+        if self.container_runtime not in ("", "docker", "podman") and not (
+            self.container_runtime.startswith("/") and "\0" not in self.container_runtime
+        ):
+            raise ValueError(
+                "container_runtime must be docker, podman or an absolute path, got "
+                f"{self.container_runtime!r}"
+            )
         for central in self.centrals:
             _check_id(central, "centrals")
         if not self.centrals:
@@ -487,6 +498,7 @@ def _parse_edge(t: _Table) -> EdgeConfig:
             placement_model=t.string("placement_model", d.placement_model),
             centrals=t.strings("centrals") if "centrals" in t.data else d.centrals,
             hal_root=t.string("hal_root", d.hal_root),
+            container_runtime=t.string("container_runtime", d.container_runtime),
             mqtt=mqtt,
         )
     )

@@ -106,6 +106,8 @@ StateDirectoryMode=0750
 UMask=0027
 
 # --- hardening ------------------------------------------------------------------------------
+# NoNewPrivileges also keeps setuid helpers from working in tasks: rootless podman's newuidmap
+# among them (docker, through its socket, is unaffected). Relax it in a drop-in for podman.
 NoNewPrivileges=yes
 # The engine needs no capability: its tasks are its own children (same uid: signals,
 # sched_setaffinity for CPU pinning), /proc and /sys are read without any, and cgroup files

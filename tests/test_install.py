@@ -475,7 +475,10 @@ def simulated_node(ca: Path, tmp_path: Path) -> list[str | Path]:
         (lambda ca, t: ["--node-id", "gw 01"], "--node-id: invalid identity"),
         (lambda ca, t: ["--broker", "host:99999"], "--broker: port must be 1-65535"),
         (lambda ca, t: ["--prefix", "opt"], "--prefix: must be absolute"),
-        (lambda ca, t: ["--container-runtime", "docker"], "edge.container_runtime"),
+        (
+            lambda ca, t: ["--container-runtime", "dockr"],
+            "container_runtime must be docker, podman",
+        ),
         (bad_config, "config: edge.lease_s"),
         (typo_config, "did you mean 'lease_s'?"),
         (home_config, "hidden from the service (ProtectHome=yes)"),
