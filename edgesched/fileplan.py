@@ -143,10 +143,10 @@ def file_state(path: Path, content: bytes) -> str:
         return "changed"
 
 
-def command_line(c: Command, verb: str, when: str = "") -> str:
+def command_line(c: Command, verb: str) -> str:
     if c.skip:
         return f"{verb.replace('run', 'skip')}: {c}  ({c.why}; {c.skip})"
-    return f"{verb}: {c}  ({c.why}{'; ' + when if when else ''})"
+    return f"{verb}: {c}  ({c.why})"
 
 
 def print_plan(plan: Plan, say: Say, *, heading: str) -> None:
@@ -164,12 +164,19 @@ def print_plan(plan: Plan, say: Say, *, heading: str) -> None:
             say(line)
     if plan.link:
         say(f"would link {plan.link.path} -> {plan.link.target} ({plan.link.why})")
-    for c in plan.after:
-        say(command_line(c, "would run", "if anything changed"))
-    for c in plan.after_unchanged:
-        say(command_line(c, "would run", "if nothing changed"))
+    for c in plan.after if would_change(plan) else plan.after_unchanged:
+        say(command_line(c, "would run"))
     for note in plan.notes:
         say(f"note: {note}")
+
+
+def would_change(plan: Plan) -> bool:
+    """Whether carrying ``plan`` out would create or change anything (modes aside)."""
+    return (
+        any(not plan.host(d.path).is_dir() for d in plan.dirs)
+        or any(file_state(plan.host(f.path), f.content) != "unchanged" for f in plan.files)
+        or (plan.link is not None and link_target(plan.host(plan.link.path)) != plan.link.target)
+    )
 
 
 def apply(plan: Plan, say: Say) -> Outcome:

@@ -429,6 +429,8 @@ def _credentials(
     ca_path = lay.certs / "ca.crt"
     crt_path, key_path = lay.certs / f"{identity}.crt", lay.certs / f"{identity}.key"
     files: list[WriteFile] = []
+    if opts.ca or opts.ca_dir:
+        mqtt["tls"], mqtt["ca_file"] = True, str(ca_path)
     try:
         certs: NodeCerts | None = None
         if opts.ca_dir:
@@ -455,8 +457,6 @@ def _credentials(
             WriteFile(key_path, certs.key, 0o600, owner, secret=True, origin=key_origin),
         ]
         mqtt["cert_file"], mqtt["key_file"] = str(crt_path), str(key_path)
-    if files:
-        mqtt["tls"], mqtt["ca_file"] = True, str(ca_path)
     if secret is not None:
         line = secret.strip()
         if not line or b"\n" in line or b"\0" in line:

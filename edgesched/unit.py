@@ -99,8 +99,9 @@ TasksMax=infinity
 LimitNOFILE=65536
 
 # --- state ---------------------------------------------------------------------------------
-# {state}: the SQLite store, task logs and exit records, the API token. Made by systemd,
-# owned by the service user, kept across restarts and upgrades (uninstall --purge removes it).
+# The SQLite store, task logs and exit records, the API token: made by systemd, owned by the
+# service user, kept across restarts and upgrades (uninstall --purge removes it). Here:
+# {state}
 StateDirectory={p.state_directory}
 StateDirectoryMode=0750
 UMask=0027

@@ -305,6 +305,9 @@ def test_the_dry_run_writes_nothing_and_prints_every_file_line_by_line(
     assert "secret: content not shown" in written[3] and "PRIVATE KEY" not in dry.output
     assert "would link /opt/edgesched/current -> " in dry.output
     assert "would skip: useradd --system" in dry.output
+    # the commands of a first install: reload, enable, restart (skipped: a staging root)
+    assert "would skip: systemctl restart edgesched-edge.service" in dry.output
+    assert "enable --now" not in dry.output
 
     # every line of what a real install writes was printed, in order, under its header
     assert cli(*args).exit_code == 0
@@ -319,6 +322,7 @@ def test_the_dry_run_writes_nothing_and_prints_every_file_line_by_line(
     again = cli(*args, "--dry-run")
     assert "would write (unchanged) /etc/edgesched/edge.toml" in again.output
     assert "would write (unchanged) /etc/edgesched/certs/gw-01.crt" in again.output
+    assert "systemctl enable --now" in again.output and "restart" not in again.output
 
 
 def test_install_through_the_entry_point_dry_run(root: Path, tmp_path: Path) -> None:
