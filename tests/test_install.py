@@ -322,7 +322,8 @@ def test_the_dry_run_writes_nothing_and_prints_every_file_line_by_line(
     again = cli(*args, "--dry-run")
     assert "would write (unchanged) /etc/edgesched/edge.toml" in again.output
     assert "would write (unchanged) /etc/edgesched/certs/gw-01.crt" in again.output
-    assert "systemctl enable --now" in again.output and "restart" not in again.output
+    assert "would skip: systemctl enable --now edgesched-edge.service" in again.output
+    assert "would skip: systemctl restart" not in again.output
 
 
 def test_install_through_the_entry_point_dry_run(root: Path, tmp_path: Path) -> None:
