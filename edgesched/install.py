@@ -335,6 +335,7 @@ def plan_install(opts: InstallOptions, *, version: str | None = None) -> Plan:
         plan.after_unchanged = [
             Command(("systemctl", "enable", "--now", unit), "make sure it runs", skip)
         ]
+        plan.notes.append(f"see it with `systemctl status {unit}` and `journalctl -u {unit}`")
     else:
         plan.after = [Command(("systemctl", "daemon-reload"), "load the new unit", skip)]
         plan.notes.append(f"--no-start: start it with `systemctl enable --now {unit}`")
@@ -509,7 +510,7 @@ def _check_visible(
     service."""
     named = [(f"mqtt.{k}", mqtt.get(k)) for k in ("ca_file", "cert_file", "key_file")]
     named += [("mqtt.password_file", mqtt.get("password_file"))]
-    named += [("forecast_model", section.get("forecast_model"))]
+    named += [(k, section.get(k)) for k in ("forecast_model", "placement_model")]
     for key, value in named:
         if not isinstance(value, str) or not value:
             continue
@@ -615,6 +616,8 @@ def _uninstall(opts: UninstallOptions, dry_run: bool, say: Say) -> Outcome:
     skip = _systemctl_skip(lay)
     if dry_run:
         say(f"edgesched uninstall --dry-run: {lay.role}; nothing is removed and nothing runs")
+    if not skip and not lay.host(lay.unit).exists():
+        skip = f"{lay.unit} is not there"
     stop = Command(("systemctl", "disable", "--now", unit), "stop it, and not at boot", skip)
     _maybe_run(stop, dry_run, say, out)
 
