@@ -595,3 +595,15 @@ def test_toml_dumps_keeps_the_example_config() -> None:
     with pytest.raises(ValueError, match="NoneType"):
         toml_dumps({"a": None})
     assert tomllib.loads(toml_dumps({"t": dt.time(8, 30)})) == {"t": dt.time(8, 30)}
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root")
+def test_a_real_install_needs_root_but_a_dry_run_does_not(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("edgesched")
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(exe)]
+    args = ["install", "--node-id", "gw-01"]
+    real = subprocess.run([*nobody, *args], capture_output=True, text=True, cwd="/", timeout=60)
+    assert real.returncode == 2 and "run it as root" in real.stderr, real.stderr
+    dry = subprocess.run([*nobody, *args, "--dry-run"], capture_output=True, text=True,
+                         cwd="/", timeout=60)  # fmt: skip
+    assert dry.returncode == 0 and "/etc/edgesched/edge.toml: mode 0640" in dry.stdout
