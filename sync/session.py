@@ -7,7 +7,9 @@ central link, one :class:`~edgesched.sync.peer.DocPeer` per document) are :class
 that it subscribes for, dispatches to by topic, and serves while connected.
 
 aiomqtt has no reconnect of its own; the session runs the loop: connect, serve until an
-:class:`aiomqtt.MqttError`, back off with full jitter and a cap, reconnect. Two traps
+:class:`aiomqtt.MqttError`, back off with full jitter and a cap, reconnect. Each attempt's TCP
+connect is bounded by the keepalive, and :func:`fresh_keepalive_on_open` works around a
+paho-mqtt 2.2 trap that made the first attempt after a link came back fail (see there). Two traps
 can make such a loop swallow its own cancellation and hang a shutdown forever; the helpers
 here close both:
 
@@ -31,6 +33,7 @@ import asyncio
 import logging
 import random
 import ssl
+import time
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -68,6 +71,37 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     except TimeoutError:
         return event.is_set()
     return True
+
+
+def fresh_keepalive_on_open(client: aiomqtt.Client, connect_timeout_s: float) -> None:
+    """Make a slow TCP connect count for nothing against the keepalive, and bound it.
+
+    paho-mqtt 2.2 stamps its keepalive clock (``_last_bytes_received``, ``_last_msg_out``)
+    *before* its blocking TCP connect. When that connect takes longer than the keepalive, as
+    one whose SYNs went out while the link was down and is retransmitted after it came back
+    (1 s, then 3 s later), paho's own keepalive check closes the socket right after sending
+    CONNECT, and aiomqtt then waits its whole timeout for a CONNACK that cannot come: the
+    half-open field test lost 2 s plus a backoff per heal this way. Stamp the clock again
+    when the socket opens (paho calls ``on_socket_open`` between the connect and CONNECT),
+    and give up a connect after ``connect_timeout_s`` (paho's default is 5 s) so the next
+    attempt sends a fresh SYN. Private attributes of paho, so each is checked first: a paho
+    without them gets the bound only."""
+    paho = getattr(client, "_client", None)
+    if paho is None:
+        return
+    paho.connect_timeout = connect_timeout_s
+    mutex = getattr(paho, "_msgtime_mutex", None)
+    if mutex is None or not hasattr(paho, "_last_bytes_received"):
+        return
+    inner = paho.on_socket_open
+
+    def opened(mqttc: Any, userdata: Any, sock: Any) -> None:
+        with mutex:
+            paho._last_bytes_received = paho._last_msg_out = time.monotonic()
+        if inner is not None:
+            inner(mqttc, userdata, sock)
+
+    paho.on_socket_open = opened
 
 
 async def first_failure(*loops: Coroutine[Any, Any, object]) -> None:
@@ -201,23 +235,26 @@ class MqttSession:
             "timeout": max(2.0, float(self.endpoint.keepalive_s)),
         }
         if self.endpoint.protocol == "3.1.1":
-            return aiomqtt.Client(
+            client = aiomqtt.Client(
                 self.endpoint.host,
                 self.endpoint.port,
                 protocol=aiomqtt.ProtocolVersion.V311,
                 clean_session=False,
                 **common,
             )
-        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        props.SessionExpiryInterval = self.endpoint.session_expiry_s
-        return aiomqtt.Client(
-            self.endpoint.host,
-            self.endpoint.port,
-            protocol=aiomqtt.ProtocolVersion.V5,
-            clean_start=False,
-            properties=props,
-            **common,
-        )
+        else:
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = self.endpoint.session_expiry_s
+            client = aiomqtt.Client(
+                self.endpoint.host,
+                self.endpoint.port,
+                protocol=aiomqtt.ProtocolVersion.V5,
+                clean_start=False,
+                properties=props,
+                **common,
+            )
+        fresh_keepalive_on_open(client, common["timeout"])
+        return client
 
     async def run(self) -> None:
         """Forever: connect, serve every channel, and on any MQTT error back off and retry."""

@@ -6,10 +6,13 @@ site's WAN link with the site broker bridged to central's."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
+import time
 import tomllib
 from pathlib import Path
 
+import aiomqtt
 import pytest
 from conftest import edgesched_binary
 from hypothesis import given
@@ -21,6 +24,7 @@ from edgesched.fieldtest.checker import FinalState, Reboot, Submission, check
 from edgesched.fieldtest.netns import available
 from edgesched.fieldtest.scenarios import BREAKS, MENDS, QUICK, SCENARIOS, Topology, schedule_for
 from edgesched.fieldtest.workload import TidalWindow
+from edgesched.sync.session import fresh_keepalive_on_open
 
 
 def final(**over: object) -> FinalState:
@@ -212,3 +216,22 @@ def test_a_wan_cut_through_the_fault_proxy(tmp_path: Path) -> None:
     autonomous = {n for sample in report["timeline"] for n in cut_off
                   if sample.get(n) == "autonomous"}  # fmt: skip
     assert autonomous == set(cut_off)  # the site's nodes lost central, not their broker
+
+
+async def test_a_slow_tcp_connect_does_not_count_against_the_keepalive() -> None:
+    """The half-open heal fix: paho stamps its keepalive clock before its blocking connect,
+    so a connect slower than the keepalive (SYNs retransmitted after a link came back) got
+    its socket closed right after CONNECT. The session stamps it again when the socket opens
+    (paho's ``on_socket_open``, between the connect and CONNECT) and bounds the connect."""
+    client = aiomqtt.Client("127.0.0.1", 1883, keepalive=2)
+    paho = client._client
+    seen: list[object] = []
+    paho.on_socket_open = lambda _c, _u, sock: seen.append(sock)  # stands for aiomqtt's own
+    fresh_keepalive_on_open(client, 2.0)
+    assert paho.connect_timeout == 2.0
+    stale = time.monotonic() - 3.0  # stamped before a 3 s connect
+    paho._last_bytes_received = paho._last_msg_out = stale
+    with socket.socket() as sock:
+        paho.on_socket_open(paho, None, sock)
+        assert seen == [sock]  # aiomqtt's callback still runs
+    assert paho._last_bytes_received > stale + 2.9 and paho._last_msg_out > stale + 2.9
