@@ -47,6 +47,7 @@ from edgesched.central.placement import (
     place,
     reconcile,
 )
+from edgesched.central.power import PARKED, power_orders, reported, with_power
 from edgesched.central.replicas import NodeReplicas
 from edgesched.central.telemetry import TelemetryCollector
 from edgesched.config import EdgeschedConfig
@@ -290,15 +291,17 @@ class CentralEngine:
         docs = {n: r.content() for n, r in self.replicas.replicas.items()}
         status = {n: self.liveness.state(n) for n in docs}
         view = fleet_view(docs, status, self.clock())
+        # Parked and waking nodes are no placement targets (the core sees their state).
+        view = with_power(view, {n: reported(c) for n, c in docs.items()}, self._orders())
         # Reported in any state: a task its node has finished no longer holds anything there.
-        reported: set[tuple[str, str]] = set()
+        listed: set[tuple[str, str]] = set()
         for node_id, content in docs.items():
             tasks: Any = content.get("tasks") or {}
-            reported.update((task_id, node_id) for task_id in tasks)
+            listed.update((task_id, node_id) for task_id in tasks)
         extra = []
         for task_id, entry in _need(self.policy).assignments().items():
             node = entry.get("node")
-            if entry.get("state") != "active" or (task_id, node) in reported:
+            if entry.get("state") != "active" or (task_id, node) in listed:
                 continue
             try:
                 spec = TaskSpec.from_json(entry.get("spec"))
@@ -421,12 +424,12 @@ class CentralEngine:
         """An assignment with what the nodes report of it (the copies, by node)."""
         copies = {}
         for node_id, replica in self.replicas.replicas.items():
-            reported = replica.doc.task(task_id)
-            if reported is not None and reported.get("assignment") is not None:
+            held = replica.doc.task(task_id)
+            if held is not None and held.get("assignment") is not None:
                 copies[node_id] = {
-                    "state": reported.get("state"),
-                    "epoch": reported["assignment"].get("epoch"),
-                    "updated_at": reported.get("updated_at"),
+                    "state": held.get("state"),
+                    "epoch": held["assignment"].get("epoch"),
+                    "updated_at": held.get("updated_at"),
                 }
         return {
             "id": task_id,
@@ -500,6 +503,30 @@ class CentralEngine:
             self._event("failover", f"{task_id}: {old} -> {choice.node_id} (epoch {epoch})",
                         node=choice.node_id, task=task_id)  # fmt: skip
         self._reconcile(now)
+        if self.central.park_nodes:
+            self._power_step()
+
+    def _orders(self) -> dict[str, dict[str, Any]]:
+        return _need(self.policy).power() if self.policy is not None else {}
+
+    def _power_step(self) -> None:
+        """Park idle nodes beyond what the forecast needs, wake nodes ahead of a peak or for
+        waiting work (the core's power stage over the fleet; energy and learned modes)."""
+        policy = _need(self.policy)
+        docs = {n: r.content() for n, r in self.replicas.replicas.items()}
+        reports = {n: reported(c) for n, c in docs.items()}
+        orders = policy.power()
+        view = self._view()
+        waiting = []
+        for entry in policy.assignments().values():
+            if entry.get("state") == "pending":
+                with contextlib.suppress(SpecError):
+                    waiting.append(TaskSpec.from_json(entry.get("spec")).to_task(view.now))
+        config = self._policy_config()
+        for order in power_orders(view, waiting, self.forecast_cpu, config, orders, reports):
+            policy.set_power(order.node_id, order.to_entry())
+            verb = "park" if order.state == PARKED else "wake"
+            self._event(verb, f"{order.node_id}: {order.reason}", node=order.node_id)
 
     def _reconcile(self, now: float) -> None:
         policy = _need(self.policy)

@@ -1101,6 +1101,14 @@ def _edge_schemas() -> dict[str, Schema]:
                     ]
                 },
                 "models": _map(_model_info(), "kind -> the model in use, or why none"),
+                "power": _obj(
+                    {
+                        "state": {"type": "string", "enum": ["active", "parked"]},
+                        "since": _NUMBER,
+                        "idle_since": _nullable(_NUMBER),
+                        "last_error": _STR,
+                    }
+                ),
                 "forecast": _obj(
                     {
                         "model": _STR,

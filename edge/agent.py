@@ -282,9 +282,10 @@ class Agent:
         self._cpu_times: list[Any] = list(psutil.cpu_times(percpu=True))
         self._net: tuple[float, int, int] | None = None
 
-    def sample(self, now: float) -> Sample:
+    def sample(self, now: float, parked: bool = False) -> Sample:
         """A sample at ``now``: CPU since the previous sample (or construction), network rates
-        since the previous sample (0 on the first), current memory, frequency and power."""
+        since the previous sample (0 on the first), current memory, frequency and power. A
+        ``parked`` node with no power meter reports its model's parked draw."""
         times = list(psutil.cpu_times(percpu=True))
         per_core = tuple(busy_fraction(b, a) for b, a in zip(self._cpu_times, times, strict=False))
         if len(times) != len(self._cpu_times):  # a CPU went on/offline: restart baselines
@@ -302,6 +303,8 @@ class Agent:
 
         mem = psutil.virtual_memory()
         reading = self.meter.measure(now, cpu_total)
+        if parked and reading.estimated:
+            reading = PowerReading(self.meter.model.parked_w, "model-parked", True)
         return Sample(
             at=now,
             cpu_per_core=per_core,

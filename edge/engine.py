@@ -45,6 +45,7 @@ from edgesched.edge.executor import Executor, ExecutorError, ExitEvent
 from edgesched.edge.hal import HardwareProfile, default_power_model, discover, to_node
 from edgesched.edge.link import CentralLink
 from edgesched.edge.metrics import EdgeMetrics
+from edgesched.edge.power import PowerControl
 from edgesched.edge.qualify import QualificationReport
 from edgesched.edge.spec import (
     Assignment,
@@ -140,6 +141,12 @@ class EdgeEngine:
         self.api_port: int | None = None
         self.models: ActiveModels | None = None  # loaded in run(): onnxruntime is slow to import
         self.demand = ClassDemand()  # what each workload class asks for, in 5-minute bins
+        self.power = PowerControl(
+            clock,
+            self.edge.park_command,
+            self.edge.wake_command,
+            on_error=lambda stage: self.metrics.power_errors.labels(stage).inc(),
+        )
         self.forecast_cpu: float | None = None
         self._doc: NodeDoc | None = None
         self._policy: PolicyDoc | None = None
@@ -300,6 +307,9 @@ class EdgeEngine:
                 why = f"reconciled: {order.get('reason', 'placed twice')}"
                 if await self._cancel_record(record, why):
                     to_stop.append(task_id)
+        busy = bool(await self.store.list_tasks((*_QUEUED, *_HELD)))
+        if await self.power.follow(self.policy.power().get(me), busy):
+            self._report_power()
         now_hash = self.policy.content_hash()
         if now_hash != self._policy_saved:
             await self.policy.persist_to(self.store)
@@ -334,6 +344,12 @@ class EdgeEngine:
         }
         if self.doc.node().get("models") != report:
             self.doc.set_node("models", report)
+
+    def _report_power(self) -> None:
+        """Our power state for central's power stage (and the parked figure in telemetry)."""
+        report = self.power.state.report()
+        if self.doc.node().get("power") != report:
+            self.doc.set_node("power", report)
 
     async def _follow_assignment(self, task_id: str, entry: dict[str, Any]) -> bool:
         """Apply one assignment to us; True if a process is to be stopped."""
@@ -654,6 +670,7 @@ class EdgeEngine:
                 "tasks": len(self._doc.tasks()),
             },
             "models": self.active_models.status(),
+            "power": {**self.power.state.report(), "last_error": self.power.last_error},
             "forecast": {
                 "model": self.active_models.forecast_name,
                 "peak_cpu_next_15min": self.forecast_cpu,
@@ -722,6 +739,11 @@ class EdgeEngine:
                 for r in records
                 if r.state in _QUEUED and self._not_before.get(r.spec.id, 0) <= now
             ]
+            changed = self.power.observe(bool(records))
+            if queued and await self.power.wake(f"{len(queued)} task(s) to run"):
+                changed = True
+            if changed:
+                self._report_power()
             if not queued and not held:
                 return []
             running = tuple(
@@ -873,7 +895,7 @@ class EdgeEngine:
         last_rollup = self.clock()
         while True:
             now = self.clock()
-            sample = agent.sample(now)
+            sample = agent.sample(now, parked=self.power.state.parked)
             self.metrics.observe(sample)
             self._publish_telemetry(now, sample)
             try:

@@ -14,6 +14,12 @@ class EdgeMetrics:
         self.mode_changes = Counter(
             "edgesched_edge_mode_changes", "Mode changes, by the mode entered", ["mode"], registry=r
         )
+        self.power_errors = Counter(
+            "edgesched_edge_power_errors",
+            "Park or wake commands that failed (the node stayed as it was)",
+            ["stage"],
+            registry=r,
+        )
         self.tasks = Gauge(
             "edgesched_edge_tasks", "Tasks on this node by state", ["state"], registry=r
         )

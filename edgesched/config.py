@@ -209,7 +209,8 @@ class EdgeConfig:
     heard central within ``lease_s``, *autonomous* after that. ``forecast_model`` (the
     per-class 15-minute forecaster) and ``placement_model`` (the ``learned`` mode's score) are
     ONNX files; empty: the ones shipped in ``edgesched.policies``. Central can swap either at
-    run time (``PUT /v1/models/{kind}``).
+    run time (``PUT /v1/models/{kind}``). ``park_command`` / ``wake_command``: argv run when
+    central parks or wakes this node (``edgesched.edge.power``; empty: bookkeeping only).
     ``hal_root``: read hardware from this directory tree instead of ``/`` (simulated nodes:
     the demo, tests); the node's tasks still run on this machine. ``container_runtime``
     (``docker``, ``podman`` or a path) runs a task that names an image for this node's
@@ -229,6 +230,8 @@ class EdgeConfig:
     stop_grace_s: float = 10.0
     forecast_model: str = ""
     placement_model: str = ""
+    park_command: tuple[str, ...] = ()
+    wake_command: tuple[str, ...] = ()
     centrals: tuple[str, ...] = ("central",)
     hal_root: str = "/"
     container_runtime: str = ""
@@ -273,6 +276,8 @@ class CentralConfig:
     policy). ``k8s_extender`` serves the kube-scheduler extender endpoints under ``/v1/k8s``.
     ``forecast_model`` / ``placement_model``: ONNX files central starts with (empty: the
     shipped ones); an admin swaps them for the whole fleet with ``PUT /v1/models/{kind}``.
+    ``park_nodes``: in energy and learned modes, park idle nodes beyond the forecast's need
+    and wake them ahead of a peak (``edgesched.central.power``); off by default.
     """
 
     central_id: str = "central"
@@ -289,6 +294,7 @@ class CentralConfig:
     k8s_extender: bool = False
     forecast_model: str = ""
     placement_model: str = ""
+    park_nodes: bool = False
     nodes: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -496,6 +502,8 @@ def _parse_edge(t: _Table) -> EdgeConfig:
             stop_grace_s=t.number("stop_grace_s", d.stop_grace_s, low=0),
             forecast_model=t.string("forecast_model", d.forecast_model),
             placement_model=t.string("placement_model", d.placement_model),
+            park_command=t.strings("park_command"),
+            wake_command=t.strings("wake_command"),
             centrals=t.strings("centrals") if "centrals" in t.data else d.centrals,
             hal_root=t.string("hal_root", d.hal_root),
             container_runtime=t.string("container_runtime", d.container_runtime),
@@ -523,6 +531,7 @@ def _parse_central(t: _Table) -> CentralConfig:
             k8s_extender=t.boolean("k8s_extender", d.k8s_extender),
             forecast_model=t.string("forecast_model", d.forecast_model),
             placement_model=t.string("placement_model", d.placement_model),
+            park_nodes=t.boolean("park_nodes", d.park_nodes),
             reconcile=t.string("reconcile", d.reconcile),
             nodes=t.strings("nodes"),
             peers=t.strings("peers"),

@@ -704,7 +704,8 @@ class NodeDoc(SyncedDoc):
 class PolicyDoc(SyncedDoc):
     """The fleet policy document written by central (several central replicas may co-write
     it; nodes only read it): ``policy`` (mode, tidal profile), ``models`` (kind → an ONNX
-    model file to swap in, see :mod:`edgesched.policies.models`), ``assignments`` (task id →
+    model file to swap in, see :mod:`edgesched.policies.models`), ``power`` (node id → park
+    or wake order, see :mod:`edgesched.central.power`), ``assignments`` (task id →
     central's placement: the spec, the node, the placement epoch) and ``stops`` (``<task>@<node>``
     → an order to stop that node's copy of a task placed twice, from the reconcile rule)."""
 
@@ -756,6 +757,17 @@ class PolicyDoc(SyncedDoc):
     def tidal(self) -> dict[str, Any] | None:
         value = self.root("policy").get("tidal")
         return None if value is None else dict(normalise(value))
+
+    def set_power(self, node_id: str, entry: Mapping[str, object]) -> None:
+        """Central's power order to ``node_id`` (``edgesched.central.power.PowerOrder``)."""
+        if not node_id:
+            raise ValueError("node id must not be empty")
+        self.root("power")[node_id] = _json_value(dict(entry), f"power {node_id}")
+
+    def power(self) -> dict[str, dict[str, Any]]:
+        """node id -> central's standing power order (``state``: parked or active)."""
+        out: dict[str, dict[str, Any]] = normalise(self.root("power").to_py() or {})
+        return out
 
     def set_model(self, kind: str, entry: Mapping[str, object]) -> None:
         """Publish a model file (``edgesched.policies.models.ModelBlob.to_entry``) for

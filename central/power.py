@@ -1,0 +1,120 @@
+"""Fleet power: which online nodes central parks and wakes. Pure.
+
+In ``energy`` and ``learned`` mode, with ``[central] park_nodes`` on, the leading central runs
+the core's power stage over the fleet each control step: the nodes with their power state as
+*they* report it, what they run, the tasks waiting at central, and the fleet's 15-minute
+forecast (``ClusterView.forecast_cpu``). The core keeps the forecast peak plus spare awake,
+wakes parked nodes ahead of a peak or for waiting work, and parks nodes idle longer than
+``park_idle_after_s`` beyond that. Central writes its orders into the policy document's
+``power`` map; each node carries them out and reports back in its document
+(``node.power``: ``state``, ``idle_since``). Until a woken node reports itself active it is
+*waking* (no placement target); a node cut off from central wakes itself when local work
+arrives (autonomy first), and reports that.
+
+Central only parks a node that reports no active task, whatever the core's consolidation
+planned: moving work to empty a node is left to explicit migration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from edgesched.central.placement import FleetView
+from edgesched.core.model import DecisionKind, Node, NodeState, Task
+from edgesched.core.policy import PolicyConfig
+from edgesched.core.scheduler import ClusterView, schedule
+
+PARKED = "parked"
+ACTIVE = "active"
+
+
+@dataclass(frozen=True, slots=True)
+class PowerOrder:
+    """Central's order to one node: ``parked`` or ``active``, and why."""
+
+    node_id: str
+    state: str
+    reason: str
+    at: float
+
+    def to_entry(self) -> dict[str, object]:
+        return {"state": self.state, "reason": self.reason, "at": self.at}
+
+
+@dataclass(frozen=True, slots=True)
+class NodePower:
+    """A node's own power report: its state, since when, and since when it is empty."""
+
+    state: str = ACTIVE
+    since: float = 0.0
+    idle_since: float | None = None
+
+
+def _time(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def reported(content: Mapping[str, Any]) -> NodePower:
+    """A node document's power report; a node that reports nothing (an older engine) is
+    active and never idle."""
+    power = (content.get("node") or {}).get("power")
+    if not isinstance(power, Mapping):
+        return NodePower()
+    state = PARKED if power.get("state") == PARKED else ACTIVE
+    return NodePower(state, _time(power.get("since")) or 0.0, _time(power.get("idle_since")))
+
+
+def with_power(
+    view: FleetView,
+    reports: Mapping[str, NodePower],
+    orders: Mapping[str, Mapping[str, Any]],
+) -> FleetView:
+    """``view`` with each node's power state: parked as it reports, *waking* when central
+    ordered it active but it still reports parked, active otherwise; and its idle time."""
+    nodes: list[Node] = []
+    for node in view.nodes:
+        report = reports.get(node.id, NodePower())
+        if report.state == PARKED:
+            ordered = (orders.get(node.id) or {}).get("state")
+            core_state = NodeState.WAKING if ordered == ACTIVE else NodeState.PARKED
+            nodes.append(replace(node, state=core_state, idle_since=None))
+        else:
+            nodes.append(replace(node, state=NodeState.ACTIVE, idle_since=report.idle_since))
+    return replace(view, nodes=tuple(nodes))
+
+
+def power_orders(
+    view: FleetView,
+    waiting: Sequence[Task],
+    forecast_cpu: float | None,
+    policy: PolicyConfig,
+    orders: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, NodePower],
+) -> list[PowerOrder]:
+    """The park and wake orders the core gives for ``view`` (already :func:`with_power`),
+    leaving out orders already standing and parks of nodes that run anything. An order is
+    standing while the node has not changed state since it was given (a node that woke
+    itself for local work after a park order gets a new one when it is idle again)."""
+    if not policy.parks_nodes:
+        return []
+    cluster = ClusterView(view.nodes, view.placements, view.now, forecast_cpu=forecast_cpu)
+    result = schedule(cluster, list(waiting), policy)
+    busy = {p.node_id for p in view.placements}
+    out: list[PowerOrder] = []
+    for d in result.decisions:
+        if d.kind is DecisionKind.PARK and d.node_id not in busy:
+            state = PARKED
+        elif d.kind is DecisionKind.WAKE:
+            state = ACTIVE
+        else:
+            continue
+        standing = orders.get(d.node_id) or {}
+        at = _time(standing.get("at"))
+        since = reports.get(d.node_id, NodePower()).since
+        if standing.get("state") == state and at is not None and at >= since:
+            continue
+        out.append(PowerOrder(d.node_id, state, d.reason, view.now))
+    return out
