@@ -3,6 +3,7 @@ fallbacks, the ONNX scorer, and the policy search."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -131,3 +132,31 @@ def test_policy_search_is_deterministic_and_exports() -> None:
     a = placement.train(placement.TINY_POLICY, seed=3)
     b = placement.train(placement.TINY_POLICY, seed=3)
     assert a.weights == b.weights and len(a.weights) == N_LEARNED_FEATURES
+    # The search never ships weights that did worse than its heuristic start on what it saw.
+    final = dict(a.final)
+    assert set(final) == {"heuristic start", "refit mean", "best candidate"}
+    assert final[a.picked] >= final["heuristic start"]
+
+
+def _shipped_weights() -> np.ndarray:
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(SHIPPED)).graph
+    (w,) = [
+        numpy_helper.to_array(t) for t in graph.initializer if t.dims == [N_LEARNED_FEATURES, 1]
+    ]
+    return np.asarray(w, dtype=np.float64).reshape(-1)
+
+
+@pytest.mark.skipif(not os.environ.get("EDGESCHED_SLOW"), reason="full search: EDGESCHED_SLOW=1")
+def test_the_documented_search_reproduces_the_shipped_weights() -> None:
+    found = placement.train(placement.PolicyTrainConfig(), seed=0)
+    assert np.allclose(np.asarray(found.weights), _shipped_weights(), atol=1e-6)
+
+
+def test_the_shipped_weights_match_the_card() -> None:
+    card = (shipped_dir() / "placement-score.md").read_text()
+    line = next(x for x in card.splitlines() if x.startswith("Weights: "))
+    stated = [float(kv.split("=")[1]) for kv in line.removeprefix("Weights: ").split(", ")]
+    assert np.allclose(stated, _shipped_weights(), atol=5e-4)
