@@ -477,6 +477,7 @@ def _transition(
         "status": "pending",
     }
     progress(f"stopping the {engine.describe()} (its tasks keep running)")
+    stopped_at = time.monotonic()
     engine.stop(30.0)
     aside: Path | None = None
     try:
@@ -521,8 +522,9 @@ def _transition(
             f"{kind} to {new} failed, {old} runs again and its tasks kept running: {reason}"
         ) from exc
     entry["status"] = "done"
+    entry["engine_down_s"] = round(time.monotonic() - stopped_at, 2)
     layout.record([*entries, entry])
-    progress(f"{new} is up and healthy")
+    progress(f"{new} is up and healthy; the engine was down {entry['engine_down_s']} s")
     return entry
 
 
