@@ -481,8 +481,9 @@ edgesched {version} offline bundle for {arch}, CPython {python}, glibc >= {glibc
 
 Install (as root, no network needed):
 
-    sh install.sh                      # into {prefix}, then `edgesched install`
-    sh install.sh --prefix /srv/es --no-service
+    sh install.sh --node-id gw-01 --broker mqtt.example:8883 --ca ca.pem --cert gw-01.pem \
+        --key gw-01.key              # into {prefix}, then `edgesched install` with those
+    sh install.sh --prefix /srv/es --no-service     # the release only, no service
 
 What install.sh does, in order, stopping at the first problem with a message that says why:
 
@@ -494,8 +495,10 @@ What install.sh does, in order, stopping at the first problem with a message tha
     edgesched=={version} into it from wheels/ only (pip --no-index; the machine's pip
     configuration is ignored). A release already installed there is reused;
  4. points {prefix}/current at that release (a new symlink renamed over the old one);
- 5. runs `{prefix}/current/bin/edgesched install ARGS` (the service, its config and user),
-    when that command exists, with every argument install.sh did not recognise.
+ 5. runs `<prefix>/releases/{version}/bin/edgesched install --prefix <prefix> ARGS` (the
+    service, its config, identity and user; see `edgesched install --help`) with every
+    argument install.sh did not recognise, for example --node-id gw-01 --broker HOST, or
+    --dry-run to see what it would write.
 
 Options: --prefix DIR, --python PATH (default python3), --no-switch (install the release,
 leave `current` alone: what `edgesched upgrade` uses), --no-service (skip step 5), and
@@ -651,7 +654,8 @@ fi
 
 # 5. The service, config and user: `edgesched install` of the new release, when it has one.
 if [ "$SERVICE" = 1 ]; then
-    if "$REL/bin/edgesched" install --help >/dev/null 2>&1; then
+    if help=$("$REL/bin/edgesched" install --help 2>/dev/null); then
+        case $help in *--prefix*) set -- --prefix "$PREFIX" "$@" ;; esac
         say "running: $REL/bin/edgesched install $*"
         exec "$REL/bin/edgesched" install "$@"
     fi

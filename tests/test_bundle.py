@@ -206,11 +206,23 @@ def test_bundle_installs_offline_and_the_node_runs(
     assert where.startswith(str(release)), where
     assert json.loads((release / ".edgesched-release.json").read_text())["version"] == version
 
+    # Again, now with the service step: the release is reused, and the arguments install.sh
+    # does not know go to `edgesched install` (a dry run staged under a scratch root here).
+    done = _in(netns, ["sh", str(host_bundle / "install.sh"), "--prefix", str(prefix),
+                       "--node-id", "gw-bundle", "--dry-run", "--root", str(tmp_path / "root")],
+               env)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"release {version} is already installed" in done.stdout
+    assert f"edgesched install --prefix {prefix} --node-id gw-bundle --dry-run" in done.stdout
+    assert f"ExecStart={prefix}/current/bin/edgesched edge run" in done.stdout, done.stdout
+    assert not (tmp_path / "root").exists()  # a dry run writes nothing
+
     # The node starts from the installed release, offline (no broker anywhere), and works.
     config, state = write_edge_config(tmp_path, free_port())
     exe = str(prefix / "current" / "bin" / "edgesched")
     log = (tmp_path / "edge.log").open("ab")
     argv = ["ip", "netns", "exec", netns, exe, "edge", "run", "--config", str(config)]
+    started = time.monotonic()
     proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=env["HOME"])
     try:
         health = (
@@ -229,6 +241,7 @@ def test_bundle_installs_offline_and_the_node_runs(
                 if answered.stdout.strip() == "200":
                     break
             time.sleep(0.3)
+        print(f"node healthy {time.monotonic() - started:.1f} s after its start")
         assert answered is not None and answered.stdout.strip() == "200", (
             tmp_path / "edge.log"
         ).read_text()[-3000:]
@@ -271,6 +284,7 @@ def test_bundle_installs_offline_and_the_node_runs(
         proc.wait(20)
         log.close()
         kill_task_processes(state)
+        shutil.rmtree(prefix, ignore_errors=True)  # a release is ~300 MB
     assert proc.returncode == 0, (tmp_path / "edge.log").read_text()[-3000:]
 
 

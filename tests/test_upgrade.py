@@ -315,6 +315,7 @@ def test_upgrade_and_rollback_keep_the_task_running_and_the_database_intact(
     finally:
         engine.stop(15)
         kill_task_processes(state)
+        shutil.rmtree(prefix, ignore_errors=True)  # three releases of ~300 MB
 
 
 # -- the parts, quickly ----------------------------------------------------------------------
