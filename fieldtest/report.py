@@ -41,7 +41,8 @@ def to_markdown(report: Mapping[str, Any], picture: str | None = None) -> str:
         f"| tasks running at a power loss / not brought back | "
         f"{verdict.get('rebooted_tasks', 0)} / {_list(verdict.get('not_brought_back', [])) or 0} |",
         f"| tidal window opened at | {report.get('tidal_window_opens_at_s', '-')} s |",
-        f"| preemptions per node (since its last start) | {_pairs(report.get('preemptions'))} |",
+        f"| preemptions per node (while autonomous, for a tidal share) | "
+        f"{_preempted(report.get('preemptions'))} |",
         "",
         "## Faults",
         "",
@@ -72,8 +73,14 @@ def _sites(report: Mapping[str, Any]) -> str:
     )
 
 
-def _pairs(mapping: Mapping[str, Any] | None) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted((mapping or {}).items())) or "-"
+def _preempted(counts: Mapping[str, Mapping[str, int]] | None) -> str:
+    return (
+        ", ".join(
+            f"{node} {c['total']} ({c['autonomous']}, {c['tidal']})"
+            for node, c in sorted((counts or {}).items())
+        )
+        or "-"
+    )
 
 
 def _extras(report: Mapping[str, Any]) -> list[str]:
@@ -155,8 +162,12 @@ def _notes(r: Mapping[str, Any]) -> str:
     missed = [v["target"] for v in views if v["expected"] and not v["noticed"]]
     if missed:
         notes.append(f"central never saw {', '.join(sorted(set(missed)))} cut off")
-    if sum((r.get("preemptions") or {}).values()):
-        notes.append(f"{sum(r['preemptions'].values())} preemptions")
+    counts = (r.get("preemptions") or {}).values()
+    total = sum(c["total"] for c in counts)
+    if total:
+        autonomous = sum(c["autonomous"] for c in counts)
+        tidal = sum(c["tidal"] for c in counts)
+        notes.append(f"{total} preemptions ({autonomous} cut off, {tidal} tidal)")
     return "; ".join(notes)
 
 

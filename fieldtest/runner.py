@@ -23,8 +23,10 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgesched.core.model import MAX_PRIORITY
 from edgesched.edge.executor import kill_leftovers
 from edgesched.fieldtest.brokers import broker_config
 from edgesched.fieldtest.checker import (
@@ -611,15 +614,25 @@ async def _converged(harness: Harness) -> bool:
     return same and all(v == 1 for v in running.values())
 
 
-async def _preemptions(harness: Harness) -> dict[str, int]:
-    """Each node's preemptions since its (last) start, from its /metrics."""
-    counts: dict[str, int] = {}
-    for node, service in harness.services.items():
-        with contextlib.suppress(OSError, ValueError):
-            text = await asyncio.to_thread(service.text, "/metrics")
-            for line in text.splitlines():
-                if line.startswith("edgesched_edge_preemptions_total "):
-                    counts[node] = int(float(line.split()[1]))
+def _preemptions(workdir: Path, nodes: list[str]) -> dict[str, dict[str, int]]:
+    """Each node's preemptions over the whole run, read from its SQLite decision log once it
+    stopped: how many, how many it decided while autonomous, and how many gave a tidal class
+    its share back (the preemptor's effective priority boosted above every plain one)."""
+    counts: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        db = workdir / node / "state" / "edge.db"
+        row = {"total": 0, "autonomous": 0, "tidal": 0}
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+                rows = con.execute("SELECT source, body FROM decisions WHERE kind = 'preempt'")
+                for source, body in rows:
+                    row["total"] += 1
+                    row["autonomous"] += source == "edge-autonomous"
+                    found = re.search(r"effective priority \d+ < (\d+)", body)
+                    row["tidal"] += bool(found and int(found.group(1)) > MAX_PRIORITY)
+        except sqlite3.Error:
+            continue  # the store's layout changed: the report goes without it
+        counts[node] = row
     return counts
 
 
@@ -752,7 +765,6 @@ async def run_scenario(
                 await asyncio.sleep(0.25)
             final = await _settled_state(harness)
             await asyncio.gather(*harness._measuring, return_exceptions=True)
-            preemptions = await _preemptions(harness)
             watch.cancel()  # the timeline ends when the run is judged
         verdict: Verdict = check(run.history, final, run.reboots)
         heal_times = [h["seconds"] for h in run.heals]
@@ -761,10 +773,10 @@ async def run_scenario(
             "topology": {"sites": list(harness.topo.sites),
                          "site_of": {n: harness.topo.site_of(n) for n in harness.node_ids}},
             "tidal_window_opens_at_s": round(harness.tidal.opens_at - run.started_wall, 2),
-            "preemptions": preemptions,
             "skew": _skew_effects(harness, final),
             "central_view": _central_view(harness),
         }  # fmt: skip
+    extra["preemptions"] = _preemptions(workdir, harness.node_ids)
     report = {
         "scenario": scenario,
         "seed": seed,

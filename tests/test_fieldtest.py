@@ -22,6 +22,7 @@ from edgesched.config import parse_config
 from edgesched.fieldtest.brokers import broker_config
 from edgesched.fieldtest.checker import FinalState, Reboot, Submission, check
 from edgesched.fieldtest.netns import available
+from edgesched.fieldtest.report import matrix_markdown
 from edgesched.fieldtest.scenarios import BREAKS, MENDS, QUICK, SCENARIOS, Topology, schedule_for
 from edgesched.fieldtest.workload import TidalWindow
 from edgesched.sync.session import fresh_keepalive_on_open
@@ -166,39 +167,42 @@ def test_the_tidal_window_is_written_as_the_engines_read_it() -> None:
     assert window.open_at(window.opens_at + 10) and not window.open_at(window.opens_at - 10)
 
 
-def _matrix(args: list[str], workdir: Path) -> list[dict[str, object]]:
+def _fieldtest(args: list[str], workdir: Path) -> None:
+    """``edgesched fieldtest run ...``; it exits 1 when the run fails."""
     out = subprocess.run(
-        [edgesched_binary(), "fieldtest", *args, "--workdir", str(workdir)],
-        capture_output=True, text=True, timeout=900,
+        [edgesched_binary(), "fieldtest", "run", *args, "--workdir", str(workdir)],
+        capture_output=True, text=True, timeout=170,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    return list(json.loads(out.stdout)) if args[0] == "matrix" else []
 
 
 @pytest.mark.skipif(available() is not None, reason=f"needs root: {available()}")
-def test_the_quick_matrix_in_network_namespaces(tmp_path: Path) -> None:
-    summary = _matrix(["matrix", "--backend", "netns"], tmp_path)
-    assert [r["scenario"] for r in summary] == list(QUICK)
-    for row in summary:
-        assert row["ok"] and row["backend"] == "netns" and row["lost"] == 0, row
-        assert row["duplicates"] == 0
-        heal = row["max_heal_convergence_s"]
-        if row["scenario"] != "broker-restart-persistent":  # the one without a link heal
-            assert isinstance(heal, float)  # measured; its size is in the report only
-    report = json.loads((tmp_path / "isolate-node-1" / "report.json").read_text())
-    assert report["verdict"]["offline_decisions"] > 0
-    assert (tmp_path / "isolate-node-1" / "report.md").read_text().startswith("# Field test")
-    wan = json.loads((tmp_path / "wan-cut-1" / "report.json").read_text())
-    assert wan["topology"]["sites"] == ["site-1", "site-2"] and wan["heals"][0]["target"] in (
-        "site-1", "site-2",
-    )  # fmt: skip
-    reboot = json.loads((tmp_path / "reboot-while-cut-1" / "report.json").read_text())
-    assert reboot["reboots"] and reboot["verdict"]["not_brought_back"] == []
-    assert "| wan-cut | 1 | netns | 2 |" in (tmp_path / "matrix.md").read_text()
+@pytest.mark.parametrize("scenario", QUICK)
+def test_the_quick_matrix_in_network_namespaces(scenario: str, tmp_path: Path) -> None:
+    """The quick matrix, one scenario per test (each within the per-test timeout), as
+    ``edgesched fieldtest matrix --backend netns`` runs it."""
+    _fieldtest(["--scenario", scenario, "--seed", "1", "--backend", "netns"], tmp_path)
+    report = json.loads((tmp_path / f"{scenario}-1" / "report.json").read_text())
+    verdict = report["verdict"]
+    assert report["ok"] and report["backend"] == "netns", verdict
+    assert not verdict["lost"] and not verdict["duplicates"] and not verdict["diverged"]
+    if scenario != "broker-restart-persistent":  # the one without a link heal
+        heal = report["max_heal_convergence_s"]
+        assert isinstance(heal, float)  # measured; its size is in the report only
+    assert (tmp_path / f"{scenario}-1" / "report.md").read_text().startswith("# Field test")
+    if scenario == "isolate-node":
+        assert verdict["offline_decisions"] > 0
+    if scenario == "wan-cut":
+        assert report["topology"]["sites"] == ["site-1", "site-2"]
+        assert report["heals"][0]["target"] in ("site-1", "site-2")
+        assert "| wan-cut | 1 | netns | 2 |" in matrix_markdown([report])
+    if scenario == "reboot-while-cut":
+        assert report["reboots"] and verdict["rebooted_tasks"] > 0
+        assert verdict["not_brought_back"] == []
 
 
 def test_one_scenario_through_the_fault_proxy(tmp_path: Path) -> None:
-    _matrix(["run", "--scenario", "isolate-node", "--seed", "2", "--backend", "proxy"], tmp_path)
+    _fieldtest(["--scenario", "isolate-node", "--seed", "2", "--backend", "proxy"], tmp_path)
     report = json.loads((tmp_path / "isolate-node-2" / "report.json").read_text())
     assert report["ok"] and report["backend"] == "proxy"
     assert report["verdict"]["offline_decisions"] > 0 and not report["verdict"]["lost"]
@@ -206,7 +210,7 @@ def test_one_scenario_through_the_fault_proxy(tmp_path: Path) -> None:
 
 def test_a_wan_cut_through_the_fault_proxy(tmp_path: Path) -> None:
     """Without root: a proxy on the site broker's WAN link to central's broker."""
-    _matrix(["run", "--scenario", "wan-cut", "--seed", "3", "--backend", "proxy"], tmp_path)
+    _fieldtest(["--scenario", "wan-cut", "--seed", "3", "--backend", "proxy"], tmp_path)
     report = json.loads((tmp_path / "wan-cut-3" / "report.json").read_text())
     assert report["ok"] and report["backend"] == "proxy", report["verdict"]
     assert report["links"] == "fault proxy on every link"

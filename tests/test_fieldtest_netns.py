@@ -2,13 +2,15 @@
 central in one namespace, two edge nodes in theirs, all bridged. One node's link goes down
 (the kernel's, not a proxy's): it turns autonomous and decides alone; after the link comes
 back every replica at central is byte-equal to its node and holds every offline decision.
-A one-way (half-open) link is also exercised. Without root the fault-proxy tests cover it."""
+A one-way (half-open) link is also exercised, and a fault proxy made inside a namespace (the
+latency of the fabric). Without root the fault-proxy tests cover it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +29,8 @@ from conftest import (
     until as poll,
 )
 
-from edgesched.fieldtest.netns import Fabric, Host, available
+from edgesched.fieldtest.faultproxy import FaultProxy
+from edgesched.fieldtest.netns import Fabric, Host, available, socket_in
 from edgesched.fieldtest.runner import Proc, Service
 
 pytestmark = pytest.mark.skipif(
@@ -157,3 +160,41 @@ async def test_a_node_cut_off_by_the_kernel_decides_alone_and_merges(
                 except subprocess.TimeoutExpired:
                     proc.kill()
             kill_task_processes(api.state)
+
+
+async def test_a_fault_proxy_delays_a_link_between_two_namespaces(fabric: Fabric) -> None:
+    """This kernel has no netem: latency on the fabric comes from a proxy whose sockets were
+    made inside a host's namespace (it listens on that host's loopback and connects out from
+    it across the bridge). A round trip through it takes at least the delay both ways."""
+    server_host, client_host = fabric.add_host("srv"), fabric.add_host("cli")
+
+    def serve() -> socket.socket:
+        sock = socket.create_server((server_host.ip, 0))
+        sock.setblocking(False)
+        return sock
+
+    listener = await asyncio.to_thread(server_host.call, serve)
+    port = listener.getsockname()[1]
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.read(100))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, sock=listener)
+    async with server, FaultProxy(
+        "127.0.0.1", 0, server_host.ip, port,
+        listen_sock=await asyncio.to_thread(socket_in, client_host.ns),
+        upstream_sock=lambda: socket_in(client_host.ns),
+    ) as proxy:  # fmt: skip
+        proxy.set_latency(0.2, jitter=0.1)
+        conn = await asyncio.to_thread(socket_in, client_host.ns)
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        await loop.sock_connect(conn, ("127.0.0.1", proxy.port))  # inside cli's namespace
+        reader, writer = await asyncio.open_connection(sock=conn)
+        writer.write(b"ping")
+        assert await reader.read(100) == b"ping"
+        assert time.monotonic() - start >= 0.4  # 0.2 s each way at least, jitter on top
+        assert proxy.stats.bytes_c2s == 4 and proxy.stats.bytes_s2c == 4
+        writer.close()
