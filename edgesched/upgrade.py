@@ -349,18 +349,28 @@ def backup_db(db: Path, to: Path) -> Path:
     if ok != "ok":
         tmp.unlink()
         raise UpgradeError(f"the backup of {db} does not check out ({ok}); nothing was changed")
+    os.chmod(tmp, 0o600)  # the node's state: for the engine's owner and root only
+    if os.geteuid() == 0:
+        with contextlib.suppress(OSError):
+            was = db.stat()
+            os.chown(tmp, was.st_uid, was.st_gid)
     os.replace(tmp, to)
     return to
 
 
 def _replace_db(db: Path, source: Path) -> None:
-    """Make ``db`` a copy of ``source`` (engine stopped): fold the WAL in, copy, swap."""
+    """Make ``db`` a copy of ``source`` (engine stopped): fold the WAL in, copy, swap. The
+    copy gets the owner and mode ``db`` had (the service user must still write it)."""
     conn = sqlite3.connect(db)
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
+    was = db.stat()
     fresh = backup_db(source, db.with_name(db.name + ".restoring"))
+    os.chmod(fresh, was.st_mode & 0o7777)
+    if os.geteuid() == 0:
+        os.chown(fresh, was.st_uid, was.st_gid)
     for suffix in ("-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             db.with_name(db.name + suffix).unlink()

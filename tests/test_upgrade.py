@@ -277,7 +277,10 @@ def test_upgrade_and_rollback_keep_the_task_running_and_the_database_intact(
         assert engine.pid() == second_engine
         same_task("0.0.2")
 
-        # 3. Told to restore the backup: back on 0.0.1 with the pre-upgrade database.
+        # 3. Told to restore the backup: back on 0.0.1 with the pre-upgrade database, owned
+        # like the database it replaces (a service user must be able to write it).
+        if os.geteuid() == 0:
+            os.chown(node.db, 65534, 65534)
         log_mark = engine.log_path.stat().st_size
         done = _run([cli, "rollback", "--restore-db", *common], home)
         assert done.returncode == 0, done.stderr
@@ -288,6 +291,8 @@ def test_upgrade_and_rollback_keep_the_task_running_and_the_database_intact(
         same_task("0.0.1")
         assert "1 task(s) adopted alive" in engine.log_path.read_text()[log_mark:]
         restored = _db(node.db)
+        if os.geteuid() == 0:
+            assert (node.db.stat().st_uid, node.db.stat().st_gid) == (65534, 65534)
         assert restored["schema"] == SCHEMA_VERSION and not restored["probe_table"]
         _intact(before, restored)
 
