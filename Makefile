@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo sim test lint typecheck unit bench clean
+.PHONY: setup demo sim test lint typecheck unit bench bundle clean
 
 # System packages the tests run for real, as command:package: Mosquitto (the MQTT broker),
 # sysbench and fio (node qualification), Chromium (the dashboard's browser test; Playwright
@@ -57,6 +57,13 @@ unit: setup
 
 ## Everything CI checks.
 test: lint typecheck unit
+
+## An offline install bundle (tarball in out/bundle/) for ARCH (x86_64 or aarch64) and PY;
+## see "Offline bundle, upgrade and rollback" in the README.
+ARCH ?= $(shell uname -m)
+PY   ?= 3.11
+bundle: setup
+	$(BIN)/edgesched bundle --arch $(ARCH) --python $(PY) --out out/bundle --tar
 
 bench: setup
 	$(BIN)/python bench/bench_placement.py

@@ -917,6 +917,7 @@ def bundle(
         f"{result.python}: {result.wheels} wheels, {result.size_bytes / 2**20:.1f} MiB; "
         f"manifest.json sha256 {result.manifest_sha256}",
         highlight=False,
+        soft_wrap=True,
     )
     typer.echo(result.path)
 
