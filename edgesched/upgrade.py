@@ -705,7 +705,10 @@ def rollback(
     node = Node.from_config(config)
     with layout.lock():
         current = layout.current()
-        came = [e for e in layout.history() if e["to"] == current and e["status"] == "done"]
+        # "pending": a transition interrupted (power loss) after it switched ``current``.
+        came = [
+            e for e in layout.history() if e["to"] == current and e["status"] in ("done", "pending")
+        ]
         if current is None or not came:
             raise UpgradeError(
                 f"no earlier release recorded in {layout.history_path} to roll back to"
