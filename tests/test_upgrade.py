@@ -23,7 +23,9 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -189,9 +191,57 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def test_upgrade_and_rollback_keep_the_task_running_and_the_database_intact(
-    bundles: dict[str, Path], tmp_path: Path
-) -> None:
+@dataclass
+class Gateway:
+    """0.0.1 installed by install.sh, its engine running detached, one long task on it."""
+
+    prefix: Path
+    home: Path
+    engine: PidfileEngine
+    node: Node
+    api: EdgeNode
+    pid: int = 0  # the task's
+    created: float = 0.0
+    client_id: int = 0
+    before: dict[str, Any] = field(default_factory=dict)  # the database before any upgrade
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.prefix)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The installed release's own `edgesched` (what an operator runs)."""
+        exe = str(self.prefix / "current" / "bin" / "edgesched")
+        common = ["--prefix", str(self.prefix), "--config", str(self.engine.config)]
+        return _run([exe, *args, *common, "--pidfile", str(self.engine.pidfile)], self.home)
+
+    def healthy_engine(self) -> int:
+        self.api.wait(self.node.health, 60, "engine health")
+        pid = self.engine.pid()
+        assert pid is not None
+        return pid
+
+    def task(self) -> dict[str, Any]:
+        return self.api.tasks()["long"]
+
+    def log_mark(self) -> int:
+        return self.engine.log_path.stat().st_size
+
+    def adopted_since(self, mark: int) -> bool:
+        return "1 task(s) adopted alive" in self.engine.log_path.read_text()[mark:]
+
+    def same_task(self, version: str) -> None:
+        """``version`` is current and the task is the very same process, never restarted."""
+        assert self.layout.current() == version
+        record = self.task()
+        assert record["state"] == "running" and record["pid"] == self.pid, record
+        assert record["restarts"] == 0
+        assert psutil.Process(self.pid).create_time() == self.created
+        assert self.api.get("/v1/status")[1]["document"]["client_id"] == self.client_id
+
+
+@pytest.fixture
+def gateway(bundles: dict[str, Path], tmp_path: Path) -> Iterator[Gateway]:
     assert TARGET_PY is not None
     home = tmp_path / "home"
     home.mkdir()
@@ -205,122 +255,113 @@ def test_upgrade_and_rollback_keep_the_task_running_and_the_database_intact(
         cwd=home,
     )
     assert done.returncode == 0, done.stderr
-    layout = Layout(prefix)
-    assert layout.current() == "0.0.1"
-
     config, state = write_edge_config(tmp_path, free_port())
-    pidfile = tmp_path / "run" / "edge.pid"
-    engine = PidfileEngine(pidfile, config, prefix)
-    node = Node.from_config(config)
-    api = EdgeNode(config, state, engine.log_path)
-    cli = str(prefix / "current" / "bin" / "edgesched")
-    common = ["--prefix", str(prefix), "--config", str(config), "--pidfile", str(pidfile)]
-
-    def healthy_engine() -> int:
-        api.wait(node.health, 60, "engine health")
-        pid = engine.pid()
-        assert pid is not None
-        return pid
-
-    def task() -> dict[str, Any]:
-        return api.tasks()["long"]
-
+    engine = PidfileEngine(tmp_path / "run" / "edge.pid", config, prefix)
+    gw = Gateway(
+        prefix, home, engine, Node.from_config(config), EdgeNode(config, state, engine.log_path)
+    )
+    assert gw.layout.current() == "0.0.1"
     engine.start()
     try:
-        first_engine = healthy_engine()
-        status, record = api.request(
+        gw.healthy_engine()
+        status, record = gw.api.request(
             "POST", "/v1/tasks", {"id": "long", "command": ["sleep", "600"], "cpu": 0.5}
         )
         assert status == 201, record
-        running = api.wait(lambda: task()["state"] == "running" and task(), 30, "task running")
-        pid = running["pid"]
-        created = psutil.Process(pid).create_time()
-        doc = api.get("/v1/status")[1]["document"]
-        api.wait(lambda: _db(node.db)["log"], 10, "the CRDT log written")
-        _seed_snapshot(node.db, "site-upgrade-probe", epoch=4)
-        before = _db(node.db)
-        assert before["schema"] == SCHEMA_VERSION and not before["probe_table"]
-        assert ("site-upgrade-probe", 0, 4) in before["snapshots"]
-
-        def same_task(version: str) -> None:
-            assert layout.current() == version
-            record = task()
-            assert record["state"] == "running" and record["pid"] == pid, record
-            assert record["restarts"] == 0
-            assert psutil.Process(pid).create_time() == created  # the very same process
-            assert api.get("/v1/status")[1]["document"]["client_id"] == doc["client_id"]
-
-        # 1. Upgrade to a release with a newer schema: the task is adopted, rows survive.
-        log_mark = engine.log_path.stat().st_size
-        done = _run([cli, "upgrade", "--bundle", str(bundles["0.0.2"]), *common], home)
-        assert done.returncode == 0, done.stderr
-        entry = json.loads(done.stdout)
-        assert (entry["from"], entry["to"], entry["status"]) == ("0.0.1", "0.0.2", "done")
-        print(f"upgrade: engine down {entry['engine_down_s']} s, task never stopped")
-        second_engine = healthy_engine()
-        assert second_engine != first_engine and _gone(first_engine)
-        same_task("0.0.2")
-        assert "1 task(s) adopted alive" in engine.log_path.read_text()[log_mark:]
-        upgraded = _db(node.db)
-        assert upgraded["schema"] == SCHEMA_VERSION + 1 and upgraded["probe_table"]
-        _intact(before, upgraded)
-        backup = Path(entry["backup"])
-        assert backup.name.startswith("edge-0.0.1-") and db_schema(backup) == SCHEMA_VERSION
-        _intact(before, _db(backup))
-
-        # 2. A plain rollback would hand 0.0.1 a schema it does not know: refused, untouched.
-        done = _run([cli, "rollback", *common], home)
-        assert done.returncode == 2, done.stdout + done.stderr
-        message = " ".join(done.stderr.split())
-        for words in ("schema", "--restore-db", "forgets every change", "Nothing was changed"):
-            assert words in message, message
-        assert engine.pid() == second_engine
-        same_task("0.0.2")
-
-        # 3. Told to restore the backup: back on 0.0.1 with the pre-upgrade database, owned
-        # like the database it replaces (a service user must be able to write it).
-        if os.geteuid() == 0:
-            os.chown(node.db, 65534, 65534)
-        log_mark = engine.log_path.stat().st_size
-        done = _run([cli, "rollback", "--restore-db", *common], home)
-        assert done.returncode == 0, done.stderr
-        entry = json.loads(done.stdout)
-        assert entry["restored"] == str(backup)
-        print(f"rollback --restore-db: engine down {entry['engine_down_s']} s")
-        third_engine = healthy_engine()
-        same_task("0.0.1")
-        assert "1 task(s) adopted alive" in engine.log_path.read_text()[log_mark:]
-        restored = _db(node.db)
-        if os.geteuid() == 0:
-            assert (node.db.stat().st_uid, node.db.stat().st_gid) == (65534, 65534)
-        assert restored["schema"] == SCHEMA_VERSION and not restored["probe_table"]
-        _intact(before, restored)
-
-        # 4. A broken release (migrates, then dies): rolled back by itself, db put back.
-        done = _run([cli, "upgrade", "--bundle", str(bundles["0.0.3"]), *common, "--timeout",
-                     "30"], home)  # fmt: skip
-        assert done.returncode == 1, done.stdout + done.stderr
-        message = " ".join(done.stderr.split())
-        assert "upgrade to 0.0.3 failed, 0.0.1 runs again" in message, message
-        assert "broken on purpose" in message
-        assert "migrated the database; restoring" in message
-        fourth_engine = healthy_engine()
-        assert fourth_engine != third_engine and _gone(third_engine)
-        same_task("0.0.1")
-        after_failure = _db(node.db)
-        assert after_failure["schema"] == SCHEMA_VERSION and not after_failure["probe_table"]
-        _intact(before, after_failure)
-        statuses = [(e["kind"], e["to"], e["status"]) for e in layout.history()]
-        assert statuses == [
-            ("upgrade", "0.0.2", "done"),
-            ("rollback", "0.0.1", "done"),
-            ("upgrade", "0.0.3", "failed, rolled back"),
-        ]
-        assert api.get("/v1/status")[1]["document"]["client_id"] == doc["client_id"]
+        gw.api.wait(lambda: gw.task()["state"] == "running", 30, "task running")
+        gw.pid = gw.task()["pid"]
+        gw.created = psutil.Process(gw.pid).create_time()
+        gw.client_id = gw.api.get("/v1/status")[1]["document"]["client_id"]
+        gw.api.wait(lambda: _db(gw.node.db)["log"], 10, "the CRDT log written")
+        _seed_snapshot(gw.node.db, "site-upgrade-probe", epoch=4)
+        gw.before = _db(gw.node.db)
+        assert gw.before["schema"] == SCHEMA_VERSION and not gw.before["probe_table"]
+        assert ("site-upgrade-probe", 0, 4) in gw.before["snapshots"]
+        yield gw
     finally:
         engine.stop(15)
         kill_task_processes(state)
-        shutil.rmtree(prefix, ignore_errors=True)  # three releases of ~300 MB
+        shutil.rmtree(prefix, ignore_errors=True)  # releases of ~300 MB each
+
+
+def test_upgrade_then_rollback_keep_the_task_running_and_the_database_intact(
+    gateway: Gateway, bundles: dict[str, Path]
+) -> None:
+    gw = gateway
+    first_engine = gw.healthy_engine()
+
+    # 1. Upgrade to a release with a newer schema: the task is adopted, rows survive.
+    mark = gw.log_mark()
+    done = gw.cli("upgrade", "--bundle", str(bundles["0.0.2"]))
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(done.stdout)
+    assert (entry["from"], entry["to"], entry["status"]) == ("0.0.1", "0.0.2", "done")
+    print(f"upgrade: engine down {entry['engine_down_s']} s, task never stopped")
+    second_engine = gw.healthy_engine()
+    assert second_engine != first_engine and _gone(first_engine)
+    gw.same_task("0.0.2")
+    assert gw.adopted_since(mark)
+    upgraded = _db(gw.node.db)
+    assert upgraded["schema"] == SCHEMA_VERSION + 1 and upgraded["probe_table"]
+    _intact(gw.before, upgraded)
+    backup = Path(entry["backup"])
+    assert backup.name.startswith("edge-0.0.1-") and db_schema(backup) == SCHEMA_VERSION
+    _intact(gw.before, _db(backup))
+
+    # 2. A plain rollback would hand 0.0.1 a schema it does not know: refused, untouched.
+    done = gw.cli("rollback")
+    assert done.returncode == 2, done.stdout + done.stderr
+    message = " ".join(done.stderr.split())
+    for words in ("schema", "--restore-db", "forgets every change", "Nothing was changed"):
+        assert words in message, message
+    assert gw.engine.pid() == second_engine
+    gw.same_task("0.0.2")
+
+    # 3. Told to restore the backup: back on 0.0.1 with the pre-upgrade database, owned
+    # like the database it replaces (a service user must be able to write it).
+    if os.geteuid() == 0:
+        os.chown(gw.node.db, 65534, 65534)
+    mark = gw.log_mark()
+    done = gw.cli("rollback", "--restore-db")
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(done.stdout)
+    assert entry["restored"] == str(backup)
+    print(f"rollback --restore-db: engine down {entry['engine_down_s']} s")
+    gw.healthy_engine()
+    gw.same_task("0.0.1")
+    assert gw.adopted_since(mark)
+    restored = _db(gw.node.db)
+    if os.geteuid() == 0:
+        assert (gw.node.db.stat().st_uid, gw.node.db.stat().st_gid) == (65534, 65534)
+    assert restored["schema"] == SCHEMA_VERSION and not restored["probe_table"]
+    _intact(gw.before, restored)
+    statuses = [(e["kind"], e["to"], e["status"]) for e in gw.layout.history()]
+    assert statuses == [("upgrade", "0.0.2", "done"), ("rollback", "0.0.1", "done")]
+
+
+def test_a_broken_release_is_rolled_back_by_itself_and_the_task_runs_on(
+    gateway: Gateway, bundles: dict[str, Path]
+) -> None:
+    gw = gateway
+    first_engine = gw.healthy_engine()
+    # It migrates the database, then dies: the upgrade puts the database and 0.0.1 back.
+    done = gw.cli("upgrade", "--bundle", str(bundles["0.0.3"]), "--timeout", "30")
+    assert done.returncode == 1, done.stdout + done.stderr
+    message = " ".join(done.stderr.split())
+    assert "upgrade to 0.0.3 failed, 0.0.1 runs again" in message, message
+    assert "broken on purpose" in message
+    assert "migrated the database; restoring" in message
+    second_engine = gw.healthy_engine()
+    assert second_engine != first_engine and _gone(first_engine)
+    gw.same_task("0.0.1")
+    after = _db(gw.node.db)
+    assert after["schema"] == SCHEMA_VERSION and not after["probe_table"]
+    _intact(gw.before, after)
+    statuses = [(e["kind"], e["to"], e["status"]) for e in gw.layout.history()]
+    assert statuses == [("upgrade", "0.0.3", "failed, rolled back")]
+    # Nothing to roll back to: the failed upgrade is no transition that happened.
+    done = gw.cli("rollback")
+    assert done.returncode == 2 and "no earlier release recorded" in done.stderr
 
 
 # -- the parts, quickly ----------------------------------------------------------------------
