@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from edgesched.fieldtest.workload import STEADY, Pace
 
 ACTIONS = frozenset(
     {
@@ -90,6 +92,7 @@ class Scenario:
     proxy_links: bool = False  # every node's link through a fault proxy, even in namespaces
     #: when the tidal window opens, in seconds after the workload starts (None: mid-run)
     tidal_at: float | None = None
+    pace: Pace = field(default_factory=Pace)  # how fast the workload submits
 
 
 def _isolate_node(rng: random.Random, topo: Topology) -> list[Fault]:
@@ -312,6 +315,7 @@ SCENARIOS: dict[str, Scenario] = {
             soak=True,
             sites=2,
             proxy_links=True,
+            pace=STEADY,
         ),
     )
 }

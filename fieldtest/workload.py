@@ -19,6 +19,11 @@ their share from borrowers. The window (:func:`tidal_window`) is written into ev
 a ``[[policy.tidal.windows]]`` of an hour starting at a chosen instant (UTC time of day, as
 the engines read it); a node whose clock is skewed crosses it at another moment.
 
+The short scenarios submit every 0.2-0.6 s, about seven times what the fleet can run, so
+queues build and preemptions are many. A soak at that pace only measures its own pile-up (an
+ever-growing queue and ever more services restarting), so :class:`Pace` slows it to about
+40% of the fleet's CPU (one every 1.5-3 s) with at most 6 restart-always services.
+
 A preempted task goes back to its node's queue (state ``preempted``, then placed again): in
 the checker's set semantics it is *present*, so it is never counted lost; lost means absent.
 """
@@ -43,6 +48,19 @@ CLASSES: tuple[tuple[str, tuple[int, int], tuple[float, float]], ...] = (
     ("batch", (10, 40), (0.2, 0.5)),
 )
 SURGE_SHARE = 0.6
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How fast the workload submits, and how many restart-always services it may start
+    (None: 40% of central's submissions, without a cap)."""
+
+    gap_s: tuple[float, float] = (0.2, 0.6)
+    max_services: int | None = None
+
+
+#: The soak's pace: sustainable for an hour.
+STEADY = Pace((1.5, 3.0), 6)
 
 
 @dataclass(frozen=True)
@@ -80,7 +98,9 @@ class Target(Protocol):
     def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]: ...
 
 
-def task_body(rng: random.Random, task_id: str, at_central: bool) -> dict[str, Any]:
+def task_body(
+    rng: random.Random, task_id: str, at_central: bool, service_ok: bool = True
+) -> dict[str, Any]:
     workload, (plo, phi), (clo, chi) = rng.choice(CLASSES)
     seconds = rng.choice([2, 5, 10, 60])
     body: dict[str, Any] = {
@@ -92,7 +112,8 @@ def task_body(rng: random.Random, task_id: str, at_central: bool) -> dict[str, A
         "mem_gib": 0.05,
     }
     if at_central:
-        body["restart"] = "always" if rng.random() < 0.4 else "never"
+        always = rng.random() < 0.4 and service_ok
+        body["restart"] = "always" if always else "never"
     return body
 
 
@@ -105,11 +126,12 @@ async def submit_loop(
     started: float,
     cut_off: Callable[[str], bool],
     history: list[Submission],
+    pace: Pace = Pace(),
 ) -> None:
-    """Submit a task every 0.2-0.6 s until ``until`` (monotonic): 60% locally at a random node
+    """Submit a task every ``pace.gap_s`` until ``until`` (monotonic): 60% locally at a random node
     (it decides, cut off or not), 40% at central (a service or a batch job). ``cut_off(node)``
     says whether a node is cut off from central at the time (recorded with the submission)."""
-    n = 0
+    n = services = 0
     names = sorted(nodes)
     while time.monotonic() < until:
         n += 1
@@ -118,7 +140,9 @@ async def submit_loop(
             target, task_id = nodes[where], f"{where}-local-{n}"
         else:
             where, target, task_id = "central", central, f"central-{n}"
-        body = task_body(rng, task_id, where == "central")
+        room = pace.max_services is None or services < pace.max_services
+        body = task_body(rng, task_id, where == "central", room)
+        services += body.get("restart") == "always"
         cut = where != "central" and cut_off(where)
         at = time.monotonic() - started
         try:
@@ -127,4 +151,4 @@ async def submit_loop(
         except (OSError, ValueError):
             acked = False  # a frozen (SIGSTOPped) or restarting node: unknown outcome
         history.append(Submission(at, task_id, where, acked, while_cut=cut))
-        await asyncio.sleep(rng.uniform(0.2, 0.6))
+        await asyncio.sleep(rng.uniform(*pace.gap_s))
