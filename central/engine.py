@@ -586,7 +586,11 @@ class CentralEngine:
         while True:
             await asyncio.sleep(DEMAND_SAMPLE_S)
             async with self._lock:
-                closed = self.observe_demand()
+                try:
+                    closed = self.observe_demand()
+                except ValueError as exc:  # a forecast is advice: never let it stop central
+                    log.error("demand forecast skipped: %s", exc)
+                    continue
             if closed:
                 with contextlib.suppress(StoreError):
                     await self.store.set_meta("class_demand", json.dumps(self.demand.to_json()))

@@ -27,6 +27,9 @@ BIN_S = 300.0
 KEEP_BINS = 24
 #: Classes tracked at most: the rest are summed into one ``"other"`` class (bounded memory).
 MAX_CLASSES = 64
+#: Demand of one class is capped here (cores): the CPU requests summed over many tasks can
+#: overflow to infinity (each is only checked to be finite), which no forecaster can use.
+MAX_DEMAND = 1e9
 OTHER = "other"
 
 
@@ -60,7 +63,7 @@ class ClassDemand:
             self._open = (start, {}, 0)
         sums = self._open[1]
         for workload, cores in self._fold(demand).items():
-            sums[workload] = sums.get(workload, 0.0) + cores
+            sums[workload] = sums.get(workload, 0.0) + cores  # < 1e9 * samples: finite
         self._open = (start, sums, self._open[2] + 1)
         return closed
 
@@ -68,11 +71,12 @@ class ClassDemand:
         out: dict[str, float] = {}
         for workload, cores in demand.items():
             value = float(cores)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"demand of {workload!r} must be finite and >= 0, got {cores}")
+            if math.isnan(value) or value < 0:
+                raise ValueError(f"demand of {workload!r} must be a number >= 0, got {cores}")
+            value = min(value, MAX_DEMAND)
             known = workload in self.bins or len(self.bins) + len(out) < MAX_CLASSES
             key = workload if known or workload in out else OTHER
-            out[key] = out.get(key, 0.0) + value
+            out[key] = min(out.get(key, 0.0) + value, MAX_DEMAND)
         return out
 
     def _close(self, next_start: float) -> None:

@@ -915,7 +915,10 @@ class EdgeEngine:
                 records = await self.store.list_tasks()
                 for r in records:
                     counts[r.state.value] = counts.get(r.state.value, 0) + 1
-                await self._observe_demand(now, records)
+                try:
+                    await self._observe_demand(now, records)
+                except ValueError as exc:  # a forecast is advice: never let it stop the node
+                    log.error("demand forecast skipped: %s", exc)
             for state in TaskState:
                 self.metrics.tasks.labels(state.value).set(counts.get(state.value, 0))
             await asyncio.sleep(self.edge.sample_s)

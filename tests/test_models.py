@@ -12,7 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgesched.core.classdemand import BIN_S, KEEP_BINS, ClassDemand, peak_over_classes
+from edgesched.core.classdemand import (
+    BIN_S,
+    KEEP_BINS,
+    MAX_DEMAND,
+    ClassDemand,
+    peak_over_classes,
+)
 from edgesched.core.forecast import DemandHistory, Ewma, Forecaster
 from edgesched.core.learned import N_LEARNED_FEATURES
 from edgesched.core.policy import PolicyConfig, PolicyMode
@@ -55,6 +61,17 @@ def test_a_gap_carries_the_last_mean_and_history_is_bounded() -> None:
     for k in range(4, 12):
         d.observe(k * BIN_S, {"a": float(k)})
     assert len(d.histories()["a"].values) == 4
+
+
+def test_sums_that_overflow_are_capped_and_nan_or_negative_refused() -> None:
+    d = ClassDemand()
+    d.observe(0.0, {"a": 1e308, "b": float("inf")})
+    d.observe(BIN_S, {})
+    h = d.histories()
+    assert h["a"].values == (MAX_DEMAND,) and h["b"].values == (MAX_DEMAND,)
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(ValueError, match="must be a number >= 0"):
+            d.observe(2 * BIN_S, {"a": bad})
 
 
 def test_a_clock_stepping_back_is_ignored() -> None:
