@@ -14,7 +14,9 @@ again): present, so never lost. Lost means absent.
 
 And the properties of the design: after the heal and a quiet period every node's replica at
 central holds byte-equal content (content hash), every task a node decided while cut off is
-at central as the node has it, and no task of central's runs on two nodes. A node that lost
+at central as the node has it, every task central assigned to a node has reached that node
+(*undelivered* otherwise: central's policy document never got there, say across a site's
+bridge), and no task of central's runs on two nodes. A node that lost
 power (its engine and every task process killed) and booted while still cut off must bring
 back, without central, every task that was running: running again under a new process, or
 ended or preempted since (*not brought back* otherwise).
@@ -83,6 +85,7 @@ class Verdict:
     diverged: list[str] = field(default_factory=list)  # nodes whose replica differs
     offline_missing: list[str] = field(default_factory=list)  # offline decisions not at central
     not_brought_back: list[str] = field(default_factory=list)  # after a power loss, cut off
+    undelivered: list[str] = field(default_factory=list)  # assigned by central, not at the node
     acknowledged: int = 0
     offline_decisions: int = 0
     rebooted_tasks: int = 0  # tasks running at a power loss, all reboots together
@@ -91,7 +94,7 @@ class Verdict:
     def ok(self) -> bool:
         return not (
             self.lost or self.unexpected or self.duplicates or self.diverged
-            or self.offline_missing or self.not_brought_back
+            or self.offline_missing or self.not_brought_back or self.undelivered
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -107,7 +110,19 @@ class Verdict:
             "offline_missing": self.offline_missing,
             "rebooted_tasks": self.rebooted_tasks,
             "not_brought_back": self.not_brought_back,
+            "undelivered": self.undelivered,
         }
+
+
+def undelivered(final: FinalState) -> list[str]:
+    """Central's active assignments whose node does not hold the task."""
+    return sorted(
+        f"{view.get('node')}/{task_id}"
+        for task_id, view in final.central_tasks.items()
+        if view.get("state") == "active"
+        and view.get("node") in final.node_tasks
+        and task_id not in final.node_tasks[str(view.get("node"))]
+    )
 
 
 def check(
@@ -147,6 +162,7 @@ def check(
     for node, mine in final.node_hashes.items():
         if final.replica_hashes.get(node) != mine:
             verdict.diverged.append(node)
+    verdict.undelivered = undelivered(final)
     for s in history:
         if not (s.acknowledged and s.while_cut and s.where != "central"):
             continue
@@ -157,6 +173,6 @@ def check(
         at_central = final.replica_tasks.get(s.where, {}).get(s.task_id)
         if at_central is None or at_central.get("state") != found.get("state"):
             verdict.offline_missing.append(f"{s.where}/{s.task_id}")
-    for name in ("lost", "unexpected", "recovered", "diverged", "offline_missing"):
+    for name in ("lost", "unexpected", "recovered", "diverged", "offline_missing", "undelivered"):
         getattr(verdict, name).sort()
     return verdict

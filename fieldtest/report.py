@@ -36,6 +36,8 @@ def to_markdown(report: Mapping[str, Any], picture: str | None = None) -> str:
         f"| running on two nodes | {len(verdict['duplicates'])} {_list(list(verdict['duplicates']))} |",  # noqa: E501
         f"| replicas differing from their node | {_list(verdict['diverged']) or 'none'} |",
         f"| offline decisions missing at central | {_list(verdict['offline_missing']) or 'none'} |",
+        f"| central's assignments not at their node | "
+        f"{_list(verdict.get('undelivered', [])) or 'none'} |",
         f"| converged after the final heal | {_seconds(report['converged_after_heal_s'])} |",
         f"| slowest heal to converge | {_seconds(report.get('max_heal_convergence_s'))} |",
         f"| tasks running at a power loss / not brought back | "
@@ -52,8 +54,7 @@ def to_markdown(report: Mapping[str, Any], picture: str | None = None) -> str:
     lines += [f"| {f['done_at']:.2f} | {f['action']} | {f['target']} |" for f in report["faults"]]
     lines += ["", "## Heals", "", "| healed at (s) | target | converged after |", "|---|---|---|"]
     lines += [
-        f"| {h['healed_at']:.2f} | {h['target']} | {_seconds(h['seconds'])} |"
-        for h in report.get("heals", [])
+        f"| {h['healed_at']:.2f} | {h['target']} | {_heal(h)} |" for h in report.get("heals", [])
     ]
     lines += _extras(report)
     lines += ["", "## Timeline", ""]
@@ -137,8 +138,7 @@ def matrix_markdown(reports: Sequence[Mapping[str, Any]]) -> str:
     ]
     for r in reports:
         v = r["verdict"]
-        heals = ", ".join("never" if h["seconds"] is None else f"{h['seconds']:.2f}"
-                          for h in r.get("heals", [])) or "(no heal)"  # fmt: skip
+        heals = ", ".join(_heal(h, short=True) for h in r.get("heals", [])) or "(no heal)"
         backend = r["backend"] + (" + proxy" if "proxy on every node" in r.get("links", "") else "")
         lines.append(
             f"| {r['scenario']} | {r['seed']} | {backend} | {len(r['topology']['sites'])} "
@@ -169,6 +169,15 @@ def _notes(r: Mapping[str, Any]) -> str:
         tidal = sum(c["tidal"] for c in counts)
         notes.append(f"{total} preemptions ({autonomous} cut off, {tidal} tidal)")
     return "; ".join(notes)
+
+
+def _heal(heal: Mapping[str, Any], *, short: bool = False) -> str:
+    """A heal's time to converge, or that the link broke again first (flapping)."""
+    if heal.get("interrupted") is not None:
+        return f"cut again after {heal['interrupted']:.2f} s"
+    if heal["seconds"] is None:
+        return "never" if short else _seconds(None)
+    return f"{heal['seconds']:.2f}" if short else _seconds(heal["seconds"])
 
 
 def _list(items: Sequence[str]) -> str:

@@ -91,6 +91,15 @@ def test_each_violation_is_named() -> None:
     assert verdict.diverged == ["gw-2"] and verdict.offline_missing == ["gw-1/off"]
 
 
+def test_an_assignment_that_never_reached_its_node_fails_the_run() -> None:
+    history = [Submission(1.0, "svc", "central", True), Submission(2.0, "job", "central", True)]
+    views = {"svc": {"state": "active", "node": "gw-1"}, "job": {"state": "pending", "node": None}}
+    verdict = check(history, final(central_tasks=views))
+    assert not verdict.ok and verdict.undelivered == ["gw-1/svc"]  # pending: nowhere to be yet
+    held = {"gw-1": {"svc": {"state": "running", "decided_by": "central"}}}
+    assert check(history, final(central_tasks=views, node_tasks=held)).ok
+
+
 def test_a_power_loss_must_bring_running_tasks_back() -> None:
     before = {"a": 10, "b": 11, "c": 12, "d": 13, "e": 14}
     after = {
