@@ -954,21 +954,26 @@ def upgrade(
 ) -> None:
     """Install a bundle beside the running release and switch to it; tasks keep running,
     the database is backed up, and a new engine that does not come up is rolled back."""
-    from edgesched.upgrade import UpgradeError, UpgradeFailed
     from edgesched.upgrade import upgrade as run_upgrade
 
     engine = _engine_control(pidfile, service, prefix, config)
+    _transition(
+        "upgrade",
+        lambda progress: run_upgrade(
+            bundle_path, engine=engine, config=config, prefix=prefix, timeout=timeout,
+            keep=keep, progress=progress,
+        ),
+    )  # fmt: skip
+
+
+def _transition(verb: str, run: Callable[[Callable[[str], None]], dict[str, Any]]) -> None:
+    """Run an upgrade or rollback with progress on stderr; print its record, or fail with
+    exit 1 (it failed and was undone) or 2 (refused, nothing changed)."""
+    from edgesched.upgrade import UpgradeError, UpgradeFailed
+
     try:
-        entry = run_upgrade(
-            bundle_path,
-            engine=engine,
-            config=config,
-            prefix=prefix,
-            timeout=timeout,
-            keep=keep,
-            progress=lambda m: err.print(
-                f"[bold cyan]upgrade:[/] {m}", highlight=False, soft_wrap=True
-            ),
+        entry = run(
+            lambda m: err.print(f"[bold cyan]{verb}:[/] {m}", highlight=False, soft_wrap=True)
         )
     except UpgradeFailed as exc:
         fail(str(exc), 1)
@@ -994,26 +999,16 @@ def rollback(
     ] = False,
 ) -> None:
     """Switch back to the release the current one replaced; tasks keep running."""
-    from edgesched.upgrade import UpgradeError, UpgradeFailed
     from edgesched.upgrade import rollback as run_rollback
 
     engine = _engine_control(pidfile, service, prefix, config)
-    try:
-        entry = run_rollback(
-            engine=engine,
-            config=config,
-            prefix=prefix,
-            timeout=timeout,
-            restore_db=restore_db,
-            progress=lambda m: err.print(
-                f"[bold cyan]rollback:[/] {m}", highlight=False, soft_wrap=True
-            ),
-        )
-    except UpgradeFailed as exc:
-        fail(str(exc), 1)
-    except UpgradeError as exc:
-        fail(str(exc), 2)
-    typer.echo(json.dumps(entry, indent=2))
+    _transition(
+        "rollback",
+        lambda progress: run_rollback(
+            engine=engine, config=config, prefix=prefix, timeout=timeout,
+            restore_db=restore_db, progress=progress,
+        ),
+    )  # fmt: skip
 
 
 def main() -> None:

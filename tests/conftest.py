@@ -12,7 +12,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,18 @@ from edgesched.localbroker import mosquitto_path
 from edgesched.ports import free_port, wait_for_port
 
 __all__ = ["free_port", "wait_for_port"]  # the tests import them from here
+
+#: A node document's ``registration``, as an 8-core x86 general node writes it.
+REG = {
+    "site": "s1",
+    "arch": "x86_64",
+    "server_class": "general",
+    "cpu": 8.0,
+    "mem_gib": 16.0,
+    "accel": 0,
+    "perf": 1.0,
+    "power": {"idle_w": 60.0, "peak_w": 200.0, "parked_w": 8.0, "wake_latency_s": 45.0},
+}
 
 
 async def until(
@@ -267,3 +280,43 @@ def edge_node(tmp_path: Path) -> Iterator[EdgeNode]:
 def kill_task_processes(state: Path) -> None:
     """Tasks outlive the engine by design; tests clean up the ones they started."""
     kill_leftovers([state / "run"])
+
+
+@asynccontextmanager
+async def central_and_nodes(
+    tmp_path: Path,
+    central_port: int,
+    node_ports: Mapping[str, int],
+    *,
+    central: Mapping[str, Any] | None = None,
+    policy: Mapping[str, Any] | None = None,
+    edge: Callable[[str, Path], Mapping[str, Any]] | None = None,
+) -> AsyncIterator[tuple[EdgeNode, dict[str, EdgeNode]]]:
+    """Central (MQTT on ``central_port``, ``[central]`` extras, an optional ``[policy]``)
+    and one edge node per ``node_ports`` entry (node ``n`` talks MQTT on ``node_ports[n]``,
+    lease 2 s, ``edge(n, its dir)`` extras) as processes; all stopped and their tasks killed
+    after."""
+    config, state = write_central_config(tmp_path, central_port, **(central or {}))
+    if policy:
+        with config.open("a") as out:
+            out.write("[policy]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in policy.items()))
+    main = EdgeNode(config, state, tmp_path / "central.log", tier="central")
+    nodes: dict[str, EdgeNode] = {}
+    try:
+        await asyncio.to_thread(main.start)
+        for node_id, port in node_ports.items():
+            d = tmp_path / node_id
+            d.mkdir()
+            extra = dict(edge(node_id, d)) if edge is not None else {}
+            cfg, st = write_edge_config(
+                d, port, node_id=node_id, lease_s=2.0, mqtt={"reconnect_max_s": 1.0}, **extra
+            )
+            nodes[node_id] = EdgeNode(cfg, st, d / "edge.log")
+            await asyncio.to_thread(nodes[node_id].start)
+        yield main, nodes
+    finally:
+        for proc in [main, *nodes.values()]:
+            if proc.proc is not None and proc.proc.poll() is None:
+                await asyncio.to_thread(proc.kill, signal.SIGTERM)
+        for node in nodes.values():
+            kill_task_processes(node.state)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from conftest import REG
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,17 +21,6 @@ from edgesched.central.placement import (
 from edgesched.core.policy import PolicyConfig
 from edgesched.edge.spec import TaskSpec
 from edgesched.sync.reconcile import ReconcilePolicy
-
-REG = {
-    "site": "s1",
-    "arch": "x86_64",
-    "server_class": "general",
-    "cpu": 8.0,
-    "mem_gib": 16.0,
-    "accel": 0,
-    "perf": 1.0,
-    "power": {"idle_w": 60.0, "peak_w": 200.0, "parked_w": 8.0, "wake_latency_s": 45.0},
-}
 
 
 def spec(task_id: str, cpu: float = 1.0, restart: str = "always", **kw: Any) -> TaskSpec:

@@ -18,11 +18,10 @@ import pytest
 from conftest import (
     Broker,
     EdgeNode,
+    central_and_nodes,
     free_port,
-    kill_task_processes,
     until,
     write_central_config,
-    write_edge_config,
 )
 
 from edgesched.fieldtest.faultproxy import FaultProxy
@@ -67,26 +66,12 @@ async def fleet(
     tmp_path: Path, ports: dict[str, int], central_port: int, **central_opts: Any
 ) -> AsyncIterator[Fleet]:
     """Start central and the nodes (node ``n`` talks to MQTT on ``ports[n]``); stop all."""
-    nodes: dict[str, EdgeNode] = {}
-    config, state = write_central_config(tmp_path, central_port, **central_opts)
-    central = EdgeNode(config, state, tmp_path / "central.log", tier="central")
-    try:
-        await asyncio.to_thread(central.start)
-        for node_id in NODES:
-            d = tmp_path / node_id
-            d.mkdir()
-            config, state = write_edge_config(
-                d, ports[node_id], node_id=node_id, lease_s=2.0, mqtt={"reconnect_max_s": 1.0}
-            )
-            nodes[node_id] = EdgeNode(config, state, d / "edge.log")
-            await asyncio.to_thread(nodes[node_id].start)
+    node_ports = {n: ports[n] for n in NODES}
+    async with central_and_nodes(tmp_path, central_port, node_ports, central=central_opts) as (
+        central,
+        nodes,
+    ):
         yield Fleet(central, nodes)
-    finally:
-        for proc in [central, *nodes.values()]:
-            if proc.proc is not None and proc.proc.poll() is None:
-                await asyncio.to_thread(proc.kill, signal.SIGTERM)
-        for node in nodes.values():
-            kill_task_processes(node.state)
 
 
 async def test_partitioned_node_decides_alone_and_merges_at_central(

@@ -12,14 +12,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from conftest import (
-    Broker,
-    EdgeNode,
-    kill_task_processes,
-    until,
-    write_central_config,
-    write_edge_config,
-)
+from conftest import Broker, EdgeNode, central_and_nodes, until
 
 from edgesched.core.learned import N_LEARNED_FEATURES
 from edgesched.policies import placement
@@ -59,19 +52,8 @@ async def test_a_model_published_at_central_reaches_every_node(
     new = placement.write_onnx([0.05] * N_LEARNED_FEATURES, tmp_path / "uniform.onnx").read_bytes()
     new_sha = hashlib.sha256(new).hexdigest()
     old_sha = hashlib.sha256(shipped("placement").read_bytes()).hexdigest()
-    config, state = write_central_config(tmp_path, broker.port)
-    central = EdgeNode(config, state, tmp_path / "central.log", tier="central")
-    nodes: dict[str, EdgeNode] = {}
-    try:
-        await asyncio.to_thread(central.start)
-        for node_id in ("gw-a", "gw-b"):
-            d = tmp_path / node_id
-            d.mkdir()
-            cfg, st = write_edge_config(
-                d, broker.port, node_id=node_id, lease_s=2.0, mqtt={"reconnect_max_s": 1.0}
-            )
-            nodes[node_id] = EdgeNode(cfg, st, d / "edge.log")
-            await asyncio.to_thread(nodes[node_id].start)
+    ports = dict.fromkeys(("gw-a", "gw-b"), broker.port)
+    async with central_and_nodes(tmp_path, broker.port, ports) as (central, nodes):
         a, b = nodes["gw-a"], nodes["gw-b"]
 
         def central_sees(sha: str, *names: str) -> bool:
@@ -137,9 +119,3 @@ async def test_a_model_published_at_central_reaches_every_node(
         assert await asyncio.to_thread(_runs, a, "placement") == new_sha
         _, metrics = await asyncio.to_thread(a.get, "/metrics")
         assert 'edgesched_edge_model_fallbacks_total{kind="placement",stage="swap"}' not in metrics
-    finally:
-        for proc in [central, *nodes.values()]:
-            if proc.proc is not None and proc.proc.poll() is None:
-                await asyncio.to_thread(proc.kill, signal.SIGTERM)
-        for node in nodes.values():
-            kill_task_processes(node.state)

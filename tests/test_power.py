@@ -6,18 +6,10 @@ parked again once idle."""
 from __future__ import annotations
 
 import asyncio
-import signal
 from pathlib import Path
 from typing import Any
 
-from conftest import (
-    Broker,
-    EdgeNode,
-    kill_task_processes,
-    until,
-    write_central_config,
-    write_edge_config,
-)
+from conftest import REG, Broker, EdgeNode, central_and_nodes, until
 
 from edgesched.central.placement import fleet_view
 from edgesched.central.power import (
@@ -32,16 +24,6 @@ from edgesched.core.model import NodeState, Resources, Task
 from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.edge.power import PowerControl
 
-REG = {
-    "site": "s1",
-    "arch": "x86_64",
-    "server_class": "general",
-    "cpu": 8.0,
-    "mem_gib": 16.0,
-    "accel": 0,
-    "perf": 1.0,
-    "power": {"idle_w": 60.0, "peak_w": 200.0, "parked_w": 8.0, "wake_latency_s": 45.0},
-}
 ENERGY = PolicyConfig(mode=PolicyMode.ENERGY, park_idle_after_s=60, min_spare_cpu=0)
 
 
@@ -158,25 +140,16 @@ def test_idle_time_is_tracked() -> None:
 async def test_central_parks_idle_nodes_and_wakes_one_for_work(
     tmp_path: Path, broker: Broker
 ) -> None:
-    config, state = write_central_config(tmp_path, broker.port, park_nodes=True)
-    with config.open("a") as out:
-        out.write('[policy]\nmode = "energy"\npark_idle_after_s = 2\nmin_spare_cpu = 0\n')
-    central = EdgeNode(config, state, tmp_path / "central.log", tier="central")
-    nodes: dict[str, EdgeNode] = {}
-    try:
-        await asyncio.to_thread(central.start)
-        for node_id in ("gw-a", "gw-b"):
-            d = tmp_path / node_id
-            d.mkdir()
-            cfg, st = write_edge_config(
-                d,
-                broker.port,
-                node_id=node_id,
-                park_command=["touch", str(d / "parked-hook-ran")],
-                mqtt={"reconnect_max_s": 1.0},
-            )
-            nodes[node_id] = EdgeNode(cfg, st, d / "edge.log")
-            await asyncio.to_thread(nodes[node_id].start)
+    ports = dict.fromkeys(("gw-a", "gw-b"), broker.port)
+    policy = {"mode": "energy", "park_idle_after_s": 2, "min_spare_cpu": 0}
+    async with central_and_nodes(
+        tmp_path,
+        broker.port,
+        ports,
+        central={"park_nodes": True},
+        policy=policy,
+        edge=lambda _node, d: {"park_command": ["touch", str(d / "parked-hook-ran")]},
+    ) as (central, nodes):
 
         def power(node: EdgeNode) -> str:
             return str(node.get("/v1/status")[1]["power"]["state"])
@@ -217,9 +190,3 @@ async def test_central_parks_idle_nodes_and_wakes_one_for_work(
         await until(lambda: power(nodes[other]) == PARKED, 30, "parked again once idle")
         _, metrics = await asyncio.to_thread(nodes[other].get, "/metrics")
         assert 'edgesched_edge_power_errors_total{stage="park"}' not in metrics
-    finally:
-        for proc in [central, *nodes.values()]:
-            if proc.proc is not None and proc.proc.poll() is None:
-                await asyncio.to_thread(proc.kill, signal.SIGTERM)
-        for node in nodes.values():
-            kill_task_processes(node.state)
