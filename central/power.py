@@ -96,8 +96,9 @@ def power_orders(
 ) -> list[PowerOrder]:
     """The park and wake orders the core gives for ``view`` (already :func:`with_power`),
     leaving out orders already standing and parks of nodes that run anything. An order is
-    standing while the node has not changed state since it was given (a node that woke
-    itself for local work after a park order gets a new one when it is idle again)."""
+    standing while the node has neither changed state nor started a new idle spell since it
+    was given (a node that woke itself for local work, or was busy when a park order came,
+    gets a new one when it has been idle long enough again)."""
     if not policy.parks_nodes:
         return []
     cluster = ClusterView(view.nodes, view.placements, view.now, forecast_cpu=forecast_cpu)
@@ -113,7 +114,8 @@ def power_orders(
             continue
         standing = orders.get(d.node_id) or {}
         at = _time(standing.get("at"))
-        since = reports.get(d.node_id, NodePower()).since
+        report = reports.get(d.node_id, NodePower())
+        since = max(report.since, report.idle_since or 0.0)
         if standing.get("state") == state and at is not None and at >= since:
             continue
         out.append(PowerOrder(d.node_id, state, d.reason, view.now))

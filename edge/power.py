@@ -4,7 +4,9 @@ Central decides which nodes of the fleet to park (:mod:`edgesched.central.power`
 learned modes, ``[central] park_nodes``) and writes its orders into the policy document. The
 node carries an order out only when it is still current (given after the node's last change
 of state: a node that woke itself for local work ignores the park order it woke against) and,
-for a park, only while the node runs and holds nothing. Parking runs ``[edge] park_command``
+for a park, only while the node holds nothing and only if given during its current idle spell
+(an order that found the node busy is void: central decides again once the node has been idle
+long enough). Parking runs ``[edge] park_command``
 (an argv: e.g. a CPU governor or a BMC call; none by default, so parking is bookkeeping plus
 the parked power figure in telemetry), waking runs ``wake_command``. A command that fails or
 times out leaves the node in the state it was in, with the reason logged and counted.
@@ -82,6 +84,9 @@ class PowerControl:
         if not isinstance(at, int | float) or not math.isfinite(at) or at < self.state.since:
             return False  # given before our last change: stale
         wanted = order.get("state")
+        idle = self.state.idle_since
+        if wanted == PARKED and (idle is None or at < idle):
+            return False  # given while we were busy: central decides again on this idle spell
         reason = str(order.get("reason") or "central's order")
         if wanted == PARKED and not self.state.parked and not busy:
             return await self._switch(PARKED, self.park_command, reason)

@@ -83,6 +83,10 @@ def test_a_node_that_woke_itself_gets_a_new_park_order_when_idle_again() -> None
     stale = {"a": {"state": PARKED, "at": 400.0}}  # given before the node woke at 500
     orders = stage(docs, stale, 1000.0)
     assert [(o.node_id, o.state) for o in orders] == [("a", PARKED)]
+    # An order that found the node busy (before its idle spell began at 600) is re-issued too.
+    docs = {"a": doc({"state": ACTIVE, "since": 0.0, "idle_since": 600.0})}
+    orders = stage(docs, stale, 1000.0)
+    assert [(o.node_id, o.state) for o in orders] == [("a", PARKED)]
 
 
 def test_reports_from_older_or_broken_nodes_read_as_active() -> None:
@@ -98,29 +102,44 @@ def test_reports_from_older_or_broken_nodes_read_as_active() -> None:
 async def test_the_node_follows_current_orders_only_and_wakes_for_work() -> None:
     now = [100.0]
     power = PowerControl(lambda: now[0])
+    power.observe(busy=False)  # idle since 100
     assert not await power.follow({"state": PARKED, "at": 50.0}, busy=False)  # stale
     assert not await power.follow({"state": PARKED, "at": 150.0}, busy=True)  # holds work
     assert await power.follow({"state": PARKED, "at": 150.0}, busy=False)
-    assert power.state.report() == {"state": PARKED, "since": 100.0, "idle_since": None}
+    assert power.state.report() == {"state": PARKED, "since": 100.0, "idle_since": 100.0}
     now[0] = 200.0
     assert await power.wake("a local task")
-    assert power.state.report() == {"state": ACTIVE, "since": 200.0, "idle_since": None}
+    assert power.state.report() == {"state": ACTIVE, "since": 200.0, "idle_since": 100.0}
     # the park order it woke against is stale now
     assert not await power.follow({"state": PARKED, "at": 150.0}, busy=False)
     assert not await power.follow({"state": "sideways", "at": 300.0}, busy=False)
     assert not await power.follow(None, busy=False)
 
 
+async def test_a_park_order_that_found_the_node_busy_is_void() -> None:
+    now = [100.0]
+    power = PowerControl(lambda: now[0])
+    power.observe(busy=True)
+    assert not await power.follow({"state": PARKED, "at": 150.0}, busy=True)
+    now[0] = 160.0
+    power.observe(busy=False)  # idle from 160: the order of 150 was for another idle spell
+    assert not await power.follow({"state": PARKED, "at": 150.0}, busy=False)
+    assert await power.follow({"state": PARKED, "at": 170.0}, busy=False)
+
+
 async def test_a_failing_hook_leaves_the_node_as_it_was(tmp_path: Path) -> None:
     errors: list[str] = []
     marker = tmp_path / "parked"
     ok = PowerControl(lambda: 1.0, park_command=["touch", str(marker)])
+    ok.observe(busy=False)
     assert await ok.follow({"state": PARKED, "at": 5.0}, busy=False) and marker.exists()
     bad = PowerControl(lambda: 1.0, park_command=["sh", "-c", "echo nope >&2; exit 3"],
                        on_error=errors.append)  # fmt: skip
+    bad.observe(busy=False)
     assert not await bad.follow({"state": PARKED, "at": 5.0}, busy=False)
     assert not bad.state.parked and errors == ["park"] and "exited 3: nope" in bad.last_error
     missing = PowerControl(lambda: 1.0, park_command=[str(tmp_path / "no-such-tool")])
+    missing.observe(busy=False)
     assert not await missing.follow({"state": PARKED, "at": 5.0}, busy=False)
     assert "no-such-tool" in missing.last_error
 
