@@ -121,7 +121,7 @@ class CentralEngine:
         self.heartbeat = Heartbeat(self.central.central_id, self.central.heartbeat_s, clock)
         self.peers = CentralPeers(self.central.central_id, 3 * self.central.heartbeat_s, clock)
         self._was_leader: bool | None = None
-        self.liveness = Liveness(clock)
+        self.liveness = Liveness(clock, site_of=self._site_of)
         self.telemetry = TelemetryCollector()
         self.replicas = NodeReplicas(
             self.central.central_id,
@@ -270,6 +270,16 @@ class CentralEngine:
         if status.state == "online" and replica is not None:
             replica.peer.request_resync()  # its answer makes the replica fresh again
         self._wake.set()
+
+    def _site_of(self, node_id: str) -> str | None:
+        """The site a node registered (None until its document says)."""
+        replica = self.replicas.replicas.get(node_id)
+        if replica is None:
+            return None
+        about: Any = replica.content().get("node") or {}
+        registration: Any = about.get("registration") or {}
+        site = registration.get("site") if isinstance(registration, dict) else None
+        return site if isinstance(site, str) else None
 
     def is_fresh(self, node_id: str) -> bool:
         """Whether the node's replica is current: online, and a full resync answered since."""

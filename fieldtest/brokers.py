@@ -45,7 +45,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-TOPIC_ROOT = "edgesched/v1"
+from edgesched.sync.topics import site_bridge_topic
+from edgesched.sync.wire import TOPIC_ROOT
 
 #: (pattern, direction, qos) of the bridge, relative to the site broker (``in``: from central).
 BRIDGE_TOPICS: tuple[tuple[str, str, int], ...] = (
@@ -53,10 +54,6 @@ BRIDGE_TOPICS: tuple[tuple[str, str, int], ...] = (
     (f"{TOPIC_ROOT}/node/#", "out", 1),
     (f"{TOPIC_ROOT}/doc/#", "both", 1),
 )
-
-
-def bridge_notification_topic(site: str) -> str:
-    return f"{TOPIC_ROOT}/site/{site}/bridge"
 
 
 def broker_config(
@@ -87,7 +84,7 @@ def broker_config(
             "bridge_protocol_version mqttv311",
             "try_private true",
             "notifications true",
-            f"notification_topic {bridge_notification_topic(site)}",
+            f"notification_topic {site_bridge_topic(site)}",
             "keepalive_interval 5",
             "restart_timeout 1 2",
             "start_type automatic",

@@ -2,7 +2,8 @@
 
 Documents travel on ``doc/<doc>/sync/<sender>`` (see :mod:`edgesched.sync.wire`); liveness on
 the retained ``node/<id>/status``; central's heartbeat on ``central/heartbeat``; telemetry,
-which is not CRDT state, on ``node/<id>/telemetry``.
+which is not CRDT state, on ``node/<id>/telemetry``; a site broker's bridge state on
+``site/<site>/bridge``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,21 @@ from edgesched.sync.wire import TOPIC_ROOT
 HEARTBEAT_TOPIC = f"{TOPIC_ROOT}/central/heartbeat"
 STATUS_FILTER = f"{TOPIC_ROOT}/node/+/status"
 DOC_SYNC_FILTER = f"{TOPIC_ROOT}/doc/+/sync/+"
+#: A site broker's Mosquitto bridge notification (``notifications true``): a retained ``1``
+#: while the bridge to central's broker is up, its last will ``0`` when it drops.
+SITE_BRIDGE_FILTER = f"{TOPIC_ROOT}/site/+/bridge"
+
+
+def site_bridge_topic(site: str) -> str:
+    return f"{TOPIC_ROOT}/site/{site}/bridge"
+
+
+def site_of_bridge_topic(topic: str) -> str | None:
+    """``edgesched/v1/site/<site>/bridge`` → ``<site>``; anything else → None."""
+    parts = topic.split("/")
+    if len(parts) == 5 and "/".join(parts[:3]) == f"{TOPIC_ROOT}/site" and parts[4] == "bridge":
+        return parts[3] or None
+    return None
 
 
 def status_topic(node_id: str) -> str:

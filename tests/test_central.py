@@ -43,6 +43,38 @@ def test_liveness_follows_status_and_refuses_forgeries() -> None:
     assert live.rejected == 5 and live.state("gw1") == "offline"
 
 
+def test_a_sites_bridge_dropping_takes_its_nodes_offline_until_it_is_back() -> None:
+    now = [100.0]
+    sites = {"gw1": "north", "gw2": "north", "gw3": "south"}
+    live = Liveness(clock=lambda: now[0], site_of=sites.get)
+    changes: list[tuple[str, str, float]] = []
+    live.on_change = lambda node, s: changes.append((node, s.state, s.since))
+    for node in sites:
+        live.handle(f"edgesched/v1/node/{node}/status", status(node, "online"))
+    live.handle("edgesched/v1/site/north/bridge", b"1")  # up: nothing changes
+    assert all(live.state(n) == "online" for n in sites)
+    changes.clear()
+    now[0] = 200.0
+    live.handle("edgesched/v1/site/north/bridge", b"0")  # the WAN of site north is cut
+    assert changes == [("gw1", "offline", 200.0), ("gw2", "offline", 200.0)]
+    assert live.state("gw3") == "online"
+    now[0] = 210.0
+    live.handle("edgesched/v1/node/gw1/status", status("gw1", "online"))  # a retained copy
+    assert live.state("gw1") == "offline" and live.nodes["gw1"].since == 200.0
+    for bad in (b"", b"2", b"up", b"0" * 100):
+        live.handle("edgesched/v1/site/north/bridge", bad)
+    assert live.rejected == 4 and live.state("gw2") == "offline"
+    changes.clear()
+    now[0] = 230.0
+    live.handle("edgesched/v1/site/north/bridge", b"1")  # healed
+    assert changes == [("gw1", "online", 230.0), ("gw2", "online", 230.0)]
+    # A node that went offline for itself while its site was cut stays offline after.
+    live.handle("edgesched/v1/site/north/bridge", b"0")
+    live.handle("edgesched/v1/node/gw2/status", status("gw2", "offline"))
+    live.handle("edgesched/v1/site/north/bridge", b"1")
+    assert live.state("gw1") == "online" and live.state("gw2") == "offline"
+
+
 @given(st.binary(max_size=64), st.text(max_size=40))
 def test_parse_status_never_crashes(payload: bytes, topic: str) -> None:
     try:
