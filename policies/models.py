@@ -209,6 +209,9 @@ class ActiveModels:
             self._refuse(blob.kind, "swap", str(exc), blob.sha256)
             raise ModelLoadError(str(exc)) from exc
         self._install(blob.kind, model, ModelInfo(blob.kind, "central", str(path), blob.sha256))
+        for old in self.models_dir.glob(f"{blob.kind}-*.onnx"):  # earlier swaps: not needed
+            if old != path:
+                old.unlink(missing_ok=True)
 
     def follow(self, entries: Mapping[str, Any]) -> list[str]:
         """Swap in what the policy document's ``models`` map names, once per new sha256;

@@ -220,6 +220,12 @@ def test_follow_swaps_a_good_model_once_and_keeps_it_when_a_bad_one_comes(
     assert models.status()[PLACEMENT]["sha256"] == good.sha256
     assert models.status()[PLACEMENT]["source"] == "central"
     assert models.follow(doc.models()) == []  # the same hash again: nothing to do
+    third = placement.write_onnx([0.2] * N_LEARNED_FEATURES, tmp_path / "third.onnx")
+    doc.set_model(PLACEMENT, ModelBlob.of(PLACEMENT, third.read_bytes()).to_entry())
+    assert models.follow(doc.models()) == [PLACEMENT]
+    assert len(list((tmp_path / "models").glob("placement-*.onnx"))) == 1  # the old one pruned
+    doc.set_model(PLACEMENT, good.to_entry())
+    assert models.follow(doc.models()) == [PLACEMENT]
     in_use = models.placement
     # A forecaster published as a placement model: well-formed, wrong contract.
     wrong = ModelBlob.of(PLACEMENT, shipped(FORECAST).read_bytes(), "oops")
