@@ -45,6 +45,7 @@ from edgesched.central.placement import (
     failovers,
     fleet_view,
     place,
+    prunable,
     reconcile,
 )
 from edgesched.central.power import PARKED, power_orders, reported, with_power
@@ -68,6 +69,8 @@ POLICY_DOC = "policy"
 MAX_EVENTS = 1000
 #: How often central samples what each workload class asks of the fleet (5-minute bins).
 DEMAND_SAMPLE_S = 5.0
+#: How often the leader looks for finished assignments to forget.
+PRUNE_EVERY_S = 60.0
 
 
 class TaskRefused(Exception):
@@ -152,6 +155,7 @@ class CentralEngine:
         self.models: ActiveModels | None = None  # loaded in run(): onnxruntime is slow to import
         self.demand = ClassDemand()  # what each workload class asks of the fleet, 5-min bins
         self.forecast_cpu: float | None = None
+        self._pruned_at = 0.0
 
     @property
     def store(self) -> Store:
@@ -515,6 +519,20 @@ class CentralEngine:
         self._reconcile(now)
         if self.central.park_nodes:
             self._power_step()
+        self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        """Forget assignments finished (or cancelled) longer than the retention ago."""
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        policy = _need(self.policy)
+        docs = {n: r.content() for n, r in self.replicas.replicas.items()}
+        done = prunable(policy.assignments(), docs, now, self.central.assignment_retention_s)
+        for task_id in done:
+            policy.drop_assignment(task_id)
+        if done:
+            self._event("pruned", f"{len(done)} finished assignments forgotten")
 
     def _orders(self) -> dict[str, dict[str, Any]]:
         return _need(self.policy).power() if self.policy is not None else {}

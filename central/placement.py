@@ -42,6 +42,8 @@ from edgesched.sync.reconcile import Claim, ReconcilePolicy, losers, winner
 
 #: Task states in a node document that hold (or are about to hold) resources.
 ACTIVE_STATES = frozenset({"accepted", "placed", "running", "preempted"})
+#: Task states in a node document that mean it is over.
+FINISHED_STATES = frozenset({"exited", "failed", "cancelled"})
 
 
 def node_from_registration(node_id: str, registration: object) -> Node:
@@ -213,6 +215,42 @@ def failovers(
             continue
         if spec.restart is RestartPolicy.ALWAYS:
             out.append(task_id)
+    return out
+
+
+def prunable(
+    assignments: Mapping[str, Mapping[str, Any]],
+    node_docs: Mapping[str, Mapping[str, Any]],
+    now: float,
+    retention_s: float,
+) -> list[str]:
+    """Assignments central can forget (the policy document would otherwise only grow): no
+    node reports a copy still active, and either the assigned node reports the task finished
+    more than ``retention_s`` ago, or it was cancelled more than ``retention_s`` ago. A task
+    whose node never said it finished stays: that node may be cut off and still running it."""
+    out = []
+    horizon = now - retention_s
+    for task_id, entry in sorted(assignments.items()):
+        state = entry.get("state")
+        if state not in ("active", "cancelled"):
+            continue
+        copies = {
+            node_id: copy
+            for node_id, doc in node_docs.items()
+            if isinstance(copy := (doc.get("tasks") or {}).get(task_id), Mapping)
+        }
+        if any(c.get("state") in ACTIVE_STATES for c in copies.values()):
+            continue
+        at = entry.get("at")
+        if not isinstance(at, int | float) or at > horizon:
+            continue
+        mine = copies.get(str(entry.get("node")))
+        if state == "active":
+            done_at = mine.get("updated_at") if mine is not None else None
+            finished = mine is not None and mine.get("state") in FINISHED_STATES
+            if not (finished and isinstance(done_at, int | float) and done_at <= horizon):
+                continue
+        out.append(task_id)
     return out
 
 

@@ -278,6 +278,8 @@ class CentralConfig:
     shipped ones); an admin swaps them for the whole fleet with ``PUT /v1/models/{kind}``.
     ``park_nodes``: in energy and learned modes, park idle nodes beyond the forecast's need
     and wake them ahead of a peak (``edgesched.central.power``); off by default.
+    ``assignment_retention_s``: a finished (or cancelled) task submitted at central leaves the
+    policy document this long after its node reported it finished (default a day).
     """
 
     central_id: str = "central"
@@ -295,6 +297,7 @@ class CentralConfig:
     forecast_model: str = ""
     placement_model: str = ""
     park_nodes: bool = False
+    assignment_retention_s: float = 86_400.0
     nodes: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -532,6 +535,9 @@ def _parse_central(t: _Table) -> CentralConfig:
             forecast_model=t.string("forecast_model", d.forecast_model),
             placement_model=t.string("placement_model", d.placement_model),
             park_nodes=t.boolean("park_nodes", d.park_nodes),
+            assignment_retention_s=t.number(
+                "assignment_retention_s", d.assignment_retention_s, low=0
+            ),
             reconcile=t.string("reconcile", d.reconcile),
             nodes=t.strings("nodes"),
             peers=t.strings("peers"),

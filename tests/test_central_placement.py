@@ -16,6 +16,7 @@ from edgesched.central.placement import (
     fleet_view,
     node_from_registration,
     place,
+    prunable,
     reconcile,
 )
 from edgesched.core.policy import PolicyConfig
@@ -141,3 +142,86 @@ def test_a_task_may_choose_its_own_reconcile_rule() -> None:
     assignments = {"svc": {"node": "b", "epoch": 2, "state": "active", "spec": own}}
     (settled,) = reconcile(assignments, docs, {}, ReconcilePolicy.KEEP_ORIGINAL, {"a", "b"})
     assert settled.winner.node_id == "b" and settled.policy is ReconcilePolicy.KEEP_REPLACEMENT
+
+
+def _entry(state: str, node: str = "a", at: float = 0.0) -> dict[str, Any]:
+    return {"state": state, "node": node, "at": at}
+
+
+def test_finished_assignments_are_forgotten_after_the_retention_only() -> None:
+    assignments = {
+        "done-old": _entry("active"),
+        "done-new": _entry("active"),
+        "running": _entry("active"),
+        "silent": _entry("active"),  # its node never said anything: maybe cut off, running
+        "cancelled-old": _entry("cancelled"),
+        "failed-over": _entry("active", node="b"),  # b finished it; a still runs its copy
+        "pending": _entry("pending"),
+        "young": _entry("active", at=950.0),
+    }
+    docs = {
+        "a": {
+            "tasks": {
+                "done-old": {"state": "exited", "updated_at": 10.0},
+                "done-new": {"state": "exited", "updated_at": 950.0},
+                "running": {"state": "running", "updated_at": 10.0},
+                "failed-over": {"state": "running", "updated_at": 10.0},
+                "young": {"state": "exited", "updated_at": 10.0},
+            }
+        },
+        "b": {"tasks": {"failed-over": {"state": "failed", "updated_at": 10.0}}},
+    }
+    assert prunable(assignments, docs, 1000.0, 500.0) == ["cancelled-old", "done-old"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["t1", "t2", "t3"]),
+        st.fixed_dictionaries(
+            {
+                "state": st.sampled_from(["active", "cancelled", "pending"]),
+                "node": st.sampled_from(["a", "b"]),
+                "at": st.floats(0, 2000),
+            }
+        ),
+    ),
+    st.dictionaries(
+        st.sampled_from(["a", "b"]),
+        st.fixed_dictionaries(
+            {
+                "tasks": st.dictionaries(
+                    st.sampled_from(["t1", "t2", "t3"]),
+                    st.fixed_dictionaries(
+                        {
+                            "state": st.sampled_from(
+                                [
+                                    "accepted",
+                                    "placed",
+                                    "running",
+                                    "preempted",
+                                    "exited",
+                                    "failed",
+                                    "cancelled",
+                                ]
+                            ),
+                            "updated_at": st.floats(0, 2000),
+                        }
+                    ),
+                )
+            }
+        ),
+    ),
+)
+def test_an_assignment_with_an_active_copy_is_never_forgotten(
+    assignments: dict[str, dict[str, Any]], docs: dict[str, dict[str, Any]]
+) -> None:
+    for task_id in prunable(assignments, docs, 1500.0, 300.0):
+        entry = assignments[task_id]
+        assert entry["state"] in ("active", "cancelled") and entry["at"] <= 1200.0
+        copies = [d["tasks"][task_id] for d in docs.values() if task_id in d["tasks"]]
+        assert not any(c["state"] in ("accepted", "placed", "running", "preempted") for c in copies)
+        if entry["state"] == "active":
+            mine = docs[entry["node"]]["tasks"][task_id]
+            assert mine["state"] in ("exited", "failed", "cancelled")
+            assert mine["updated_at"] <= 1200.0
