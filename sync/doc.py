@@ -240,6 +240,9 @@ class SyncedDoc:
         #: When :meth:`log_update` rotates (single-writer documents only; None: never).
         self.rotation_policy = (rotation_policy or RotationPolicy()) if self.single_writer else None
         self._subscription: Subscription | None = None
+        #: Bumped by every transaction that changes the live document (local or remote) and
+        #: by every replacement of it: decoded views can be cached by it.
+        self.revision = 0
         self.doc: Doc[Any] = self._observed(Doc(client_id=self.client_id))
         self._callbacks: list[Callable[[bytes], None]] = []
         self._epoch_callbacks: list[Callable[[int], None]] = []
@@ -269,6 +272,7 @@ class SyncedDoc:
         """
         if self._subscription is not None:
             self.doc.unobserve(self._subscription)
+        self.revision += 1
         epoch = self.epoch
         self._subscription = doc.observe(lambda event: self._on_transaction(event, epoch))
         return doc
@@ -321,6 +325,9 @@ class SyncedDoc:
         finally:
             self._applying_remote = False
         changed = self._remote_changed or self.doc.get_state() != before
+        # Whatever it did: pycrdt may report an empty update for a transaction that changed
+        # the state, and a delete-only update leaves the state vector as it was.
+        self.revision += 1
         if changed:
             for callback in self._remote_callbacks:
                 try:
@@ -354,6 +361,7 @@ class SyncedDoc:
                 self.epoch,
             )
             return
+        self.revision += 1
         if self._applying_remote:
             self._remote_changed = True
             return
@@ -719,8 +727,13 @@ class PolicyDoc(SyncedDoc):
         return None if value is None else dict(normalise(value))
 
     def assignments(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = normalise(self.root("assignments").to_py() or {})
-        return out
+        """task id -> assignment, decoded once per change of the document (central's control
+        step reads it several times per step). Treat the entries as read-only."""
+        cached = getattr(self, "_assignments", None)
+        if cached is None or cached[0] != self.revision:
+            cached = (self.revision, normalise(self.root("assignments").to_py() or {}))
+            self._assignments: tuple[int, dict[str, dict[str, Any]]] = cached
+        return dict(cached[1])
 
     def drop_assignment(self, task_id: str) -> None:
         assignments = self.root("assignments")

@@ -391,3 +391,24 @@ async def test_persist_and_load_through_store_with_compaction(tmp_path: Path) ->
         assert again.task("t0") is None
     finally:
         await store.close()
+
+
+def test_policy_assignments_are_cached_per_change_and_follow_every_change() -> None:
+    a = PolicyDoc("policy", 101)
+    b = PolicyDoc("policy", 102)
+    a.assign("t1", {"node": "gw1"})
+    first = a.assignments()
+    assert first == {"t1": {"node": "gw1"}}
+    first["t9"] = {}  # a caller's change to the returned map does not leak into the cache
+    assert a.assignments() == {"t1": {"node": "gw1"}}
+    b.apply_remote(a.diff(), sender="a")
+    assert b.assignments() == {"t1": {"node": "gw1"}}
+    b.assign("t2", {"node": "gw2"})
+    a.apply_remote(b.diff(a.state_vector()), sender="b")  # a remote insert
+    assert set(a.assignments()) == {"t1", "t2"}
+    before = b.state_vector()
+    b.drop_assignment("t1")
+    a.apply_remote(b.diff(before), sender="b")  # a remote delete (the state vector stays)
+    assert set(a.assignments()) == {"t2"}
+    a.assign("t2", {"node": "gw3"})  # a local overwrite
+    assert a.assignments()["t2"] == {"node": "gw3"}
