@@ -503,13 +503,13 @@ def _parse_edge(t: _Table) -> EdgeConfig:
             cycle_s=t.number("cycle_s", d.cycle_s, low=0, low_open=True),
             sample_s=t.number("sample_s", d.sample_s, low=0, low_open=True),
             stop_grace_s=t.number("stop_grace_s", d.stop_grace_s, low=0),
-            forecast_model=t.string("forecast_model", d.forecast_model),
-            placement_model=t.string("placement_model", d.placement_model),
+            forecast_model=t.string("forecast_model", d.forecast_model, allow_empty=True),
+            placement_model=t.string("placement_model", d.placement_model, allow_empty=True),
             park_command=t.strings("park_command"),
             wake_command=t.strings("wake_command"),
             centrals=t.strings("centrals") if "centrals" in t.data else d.centrals,
             hal_root=t.string("hal_root", d.hal_root),
-            container_runtime=t.string("container_runtime", d.container_runtime),
+            container_runtime=t.string("container_runtime", d.container_runtime, allow_empty=True),
             mqtt=mqtt,
         )
     )
@@ -532,8 +532,8 @@ def _parse_central(t: _Table) -> CentralConfig:
             failover_after_s=t.number("failover_after_s", d.failover_after_s, low=0),
             dead_after_s=t.number("dead_after_s", d.dead_after_s, low=0),
             k8s_extender=t.boolean("k8s_extender", d.k8s_extender),
-            forecast_model=t.string("forecast_model", d.forecast_model),
-            placement_model=t.string("placement_model", d.placement_model),
+            forecast_model=t.string("forecast_model", d.forecast_model, allow_empty=True),
+            placement_model=t.string("placement_model", d.placement_model, allow_empty=True),
             park_nodes=t.boolean("park_nodes", d.park_nodes),
             assignment_retention_s=t.number(
                 "assignment_retention_s", d.assignment_retention_s, low=0
@@ -732,8 +732,9 @@ class _Table:
             raise self._wrong(key, "a boolean (true or false)", value)
         return value
 
-    def string(self, key: str, default: str | None = None) -> str:
-        """A non-empty string; required when ``default`` is None."""
+    def string(self, key: str, default: str | None = None, *, allow_empty: bool = False) -> str:
+        """A non-empty string (or empty, where ``allow_empty`` says it means "the default");
+        required when ``default`` is None."""
         value = self._get(key)
         if value is _MISSING:
             if default is None:
@@ -741,7 +742,7 @@ class _Table:
             return default
         if not isinstance(value, str):
             raise self._wrong(key, "a string", value)
-        if not value:
+        if not value and not allow_empty:
             raise self.error(key, "must not be empty")
         return value
 

@@ -484,3 +484,16 @@ def test_mqtt_endpoint_reads_password_and_names_missing_files(tmp_path: Path) ->
     tls = parse(f"[edge.mqtt]\ntls = true\nca_file = '{tmp_path / 'no-ca.crt'}'\n").edge.mqtt
     with pytest.raises(ValueError, match=r"no-ca\.crt"):
         tls.endpoint("gw1")
+
+
+@pytest.mark.parametrize("name", ["edge.toml", "central.toml"])
+def test_the_readmes_config_snippets_parse(name: str) -> None:
+    """What a user copies from the README must load (an empty model path means the shipped
+    model; it was refused once)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    start = readme.index(f"# {name}: every key is optional")
+    config = parse(readme[start : readme.index("```", start)])
+    if name == "edge.toml":
+        assert config.edge.forecast_model == "" and config.edge.park_command == ()
+    else:
+        assert config.central.park_nodes is False and config.central.placement_model == ""
