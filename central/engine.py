@@ -519,6 +519,8 @@ class CentralEngine:
         self._reconcile(now)
         if self.central.park_nodes:
             self._power_step()
+        else:
+            self._wake_parked(now)
         self._prune(now)
 
     def _prune(self, now: float) -> None:
@@ -536,6 +538,18 @@ class CentralEngine:
 
     def _orders(self) -> dict[str, dict[str, Any]]:
         return _need(self.policy).power() if self.policy is not None else {}
+
+    def _wake_parked(self, now: float) -> None:
+        """Parking is off (or was turned off): wake any node still parked, once."""
+        policy = _need(self.policy)
+        orders = policy.power()
+        for node_id, replica in self.replicas.replicas.items():
+            report = reported(replica.content())
+            standing = orders.get(node_id) or {}
+            if report.state == PARKED and standing.get("state") != "active":
+                order = {"state": "active", "reason": "parking is off", "at": now}
+                policy.set_power(node_id, order)
+                self._event("wake", f"{node_id}: parking is off", node=node_id)
 
     def _power_step(self) -> None:
         """Park idle nodes beyond what the forecast needs, wake nodes ahead of a peak or for

@@ -6,6 +6,7 @@ parked again once idle."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,11 @@ async def test_central_parks_idle_nodes_and_wakes_one_for_work(
         await until(lambda: power(nodes[other]) == PARKED, 30, "parked again once idle")
         _, metrics = await asyncio.to_thread(nodes[other].get, "/metrics")
         assert 'edgesched_edge_power_errors_total{stage="park"}' not in metrics
+
+        # Parking turned off while a node is parked: central wakes it (it would otherwise
+        # never be a placement target again).
+        await asyncio.to_thread(central.kill, signal.SIGTERM)
+        text = central.config.read_text().replace("park_nodes = true", "park_nodes = false")
+        central.config.write_text(text)
+        await asyncio.to_thread(central.start)
+        await until(lambda: power(nodes[other]) == ACTIVE, 30, "woken once parking is off")
