@@ -41,6 +41,7 @@ from edgesched.core.forecast import (
     SeasonalNaive,
     time_of_day_features,
 )
+from edgesched.policies.onnxgraph import PRODUCER, save
 from edgesched.policies.ortsession import ModelLoadError, open_contract
 
 log = logging.getLogger("edgesched.policies.demand")
@@ -197,7 +198,6 @@ def fit(config: ForecastTrainConfig) -> ForecastModel:
 
 def write_onnx(model: ForecastModel, path: Path) -> Path:
     """The model as an ONNX graph under contract :data:`CONTRACT` (opset 17)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     c_n = len(CLASSES)
@@ -258,22 +258,13 @@ def write_onnx(model: ForecastModel, path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", STEPS])],
         inits,
     )
-    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx_model.ir_version = 8
-    onnx_model.producer_name = "edgesched policies train"
-    helper.set_model_props(
-        onnx_model,
-        {
-            "edgesched.contract": CONTRACT,
-            "edgesched.classes": ",".join(CLASSES),
-            "edgesched.lags": str(LAGS),
-            "edgesched.step_s": str(BIN_S),
-        },
-    )
-    onnx.checker.check_model(onnx_model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(onnx_model.SerializeToString())
-    return path
+    props = {
+        "edgesched.contract": CONTRACT,
+        "edgesched.classes": ",".join(CLASSES),
+        "edgesched.lags": str(LAGS),
+        "edgesched.step_s": str(BIN_S),
+    }
+    return save(graph, path, props, PRODUCER)
 
 
 # --- inference ------------------------------------------------------------------------------

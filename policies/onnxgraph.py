@@ -1,25 +1,48 @@
-"""Building small ONNX graphs with the ``onnx`` package (no torch): random MLPs.
+"""Building small ONNX graphs with the ``onnx`` package (no torch).
 
-Used by tests and benchmarks to write real ``.onnx`` files of a given shape (inference
-latency; models that load but break a contract)."""
+:func:`save` turns a graph into a checked ``.onnx`` file (opset 17, IR 8, the contract's
+metadata): the shipped models are written by it. :func:`write_mlp` / :func:`random_mlp` write
+MLPs of a given shape for tests and benchmarks (inference latency; models that load but
+break a contract)."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+#: The producer name of the models `edgesched policies train` writes.
+PRODUCER = "edgesched policies train"
 
-def write_mlp(
-    path: Path, weights: Sequence[tuple[np.ndarray, np.ndarray]], *, opset: int = 17
+
+def save(
+    graph: Any, path: Path, props: Mapping[str, str] | None = None, producer: str = ""
 ) -> Path:
+    """``graph`` (an ``onnx`` GraphProto) as a checked model at ``path``, with ``props`` as
+    its metadata (the contract a runtime checks) and ``producer`` as its producer name."""
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    if producer:
+        model.producer_name = producer
+    if props:
+        helper.set_model_props(model, dict(props))
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def write_mlp(path: Path, weights: Sequence[tuple[np.ndarray, np.ndarray]]) -> Path:
     """An MLP ``x -> (Gemm, Relu)* -> Gemm -> y``; ``weights`` are (W [in, out], b [out]).
 
     Input ``x`` is float32 ``[N, in]``, output ``y`` float32 ``[N, out]`` of the last layer.
     """
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     if not weights:
@@ -45,12 +68,7 @@ def write_mlp(
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", n_out])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
+    return save(graph, path)
 
 
 def random_mlp(path: Path, sizes: Sequence[int], seed: int = 0) -> Path:

@@ -43,6 +43,7 @@ from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.core.simulator import ScenarioLike, SimReport, simulate
 from edgesched.core.strategies import CoreStrategy, Strategy
 from edgesched.core.tidal import campus_profile
+from edgesched.policies.onnxgraph import PRODUCER, save
 from edgesched.policies.ortsession import ModelLoadError, open_contract
 
 log = logging.getLogger("edgesched.policies.placement")
@@ -121,7 +122,6 @@ def write_onnx(
     weights: Sequence[float], path: Path, extra: Mapping[str, str] | None = None
 ) -> Path:
     """The linear score as an ONNX graph under :data:`CONTRACT`."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = np.asarray(weights, dtype=np.float32).reshape(N_LEARNED_FEATURES, 1)
@@ -132,21 +132,12 @@ def write_onnx(
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
         [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.zeros(1, np.float32), "b")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    model.producer_name = "edgesched policies train"
-    helper.set_model_props(
-        model,
-        {
-            "edgesched.contract": CONTRACT,
-            "edgesched.features": ",".join(LEARNED_FEATURES),
-            **(extra or {}),
-        },
-    )
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(model.SerializeToString())
-    return path
+    props = {
+        "edgesched.contract": CONTRACT,
+        "edgesched.features": ",".join(LEARNED_FEATURES),
+        **(extra or {}),
+    }
+    return save(graph, path, props, PRODUCER)
 
 
 class OnnxPlacementScore:
