@@ -24,7 +24,7 @@ system-deps:
 	  else echo "missing system packages:$$missing (install them with apt-get as root)"; exit 1; fi; \
 	fi
 
-$(STAMP): pyproject.toml $(shell find core edge sync central policies fieldtest edgesched -name '*.py' -newer pyproject.toml 2>/dev/null)
+$(STAMP): pyproject.toml $(shell find core edge sync central policies fieldtest rest app -name '*.py' -newer pyproject.toml 2>/dev/null)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# strict editable mode: a link tree that maps core/ -> edgesched.core etc., which mypy follows

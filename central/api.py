@@ -30,12 +30,16 @@ naming what is wrong.
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
+from edgesched.central import dashboard, extender
+from edgesched.central.engine import CentralEngine, TaskRefused
 from edgesched.central.openapi import serve_central
-from edgesched.edge.api import (
+from edgesched.core.task import SpecError, TaskSpec
+from edgesched.policies.models import KINDS, MAX_MODEL_BYTES
+from edgesched.rest.server import (
     BodyError,
     answer,
     json_body,
@@ -43,14 +47,10 @@ from edgesched.edge.api import (
     problem,
     start_app,
 )
-from edgesched.edge.spec import SpecError, TaskSpec
-
-if TYPE_CHECKING:
-    from edgesched.central.engine import CentralEngine
 
 #: The extender's NodeLists and pods with managedFields exceed our own bodies' 64 KiB cap.
 MAX_REQUEST_BYTES = 4 << 20
-CENTRAL_KEY = web.AppKey("central", object)
+CENTRAL_KEY = web.AppKey("central", CentralEngine)
 TOKENS_KEY = web.AppKey("tokens", tuple[str, str])  # (admin, read-only)
 PUBLIC_PREFIXES = ("/dashboard", "/v1/k8s/")
 PUBLIC_PATHS = frozenset({"/", "/v1/health", "/v1/openapi.json"})
@@ -85,8 +85,7 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 def _central(request: web.Request) -> CentralEngine:
-    engine: CentralEngine = request.app[CENTRAL_KEY]  # type: ignore[assignment]
-    return engine
+    return request.app[CENTRAL_KEY]
 
 
 async def health(request: web.Request) -> web.Response:
@@ -147,8 +146,6 @@ async def get_task(request: web.Request) -> web.Response:
 
 
 async def submit(request: web.Request) -> web.Response:
-    from edgesched.central.engine import TaskRefused
-
     try:
         body = await json_body(request)
     except BodyError as exc:
@@ -171,8 +168,6 @@ async def submit(request: web.Request) -> web.Response:
 
 
 async def migrate(request: web.Request) -> web.Response:
-    from edgesched.central.engine import TaskRefused
-
     try:
         body = await json_body(request)
     except BodyError as exc:
@@ -187,8 +182,6 @@ async def migrate(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
-    from edgesched.central.engine import TaskRefused
-
     try:
         view = await _central(request).cancel(request.match_info["id"])
     except TaskRefused as exc:
@@ -206,8 +199,6 @@ async def get_policy(request: web.Request) -> web.Response:
 
 
 async def set_policy(request: web.Request) -> web.Response:
-    from edgesched.central.engine import TaskRefused
-
     try:
         body = await json_body(request)
     except BodyError as exc:
@@ -232,9 +223,6 @@ async def get_models(request: web.Request) -> web.Response:
 
 
 async def put_model(request: web.Request) -> web.Response:
-    from edgesched.central.engine import TaskRefused
-    from edgesched.policies.models import KINDS, MAX_MODEL_BYTES
-
     kind = request.match_info["kind"]
     if kind not in KINDS:
         return problem(404, "No such model kind", f"one of {', '.join(KINDS)}", "kind")
@@ -280,13 +268,9 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app.router.add_get("/v1/models", get_models)
     app.router.add_put("/v1/models/{kind}", put_model)
     app.router.add_get("/metrics", metrics)
-    from edgesched.central.dashboard import add_routes  # it imports this module
-
-    add_routes(app)
+    dashboard.add_routes(app, engine)
     if engine.central.k8s_extender:
-        from edgesched.central.extender import routes
-
-        for method, path, handler in routes(
+        for method, path, handler in extender.routes(
             get_fleet=engine.fleet_nodes,
             get_policy=lambda: engine.config.policy,
             get_placements=engine.fleet_placements,
@@ -295,8 +279,10 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     return app
 
 
-async def serve(engine: CentralEngine, host: str, port: int) -> web.AppRunner:
-    """Start the API; the bound port (useful with port 0) lands in ``engine.api_port``."""
+async def serve(engine: CentralEngine) -> web.AppRunner:
+    """Start the API on ``[central] api_host:api_port``; the bound port (useful with port 0)
+    lands in ``engine.api_port``."""
+    host, port = engine.central.api_host, engine.central.api_port
     admin = load_or_create_token(engine.state_dir)
     read = load_or_create_token(engine.state_dir, "api-token-read")
     runner, engine.api_port = await start_app(

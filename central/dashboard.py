@@ -29,15 +29,12 @@ import time
 from dataclasses import dataclass, field
 from importlib.resources import files
 from importlib.resources.abc import Traversable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from edgesched.central.api import CENTRAL_KEY
-from edgesched.edge.api import problem
-
-if TYPE_CHECKING:
-    from edgesched.central.engine import CentralEngine
+from edgesched.central.engine import CentralEngine
+from edgesched.rest.server import problem
 
 log = logging.getLogger("edgesched.central.dashboard")
 
@@ -68,6 +65,7 @@ NODE_TASKS_IN_SNAPSHOT = 200
 class DashboardState:
     """Per-app: the shipped assets, the shutdown signal for streams, the shared snapshot."""
 
+    engine: CentralEngine
     assets: dict[str, tuple[bytes, str]]
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     streams: int = 0
@@ -99,8 +97,7 @@ def load_assets() -> dict[str, tuple[bytes, str]]:
 
 
 def _engine(request: web.Request) -> CentralEngine:
-    engine: CentralEngine = request.app[CENTRAL_KEY]  # type: ignore[assignment]
-    return engine
+    return request.app[DASHBOARD_KEY].engine
 
 
 def snapshot(engine: CentralEngine) -> dict[str, Any]:
@@ -231,9 +228,9 @@ async def asset(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type=ctype, charset=charset, headers=headers)
 
 
-def add_routes(app: web.Application) -> None:
-    """Mount the dashboard and its stream on central's API ``app`` (before it starts)."""
-    app[DASHBOARD_KEY] = DashboardState(load_assets())
+def add_routes(app: web.Application, engine: CentralEngine) -> None:
+    """Mount the dashboard and its stream of ``engine`` on central's API ``app``."""
+    app[DASHBOARD_KEY] = DashboardState(engine, load_assets())
     app.on_shutdown.append(_close_streams)
     app.router.add_get("/", redirect_root)
     app.router.add_get("/dashboard", redirect_root)

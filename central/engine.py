@@ -55,15 +55,16 @@ from edgesched.config import EdgeschedConfig
 from edgesched.core.classdemand import ClassDemand
 from edgesched.core.model import Node, Placement
 from edgesched.core.policy import PolicyConfig, PolicyMode
-from edgesched.edge.spec import SpecError, TaskSpec
-from edgesched.edge.store import Store, StoreError
+from edgesched.core.task import SpecError, TaskSpec
 from edgesched.policies.models import ActiveModels, ModelBlob
 from edgesched.policies.ortsession import ModelLoadError
+from edgesched.rest.server import ApiStarter
 from edgesched.sync.doc import PolicyDoc, client_id_for
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.reconcile import ReconcilePolicy
 from edgesched.sync.session import MqttSession, wait_event
+from edgesched.sync.store import Store, StoreError
 
 POLICY_DOC = "policy"
 MAX_EVENTS = 1000
@@ -109,8 +110,17 @@ log = logging.getLogger("edgesched.central.engine")
 class CentralEngine:
     """Owns central's store, its MQTT session and the loops that keep the fleet view."""
 
-    def __init__(self, config: EdgeschedConfig, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: EdgeschedConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        api: ApiStarter[CentralEngine] | None = None,
+    ) -> None:
+        """``api`` starts central's HTTP API once the engine is up (``edgesched.serve`` wires
+        in :func:`edgesched.central.api.serve`); without it the engine serves no API."""
         self.config = config
+        self._api = api
         self.central = config.central
         self.state_dir = Path(self.central.state_dir)
         self.clock = clock
@@ -171,8 +181,6 @@ class CentralEngine:
 
     async def run(self) -> None:
         """Restore the replicas from SQLite, then serve until :meth:`stop`."""
-        from edgesched.central.api import serve  # the API module imports this one
-
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._store = await Store.open(self.state_dir / "central.db")
         fallbacks = self.metrics.model_fallbacks
@@ -191,7 +199,7 @@ class CentralEngine:
             log.info("central %s: %d node replicas restored", self.central.central_id, restored)
             await self._open_policy()
             async with asyncio.TaskGroup() as group:
-                runner = await serve(self, self.central.api_host, self.central.api_port)
+                runner = None if self._api is None else await self._api(self)
                 loops: list[asyncio.Task[None]] = []
                 try:
                     loops = [
@@ -223,7 +231,8 @@ class CentralEngine:
                 finally:
                     for task in loops:
                         task.cancel()
-                    await runner.cleanup()
+                    if runner is not None:
+                        await runner.cleanup()
             await self.replicas.persist_changed()
         finally:
             await self.store.close()
@@ -854,14 +863,3 @@ def _need(value: Any) -> Any:
     if value is None:
         raise RuntimeError("central engine not started")
     return value
-
-
-async def run_until_signalled(engine: CentralEngine) -> None:
-    """Run ``engine`` until SIGTERM or SIGINT."""
-    import signal
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, engine.stop)
-    await engine.run()

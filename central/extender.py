@@ -51,7 +51,7 @@ from edgesched.core.model import (
 from edgesched.core.nodetable import BoolArray, FloatArray, NodeTable, resource_vector
 from edgesched.core.plugins import FILTERS, SCORES
 from edgesched.core.policy import PolicyConfig
-from edgesched.edge.api import problem
+from edgesched.rest.server import problem
 
 #: ``extenderv1.MinExtenderPriority`` and ``MaxExtenderPriority``. kube-scheduler multiplies an
 #: extender's score by its ``weight`` and by ``MaxNodeScore / MaxExtenderPriority`` (100 / 10).

@@ -19,7 +19,7 @@ import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.sync.session import Listener, checked
-from edgesched.sync.topics import HEARTBEAT_TOPIC
+from edgesched.sync.topics import HEARTBEAT_TOPIC, parse_heartbeat
 
 
 class Heartbeat:
@@ -88,8 +88,6 @@ class CentralPeers(Listener):
         return self.leader() == self.central_id
 
     def handle(self, topic: str, payload: bytes) -> None:
-        from edgesched.edge.link import parse_heartbeat
-
         try:
             beat = parse_heartbeat(payload)
         except ValueError:

@@ -37,7 +37,7 @@ from edgesched.core.model import (
 )
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.scheduler import ClusterView, schedule
-from edgesched.edge.spec import RestartPolicy, SpecError, TaskSpec
+from edgesched.core.task import RestartPolicy, SpecError, TaskSpec
 from edgesched.sync.reconcile import Claim, ReconcilePolicy, losers, winner
 
 #: Task states in a node document that hold (or are about to hold) resources.

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from edgesched.edge.store import Store, StoreError
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.security import accept_sender
 from edgesched.sync.session import Listener, MqttSession
+from edgesched.sync.store import Store, StoreError
 from edgesched.sync.topics import DOC_SYNC_FILTER
 from edgesched.sync.wire import TOPIC_ROOT
 

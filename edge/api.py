@@ -17,53 +17,25 @@ problem details (``application/problem+json``) naming the field; a bad body is a
 
 from __future__ import annotations
 
-import hmac
-import json
-import os
-import secrets
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from edgesched.central.openapi import serve_edge
-from edgesched.edge.spec import TaskRecord, TaskState
-from edgesched.edge.store import StoreError
+from edgesched.core.task import TaskRecord, TaskState
+from edgesched.edge.engine import EdgeEngine, SubmitError, parse_submission
+from edgesched.edge.openapi import serve_edge
+from edgesched.rest.server import (
+    MAX_BODY_BYTES,
+    TOKEN_KEY,
+    BodyError,
+    json_body,
+    load_or_create_token,
+    problem,
+    start_app,
+    token_guard,
+)
 
-if TYPE_CHECKING:
-    from edgesched.edge.engine import EdgeEngine
-
-MAX_BODY_BYTES = 64 * 1024
-ENGINE_KEY = web.AppKey("engine", object)
-TOKEN_KEY = web.AppKey("token", str)
-
-
-def load_or_create_token(state_dir: Path, name: str = "api-token") -> str:
-    """The API token in ``state_dir/name``, created with mode 0600 the first time."""
-    path = state_dir / name
-    try:
-        token = path.read_text().strip()
-        if token:
-            return token
-    except FileNotFoundError:
-        pass
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token
-
-
-def problem(status: int, title: str, detail: str, field: str | None = None) -> web.Response:
-    body: dict[str, Any] = {
-        "type": "about:blank",
-        "title": title,
-        "status": status,
-        "detail": detail,
-    }
-    if field is not None:
-        body["field"] = field
-    return web.json_response(body, status=status, content_type="application/problem+json")
+ENGINE_KEY = web.AppKey("engine", EdgeEngine)
 
 
 def record_json(r: TaskRecord) -> dict[str, Any]:
@@ -84,31 +56,7 @@ def record_json(r: TaskRecord) -> dict[str, Any]:
 
 
 def _engine(request: web.Request) -> EdgeEngine:
-    engine: EdgeEngine = request.app[ENGINE_KEY]  # type: ignore[assignment]
-    return engine
-
-
-@web.middleware
-async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
-    if request.path not in ("/v1/health", "/v1/openapi.json"):
-        sent = request.headers.get("Authorization", "")
-        expected = f"Bearer {request.app[TOKEN_KEY]}"
-        if not hmac.compare_digest(sent.encode(), expected.encode()):
-            return problem(401, "Unauthorized", "send Authorization: Bearer <token> (api-token)")
-    return await answer(request, handler)
-
-
-async def answer(request: web.Request, handler: Any) -> web.StreamResponse:
-    """The handler's response, with HTTP errors and store failures as problem details."""
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return problem(exc.status, exc.reason, exc.text or exc.reason)
-        raise
-    except StoreError as exc:
-        return problem(503, "Store unavailable", str(exc))
+    return request.app[ENGINE_KEY]
 
 
 async def health(request: web.Request) -> web.Response:
@@ -138,33 +86,7 @@ async def get_task(request: web.Request) -> web.Response:
     return web.json_response(record_json(record))
 
 
-class BodyError(Exception):
-    """A request body that is too large or not JSON; :meth:`response` is the problem."""
-
-    def __init__(self, status: int, title: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status, self.title, self.detail = status, title, detail
-
-    def response(self) -> web.Response:
-        return problem(self.status, self.title, self.detail, "body")
-
-
-async def json_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> Any:
-    """The request's JSON body, read with a size cap; BodyError (413 or 400) otherwise."""
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyError(413, "Body too large", f"at most {limit} bytes")
-    raw = await request.content.read(limit + 1)
-    if len(raw) > limit:
-        raise BodyError(413, "Body too large", f"at most {limit} bytes")
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BodyError(400, "Malformed JSON", str(exc)) from None
-
-
 async def submit(request: web.Request) -> web.Response:
-    from edgesched.edge.engine import SubmitError, parse_submission
-
     try:
         body = await json_body(request)
     except BodyError as exc:
@@ -178,8 +100,6 @@ async def submit(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
-    from edgesched.edge.engine import SubmitError
-
     try:
         record = await _engine(request).cancel(request.match_info["id"])
     except SubmitError as exc:
@@ -205,7 +125,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def build_app(engine: EdgeEngine, token: str) -> web.Application:
-    app = web.Application(middlewares=[guard], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[token_guard()], client_max_size=MAX_BODY_BYTES)
     app[ENGINE_KEY] = engine
     app[TOKEN_KEY] = token
     app.router.add_get("/v1/health", health)
@@ -220,23 +140,10 @@ def build_app(engine: EdgeEngine, token: str) -> web.Application:
     return app
 
 
-async def start_app(
-    app: web.Application, state_dir: Path, host: str, port: int
-) -> tuple[web.AppRunner, int]:
-    """Start ``app`` on ``host:port``; the bound port (useful with port 0) is returned and
-    written to ``<state_dir>/api-port`` for the CLI."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    addresses = runner.addresses
-    bound = int(addresses[0][1]) if addresses else port
-    (state_dir / "api-port").write_text(f"{bound}\n")
-    return runner, bound
-
-
-async def serve(engine: EdgeEngine, host: str, port: int) -> web.AppRunner:
-    """Start the API; the bound port (useful with port 0) lands in ``engine.api_port``."""
+async def serve(engine: EdgeEngine) -> web.AppRunner:
+    """Start the API on ``[edge] api_host:api_port``; the bound port (useful with port 0)
+    lands in ``engine.api_port``."""
+    host, port = engine.edge.api_host, engine.edge.api_port
     token = load_or_create_token(engine.state_dir)
     runner, engine.api_port = await start_app(
         build_app(engine, token), engine.state_dir, host, port

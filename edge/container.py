@@ -1,7 +1,7 @@
 """Per-architecture workload images on a node: which image a task runs, and how.
 
 Role: the article's per-architecture images. A task spec may name one image per architecture
-(``TaskSpec.images``, validated in :mod:`edgesched.edge.spec`); the core places such a task
+(``TaskSpec.images``, validated in :mod:`edgesched.core.task`); the core places such a task
 only on a node whose architecture has one (``Task.runs_on``). On the node, the executor asks
 this module what to run:
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from edgesched.core.model import Arch
-from edgesched.edge.spec import TaskSpec
+from edgesched.core.task import TaskSpec
 
 #: Environment of a task with images: the reference and the node's architecture.
 IMAGE_ENV = "EDGESCHED_IMAGE"

@@ -40,14 +40,7 @@ from edgesched.core.classdemand import ClassDemand
 from edgesched.core.model import Decision, DecisionKind, Node, Placement
 from edgesched.core.policy import PolicyMode
 from edgesched.core.scheduler import ClusterView, schedule
-from edgesched.edge.agent import Agent, Sample
-from edgesched.edge.executor import Executor, ExecutorError, ExitEvent
-from edgesched.edge.hal import HardwareProfile, default_power_model, discover, to_node
-from edgesched.edge.link import CentralLink
-from edgesched.edge.metrics import EdgeMetrics
-from edgesched.edge.power import PowerControl
-from edgesched.edge.qualify import QualificationReport
-from edgesched.edge.spec import (
+from edgesched.core.task import (
     Assignment,
     RestartPolicy,
     SpecError,
@@ -55,12 +48,20 @@ from edgesched.edge.spec import (
     TaskSpec,
     TaskState,
 )
-from edgesched.edge.store import Store, StoreError, StoreFullError
+from edgesched.edge.agent import Agent, Sample
+from edgesched.edge.executor import Executor, ExecutorError, ExitEvent
+from edgesched.edge.hal import HardwareProfile, default_power_model, discover, to_node
+from edgesched.edge.link import CentralLink
+from edgesched.edge.metrics import EdgeMetrics
+from edgesched.edge.power import PowerControl
+from edgesched.edge.qualify import QualificationReport
 from edgesched.policies.models import ActiveModels
+from edgesched.rest.server import ApiStarter
 from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.session import MqttSession, wait_event
+from edgesched.sync.store import Store, StoreError, StoreFullError
 from edgesched.sync.telemetry import Telemetry, TelemetryPublisher
 
 log = logging.getLogger("edgesched.edge.engine")
@@ -113,7 +114,10 @@ class EdgeEngine:
         hal_root: Path = Path("/"),
         clock: Callable[[], float] = time.time,
         max_page_count: int | None = None,
+        api: ApiStarter[EdgeEngine] | None = None,
     ) -> None:
+        """``api`` starts the node's HTTP API once the engine is up (``edgesched.serve`` wires
+        in :func:`edgesched.edge.api.serve`); without it the engine serves no API."""
         if not config.edge.node_id:
             raise ValueError("edge.node_id: missing (required to run an edge node)")
         self.config = config
@@ -122,6 +126,7 @@ class EdgeEngine:
         self.hal_root = hal_root
         self.clock = clock
         self.max_page_count = max_page_count
+        self._api = api
         self.metrics = EdgeMetrics()
         self.link = CentralLink(self.edge.node_id, self.edge.mqtt)
         self.telemetry = TelemetryPublisher(self.edge.node_id)
@@ -173,8 +178,6 @@ class EdgeEngine:
 
     async def run(self) -> None:
         """Recover from SQLite, then run every loop until :meth:`stop`. Tasks keep running."""
-        from edgesched.edge.api import serve  # the API module imports this one
-
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._store = await Store.open(
             self.state_dir / "edge.db", max_page_count=self.max_page_count
@@ -200,7 +203,7 @@ class EdgeEngine:
             await self._mirror_all()
             await self._seed_demand()
             async with asyncio.TaskGroup() as group:
-                runner = await serve(self, self.edge.api_host, self.edge.api_port)
+                runner = None if self._api is None else await self._api(self)
                 loops: list[asyncio.Task[None]] = []
                 try:
                     loops = [
@@ -228,7 +231,8 @@ class EdgeEngine:
                 finally:
                     for task in loops:
                         task.cancel()
-                    await runner.cleanup()
+                    if runner is not None:
+                        await runner.cleanup()
         finally:
             if self._executor is not None:
                 await self._executor.aclose()

@@ -1,6 +1,6 @@
 """Run an edge node's tasks as real processes that outlive the engine which started them.
 
-Role: the edge sub-engine hands a :class:`~edgesched.edge.spec.TaskSpec` to :class:`Executor`,
+Role: the edge sub-engine hands a :class:`~edgesched.core.task.TaskSpec` to :class:`Executor`,
 which starts it as a process, limits and pins it, captures its output, reports its exit, and
 stops it on request. The engine may be SIGKILLed or restarted at any time; its tasks keep
 running, and the next engine *adopts* them by ``(pid, started_at)`` instead of starting them
@@ -68,9 +68,9 @@ from typing import Any, Literal
 import psutil
 
 from edgesched.core.model import Arch
+from edgesched.core.task import TaskSpec
 from edgesched.edge.container import NoImage, container_argv, image_env, image_for
 from edgesched.edge.hal import UnsupportedHardware, arch_of
-from edgesched.edge.spec import TaskSpec
 from edgesched.sync.session import wait_event
 
 __all__ = ["Executor", "ExecutorError", "ExitEvent", "LimitsVia", "ProcessHandle"]

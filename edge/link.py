@@ -22,22 +22,13 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.config import MqttConfig
 from edgesched.sync.session import checked
-from edgesched.sync.topics import HEARTBEAT_TOPIC, json_object, status_topic
+from edgesched.sync.topics import HEARTBEAT_TOPIC, parse_heartbeat, status_topic
 
 log = logging.getLogger("edgesched.edge.link")
 
 #: A heartbeat larger than this is not a heartbeat.
-MAX_HEARTBEAT_BYTES = 4096
 
 __all__ = ["HEARTBEAT_TOPIC", "CentralLink", "parse_heartbeat", "status_topic"]
-
-
-def parse_heartbeat(payload: bytes) -> dict[str, object]:
-    """A heartbeat is a small JSON object naming the central that sent it; else ValueError."""
-    data = json_object(payload, "heartbeat", MAX_HEARTBEAT_BYTES)
-    if not isinstance(data.get("central"), str):
-        raise ValueError("heartbeat must be a JSON object with a string 'central'")
-    return data
 
 
 class CentralLink:

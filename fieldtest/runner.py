@@ -30,8 +30,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +53,7 @@ from edgesched.fieldtest.scenarios import BREAKS, SCENARIOS, Fault, Topology, sc
 from edgesched.fieldtest.workload import TidalWindow, submit_loop
 from edgesched.localbroker import mosquitto_path
 from edgesched.ports import free_port
+from edgesched.rest.client import ApiClient, ApiError, ApiTarget
 
 KEEPALIVE_S = 2
 LEASE_S = 2.0
@@ -130,16 +129,8 @@ class Service:
     proc: Proc
     state: Path
 
-    def _request(self, method: str, path: str, body: Any = None) -> urllib.request.Request:
-        token = (self.state / "api-token").read_text().strip()
-        port = int((self.state / "api-port").read_text())
-        data = None if body is None else json.dumps(body).encode()
-        return urllib.request.Request(
-            f"http://127.0.0.1:{port}{path}",
-            data=data,
-            method=method,
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-        )
+    def _client(self) -> ApiClient:
+        return ApiClient(ApiTarget.from_state_dir(self.state))
 
     def _call(self, go: Callable[[], Any]) -> Any:
         host = self.proc.host
@@ -148,25 +139,24 @@ class Service:
     def http(
         self, method: str, path: str, body: Any = None, *, timeout: float = 5.0
     ) -> tuple[int, Any]:
-        request = self._request(method, path, body)
+        client = self._client()
 
         def go() -> tuple[int, Any]:
-            try:
-                with urllib.request.urlopen(request, timeout=timeout) as resp:
-                    return resp.status, json.loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                return exc.code, json.loads(exc.read() or b"null")
+            resp = client.request(method, path, body, timeout=timeout)
+            return resp.status, resp.body
 
         result: tuple[int, Any] = self._call(go)
         return result
 
     def text(self, path: str) -> str:
         """A plain-text GET (``/metrics``)."""
-        request = self._request("GET", path)
+        client = self._client()
 
         def go() -> str:
-            with urllib.request.urlopen(request, timeout=5) as resp:
-                return str(resp.read().decode())
+            resp = client.request("GET", path, timeout=5)
+            if resp.status != 200:
+                raise ApiError(resp.status, resp.body, client.target.base_url + path)
+            return str(resp.body)
 
         result: str = self._call(go)
         return result

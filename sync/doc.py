@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 from pycrdt import Doc, Map, Subscription, TransactionEvent
 
 if TYPE_CHECKING:
-    from edgesched.edge.store import Store
+    from edgesched.sync.store import Store
 
 log = logging.getLogger("edgesched.sync.doc")
 

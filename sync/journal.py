@@ -16,11 +16,11 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from edgesched.edge.store import StoreError
+from edgesched.sync.store import StoreError
 
 if TYPE_CHECKING:
-    from edgesched.edge.store import Store
     from edgesched.sync.doc import SyncedDoc
+    from edgesched.sync.store import Store
 
 log = logging.getLogger("edgesched.sync.journal")
 

@@ -61,3 +61,15 @@ def json_object(payload: bytes, what: str, max_bytes: int) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{what} must be a JSON object")
     return data
+
+
+#: Largest heartbeat payload accepted (bytes).
+MAX_HEARTBEAT_BYTES = 4096
+
+
+def parse_heartbeat(payload: bytes) -> dict[str, object]:
+    """A heartbeat is a small JSON object naming the central that sent it; else ValueError."""
+    data = json_object(payload, "heartbeat", MAX_HEARTBEAT_BYTES)
+    if not isinstance(data.get("central"), str):
+        raise ValueError("heartbeat must be a JSON object with a string 'central'")
+    return data

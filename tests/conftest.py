@@ -10,8 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ import pytest
 from edgesched.edge.executor import kill_leftovers
 from edgesched.localbroker import mosquitto_path
 from edgesched.ports import free_port, wait_for_port
+from edgesched.rest.client import ApiClient, ApiTarget
 
 __all__ = ["free_port", "wait_for_port"]  # the tests import them from here
 
@@ -188,18 +187,11 @@ class EdgeNode:
         auth: bool = True,
         raw: bytes | None = None,
     ) -> tuple[int, Any]:
-        headers = {"Content-Type": "application/json"}
-        if auth:
-            headers["Authorization"] = "Bearer " + (self.state / "api-token").read_text().strip()
-        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        req = urllib.request.Request(self.url(path), data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                payload = resp.read()
-                ctype = resp.headers.get("Content-Type", "")
-                return resp.status, json.loads(payload) if "json" in ctype else payload.decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"null")
+        token = (self.state / "api-token").read_text().strip() if auth else ""
+        port = int((self.state / "api-port").read_text())
+        client = ApiClient(ApiTarget(f"http://127.0.0.1:{port}", token))
+        resp = client.request(method, path, body, auth=auth, raw=raw)
+        return resp.status, resp.body
 
     def get(self, path: str, *, auth: bool = True) -> tuple[int, Any]:
         return self.request("GET", path, auth=auth)

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from edgesched.central.liveness import Liveness, parse_status
 from edgesched.central.replicas import NodeReplicas, parse_sync_topic
-from edgesched.edge.store import Store
 from edgesched.sync import wire
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.session import Endpoint, MqttSession
+from edgesched.sync.store import Store
 
 
 def status(node: str, state: str) -> bytes:

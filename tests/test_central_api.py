@@ -14,6 +14,7 @@ from conftest import free_port
 
 from edgesched.central.engine import CentralEngine
 from edgesched.config import CentralConfig, EdgeschedConfig, MqttConfig
+from edgesched.serve import central_engine
 
 
 class Api:
@@ -46,7 +47,7 @@ async def start(tmp_path: Path, **central: Any) -> tuple[CentralEngine, asyncio.
             **central,
         )
     )
-    engine = CentralEngine(cfg)
+    engine = central_engine(cfg)
     task = asyncio.create_task(engine.run())
     async with asyncio.timeout(10):
         await engine.wait_ready()

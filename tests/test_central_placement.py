@@ -20,7 +20,7 @@ from edgesched.central.placement import (
     reconcile,
 )
 from edgesched.core.policy import PolicyConfig
-from edgesched.edge.spec import TaskSpec
+from edgesched.core.task import TaskSpec
 from edgesched.sync.reconcile import ReconcilePolicy
 
 

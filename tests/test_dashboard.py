@@ -41,6 +41,7 @@ from edgesched.central.api import build_app
 from edgesched.central.engine import CentralEngine
 from edgesched.config import CentralConfig, EdgeschedConfig, MqttConfig
 from edgesched.fieldtest.faultproxy import FaultProxy
+from edgesched.serve import central_engine
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -68,7 +69,7 @@ async def central(tmp_path: Path) -> AsyncIterator[tuple[CentralEngine, asyncio.
             mqtt=MqttConfig(port=free_port(), reconnect_max_s=1.0),
         )
     )
-    engine = CentralEngine(cfg)
+    engine = central_engine(cfg)
     task = asyncio.create_task(engine.run())
     try:
         async with asyncio.timeout(10):

@@ -18,9 +18,10 @@ import pytest
 from conftest import Broker, EdgeNode, kill_task_processes, write_edge_config
 
 from edgesched.config import parse_config
-from edgesched.edge.engine import EdgeEngine, SubmitError
+from edgesched.core.task import TaskSpec
+from edgesched.edge.engine import SubmitError
 from edgesched.edge.link import HEARTBEAT_TOPIC, status_topic
-from edgesched.edge.spec import TaskSpec
+from edgesched.serve import edge_engine
 
 
 def marker_task(tid: str, starts: Path, seconds: int = 300, **extra: Any) -> dict[str, Any]:
@@ -248,7 +249,7 @@ async def test_full_disk_refuses_submissions_and_keeps_running_tasks(tmp_path: P
             }
         }
     )
-    engine = EdgeEngine(config, max_page_count=40)  # a tiny database: SQLITE_FULL soon
+    engine = edge_engine(config, max_page_count=40)  # a tiny database: SQLITE_FULL soon
     runner = asyncio.create_task(engine.run())
     try:
         await asyncio.wait_for(engine.wait_ready(), 20)

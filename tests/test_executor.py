@@ -21,15 +21,15 @@ from pathlib import Path
 import psutil
 import pytest
 
+from edgesched.core.task import Limits, TaskSpec
 from edgesched.edge.executor import Executor, ExecutorError, ExitEvent, ProcessHandle
-from edgesched.edge.spec import Limits, TaskSpec
 
 CORES = sorted(os.sched_getaffinity(0))
 ENGINE = """
 import asyncio, json, sys
 from pathlib import Path
 from edgesched.edge.executor import Executor
-from edgesched.edge.spec import TaskSpec
+from edgesched.core.task import TaskSpec
 
 async def main() -> None:
     ex = Executor(Path(sys.argv[1]), cgroup_parent=None)

@@ -29,9 +29,9 @@ from edgesched.config import CentralConfig, ConfigError, EdgeConfig, parse_confi
 from edgesched.core.model import Arch, PowerModel, Resources, ServerClass, Task
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.scheduler import ClusterView, schedule
+from edgesched.core.task import SpecError, TaskSpec
 from edgesched.edge.container import container_argv, image_for
 from edgesched.edge.executor import Executor, ExecutorError, kill_leftovers
-from edgesched.edge.spec import SpecError, TaskSpec
 from edgesched.install import (
     DEFAULT_ETC_DIR,
     Role,

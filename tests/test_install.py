@@ -27,8 +27,8 @@ from typer.testing import CliRunner, Result
 
 from edgesched.cli import app
 from edgesched.config import default_config_toml, load_config
+from edgesched.core.task import TaskSpec
 from edgesched.edge.executor import Executor, kill_leftovers
-from edgesched.edge.spec import TaskSpec
 from edgesched.sync.security import issue, make_ca
 from edgesched.tomlwrite import toml_dumps
 from edgesched.unit import UnitParams, render_unit

@@ -24,9 +24,11 @@ from openapi_spec_validator import validate
 
 from edgesched.central.api import build_app as build_central_app
 from edgesched.central.engine import CentralEngine
-from edgesched.central.openapi import EXTENDER_FLAG, central_document, edge_document
+from edgesched.central.openapi import EXTENDER_FLAG, central_document
 from edgesched.config import CentralConfig, EdgeschedConfig, MqttConfig
 from edgesched.edge.api import build_app as build_edge_app
+from edgesched.edge.openapi import edge_document
+from edgesched.serve import central_engine
 
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 #: Never fuzzed: an event stream that only ends when the client goes.
@@ -39,7 +41,7 @@ POSITIVE_OK = ["2xx", "3xx", "401", "403", "404", "409", "422"]
 
 
 def _central_engine(tmp_path: Path, **central: Any) -> CentralEngine:
-    return CentralEngine(
+    return central_engine(
         EdgeschedConfig(
             central=CentralConfig(
                 state_dir=str(tmp_path / "central"),
@@ -98,7 +100,7 @@ def test_edge_routes_and_the_document_match() -> None:
 
 def test_the_task_spec_schema_is_the_parser_s() -> None:
     """Enums and required fields of the TaskSpec schema, against TaskSpec.from_json."""
-    from edgesched.edge.spec import SpecError, TaskSpec
+    from edgesched.core.task import SpecError, TaskSpec
 
     spec = central_document()["components"]["schemas"]["TaskSpec"]
     props = spec["properties"]

@@ -1,4 +1,4 @@
-"""Tests for the edge node's durable SQLite store (edgesched.edge.store).
+"""Tests for the edge node's durable SQLite store (edgesched.sync.store).
 
 Real SQLite files in ``tmp_path``, no mocks: round trips, durability across reopen and across
 SIGKILL of a writing child process, corrupt and truncated file recovery, schema migration and
@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgesched.core.model import Arch, Decision, DecisionKind, ServerClass
-from edgesched.edge.spec import Limits, RestartPolicy, TaskRecord, TaskSpec, TaskState
-from edgesched.edge.store import (
+from edgesched.core.task import Limits, RestartPolicy, TaskRecord, TaskSpec, TaskState
+from edgesched.sync.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     Store,
@@ -429,8 +429,8 @@ _CHILD = textwrap.dedent(
     import asyncio, sys
     from pathlib import Path
     from edgesched.core.model import Decision, DecisionKind
-    from edgesched.edge.spec import TaskRecord, TaskSpec, TaskState
-    from edgesched.edge.store import Store
+    from edgesched.core.task import TaskRecord, TaskSpec, TaskState
+    from edgesched.sync.store import Store
 
     async def main(path: str, first: int) -> None:
         store = await Store.open(Path(path))
@@ -518,7 +518,7 @@ async def test_garbage_in_the_middle_is_moved_aside_and_salvaged(
         f.seek(page * 4096)
         f.write(random.Random(7).randbytes(3 * 4096))
 
-    with caplog.at_level(logging.WARNING, logger="edgesched.edge.store"):
+    with caplog.at_level(logging.WARNING, logger="edgesched.sync.store"):
         store = await Store.open(path)
     try:
         rec = store.recovery
@@ -725,7 +725,7 @@ async def test_disk_full_then_space_freed_in_place(tmp_path: Path) -> None:
 
 
 async def test_central_assignment_round_trips(tmp_path: Path) -> None:
-    from edgesched.edge.spec import Assignment, TaskRecord, TaskSpec, TaskState
+    from edgesched.core.task import Assignment, TaskRecord, TaskSpec, TaskState
 
     spec = TaskSpec.from_json({"id": "svc", "command": ["sleep", "1"]})
     record = TaskRecord(

@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pycrdt import Map
 
-from edgesched.edge.store import Store
 from edgesched.sync.doc import (
     NodeDoc,
     PolicyDoc,
@@ -24,6 +23,7 @@ from edgesched.sync.doc import (
     decode_state_vector,
     normalise,
 )
+from edgesched.sync.store import Store
 
 KEYS = st.sampled_from(["a", "b", "c", "d", "e"])
 SCALARS = (

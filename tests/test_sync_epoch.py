@@ -15,14 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pycrdt import YSyncMessageType
 
-from edgesched.edge.store import (
-    _TABLES,
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    Store,
-    StoreError,
-    _readable_rows,
-)
 from edgesched.sync import wire
 from edgesched.sync.doc import (
     EpochError,
@@ -32,6 +24,14 @@ from edgesched.sync.doc import (
     RotationPolicy,
     SiteDoc,
     client_id_for,
+)
+from edgesched.sync.store import (
+    _TABLES,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Store,
+    StoreError,
+    _readable_rows,
 )
 from edgesched.sync.wire import FrameError, Kind, Reassembler
 

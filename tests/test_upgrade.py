@@ -40,7 +40,7 @@ from conftest import (
 )
 
 from edgesched.bundle import host_arch
-from edgesched.edge.store import SCHEMA_VERSION
+from edgesched.sync.store import SCHEMA_VERSION
 from edgesched.upgrade import (
     Layout,
     Node,
@@ -55,7 +55,7 @@ from edgesched.upgrade import (
 REPO = Path(__file__).resolve().parents[1]
 TARGET_PY = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
 
-# One more schema step, appended to the copy's edge/store.py (never to this checkout).
+# One more schema step, appended to the copy's sync/store.py (never to this checkout).
 NEWER_SCHEMA = """
 # test_upgrade: this release's schema is one step newer
 MIGRATIONS = (*MIGRATIONS, ("CREATE TABLE upgrade_probe (x INTEGER)",))
@@ -113,10 +113,10 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("releases")
     jobs = {
         "0.0.1": (root / "a", {}, False),
-        "0.0.2": (root / "b", {"edge/store.py": NEWER_SCHEMA}, False),
+        "0.0.2": (root / "b", {"sync/store.py": NEWER_SCHEMA}, False),
         "0.0.3": (
             root / "c",
-            {"edge/store.py": NEWER_SCHEMA, "edge/engine.py": BROKEN_ENGINE},
+            {"sync/store.py": NEWER_SCHEMA, "edge/engine.py": BROKEN_ENGINE},
             True,  # a tarball, as shipped
         ),
     }

@@ -22,7 +22,7 @@ One transition, for an upgrade and a rollback alike (:func:`_transition`):
 
 ``<prefix>/upgrades.json`` records every transition (from, to, backup, outcome); a rollback
 goes back to the release the last successful transition came from. The database schema a
-release understands is asked from that release itself (``edgesched.edge.store``'s
+release understands is asked from that release itself (``edgesched.sync.store``'s
 ``SCHEMA_VERSION``), so a rollback past a schema migration is refused unless told to restore
 the backup, which forgets what changed since the upgrade. Successful upgrades keep ``keep``
 older releases and prune the rest (and their backups).
@@ -383,7 +383,7 @@ def supported_schema(release: Path) -> int:
         [
             str(release / "bin" / "python"),
             "-c",
-            "from edgesched.edge.store import SCHEMA_VERSION; print(SCHEMA_VERSION)",
+            "from edgesched.sync.store import SCHEMA_VERSION; print(SCHEMA_VERSION)",
         ],
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -18,6 +18,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from edgesched.config import ConfigError, EdgeschedConfig, default_config_toml, load_config
 from edgesched.version import __version__
+
+if TYPE_CHECKING:
+    from edgesched.rest.client import ApiClient
 
 app = typer.Typer(
     name="edgesched",
@@ -223,11 +226,11 @@ def edge_run(
 ) -> None:
     """Run the edge sub-engine in the foreground until SIGTERM or Ctrl-C (tasks keep running)."""
     import asyncio
-    import signal
 
-    from edgesched.edge.engine import EdgeEngine, IdentityError
+    from edgesched.edge.engine import IdentityError
     from edgesched.edge.hal import UnsupportedHardware
-    from edgesched.edge.store import StoreError
+    from edgesched.serve import edge_engine, run_until_signalled
+    from edgesched.sync.store import StoreError
 
     cfg = _load(config)
     if not cfg.edge.node_id:
@@ -238,59 +241,38 @@ def edge_run(
         fail(f"edge.mqtt: {exc}")
     _logging(log_level)
 
-    async def main_async() -> None:
-        engine = EdgeEngine(cfg, hal_root=Path(cfg.edge.hal_root), clock=_clock())
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, engine.stop)
-        await engine.run()
-
     try:
-        asyncio.run(main_async())
+        asyncio.run(run_until_signalled(edge_engine(cfg, clock=_clock())))
     except (StoreError, IdentityError, UnsupportedHardware, OSError) as exc:
         fail(str(exc), 1)
 
 
-def _api_client(config: Path, tier: str) -> tuple[str, str]:
-    """(base URL, token) of the API of the ``tier`` ("edge" or "central") in ``config``."""
+def _api_client(config: Path, tier: str) -> ApiClient:
+    """A client of the API of the ``tier`` ("edge" or "central") running from ``config``."""
+    from edgesched.rest.client import ApiClient, ApiTarget
+
     cfg = _load(config)
     section = cfg.edge if tier == "edge" else cfg.central
     state = Path(section.state_dir)
     try:
-        token = (state / "api-token").read_text().strip()
-        port = int((state / "api-port").read_text().strip())
+        target = ApiTarget.from_state_dir(state, section.api_host)
     except (OSError, ValueError):
         fail(f"no running {tier} found in {state} (start it with: edgesched {tier} run)")
-    host = section.api_host if ":" not in section.api_host else f"[{section.api_host}]"
-    return f"http://{host}:{port}", token
+    return ApiClient(target)
 
 
 def _call(
     config: Path, method: str, path: str, body: object | None = None, tier: str = "edge"
 ) -> Any:
-    import urllib.error
-    import urllib.request
+    from edgesched.rest.client import ApiError, Unreachable
 
-    base, token = _api_client(config, tier)
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        base + path,
-        data=data,
-        method=method,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
+    client = _api_client(config, tier)
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read())
-            where = f"{detail['field']}: " if detail.get("field") else ""
-            fail(f"{where}{detail.get('detail', exc.reason)} (HTTP {exc.code})")
-        except (ValueError, KeyError):
-            fail(f"HTTP {exc.code}: {exc.reason}")
-    except (urllib.error.URLError, OSError) as exc:
-        fail(f"cannot reach the {tier} at {base}: {exc}")
+        return client.call(method, path, body)
+    except Unreachable as exc:
+        fail(f"cannot reach the {tier}: {exc}")
+    except ApiError as exc:
+        fail(str(exc))
 
 
 @edge_app.command("status")
@@ -414,8 +396,8 @@ def central_run(
     """Run the central engine until SIGTERM/SIGINT: fan-in of node documents, heartbeat, API."""
     import asyncio
 
-    from edgesched.central.engine import CentralEngine, run_until_signalled
-    from edgesched.edge.store import StoreError
+    from edgesched.serve import central_engine, run_until_signalled
+    from edgesched.sync.store import StoreError
 
     cfg = _load(config)
     try:
@@ -424,7 +406,7 @@ def central_run(
         fail(f"central.mqtt: {exc}")
     _logging(log_level)
     try:
-        asyncio.run(run_until_signalled(CentralEngine(cfg, clock=_clock())))
+        asyncio.run(run_until_signalled(central_engine(cfg, clock=_clock())))
     except (StoreError, OSError) as exc:
         fail(str(exc), 1)
 

@@ -36,9 +36,9 @@ from urllib.parse import quote
 import aiosqlite
 
 from edgesched.core.model import Decision
-from edgesched.edge.spec import Assignment, TaskRecord, TaskSpec, TaskState
+from edgesched.core.task import Assignment, TaskRecord, TaskSpec, TaskState
 
-log = logging.getLogger("edgesched.edge.store")
+log = logging.getLogger("edgesched.sync.store")
 
 _T = TypeVar("_T")
 
@@ -108,7 +108,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 3: document epochs (sync/doc.py): the snapshot's epoch; the log after it shares it
     ("ALTER TABLE doc_snapshots ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",),
-    # 4: central's placement of a task (edge/spec.py Assignment as JSON; '' for local tasks)
+    # 4: central's placement of a task (core/task.py Assignment as JSON; '' for local tasks)
     ("ALTER TABLE tasks ADD COLUMN assignment TEXT NOT NULL DEFAULT ''",),
 )
 #: The schema version this code writes.

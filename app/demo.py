@@ -58,6 +58,7 @@ from edgesched.edge.fakehw import SERVER_KINDS, ServerKind, build_server
 from edgesched.edge.hal import default_power_model, discover, to_node
 from edgesched.fieldtest.faultproxy import FaultProxy
 from edgesched.localbroker import LocalBroker, start_local_broker
+from edgesched.rest.client import ApiError, ApiTarget, AsyncApiClient
 
 DAY_S = 86_400.0
 #: When the node is cut off, and when the fleet switches to energy mode (simulated time).
@@ -443,26 +444,21 @@ def write_config(path: Path, sections: dict[str, dict[str, object]]) -> Path:
 
 
 class Api:
-    """A small JSON client for one process's API (bearer token)."""
+    """The shared REST client, bound to one child process (its URL and token)."""
 
     def __init__(self, session: aiohttp.ClientSession, child: Child) -> None:
-        self.session = session
         self.child = child
-        self.base = child.base_url()
-        self.headers = {"Authorization": f"Bearer {child.token()}"}
+        self.client = AsyncApiClient(session, ApiTarget(child.base_url(), child.token()))
 
     async def call(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
-        async with self.session.request(
-            method, self.base + path, json=body, headers=self.headers
-        ) as resp:
-            data = await resp.json(content_type=None)
-            return resp.status, data
+        resp = await self.client.request(method, path, body)
+        return resp.status, resp.body
 
     async def get(self, path: str) -> Any:
-        status, data = await self.call("GET", path)
-        if status != 200:
-            raise DemoError(f"{self.child.name}: GET {path} answered {status}: {data}")
-        return data
+        try:
+            return await self.client.call("GET", path)
+        except ApiError as exc:
+            raise DemoError(f"{self.child.name}: GET {path}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- the display
@@ -737,7 +733,7 @@ async def _run_in(
         await asyncio.to_thread(central.start, workdir)
         await _wait_ready(central, session)
         fleet.capi = Api(session, central)
-        url = f"{fleet.capi.base}/dashboard/#token={central.token()}"
+        url = f"{central.base_url()}/dashboard/#token={central.token()}"
         ui.info(f"dashboard: {url}")
         stack.push_async_callback(stop_nodes)
         for sim in sims:
