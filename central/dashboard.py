@@ -110,7 +110,7 @@ def snapshot(engine: CentralEngine) -> dict[str, Any]:
     for task_id, entry in sorted(assignments.items()):
         view = engine.task_view(task_id, entry)
         view["decided_by"] = {
-            node_id: str(reported.get("decided_by") or "")
+            node_id: reported.decided_by
             for node_id, node_tasks in docs_tasks.items()
             if (reported := node_tasks.get(task_id)) is not None
         }
@@ -118,19 +118,19 @@ def snapshot(engine: CentralEngine) -> dict[str, Any]:
     own = []
     for node_id, node_tasks in docs_tasks.items():
         for task_id, reported in node_tasks.items():
-            if task_id in assignments or reported.get("assignment") is not None:
+            if task_id in assignments or reported.assignment is not None:
                 continue
             own.append(
                 {
                     "id": task_id,
                     "node": node_id,
-                    "state": reported.get("state"),
-                    "decided_by": reported.get("decided_by"),
-                    "workload": reported.get("workload"),
-                    "updated_at": reported.get("updated_at"),
+                    "state": reported.state.value,
+                    "decided_by": reported.decided_by,
+                    "workload": reported.workload,
+                    "updated_at": reported.updated_at,
                 }
             )
-    own.sort(key=lambda t: (-float(t.get("updated_at") or 0.0), t["node"], t["id"]))
+    own.sort(key=lambda t: (-float(t["updated_at"]), t["node"], t["id"]))
     return {
         "status": engine.status(),
         "policy": engine.policy_view(),

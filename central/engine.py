@@ -29,7 +29,7 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,7 +39,6 @@ from edgesched.central.heartbeat import CentralPeers, Heartbeat
 from edgesched.central.liveness import Liveness, NodeStatus
 from edgesched.central.metrics import CentralMetrics
 from edgesched.central.placement import (
-    ACTIVE_STATES,
     FleetView,
     assignment_entry,
     failovers,
@@ -51,11 +50,11 @@ from edgesched.central.placement import (
 from edgesched.central.power import PARKED, power_orders, reported, with_power
 from edgesched.central.replicas import NodeReplicas
 from edgesched.central.telemetry import TelemetryCollector
-from edgesched.config import EdgeschedConfig
+from edgesched.config import EdgeschedConfig, builtin_profiles
 from edgesched.core.classdemand import ClassDemand
 from edgesched.core.model import Node, Placement
 from edgesched.core.policy import PolicyConfig, PolicyMode
-from edgesched.core.task import SpecError, TaskSpec
+from edgesched.core.task import TaskSpec
 from edgesched.policies.models import ActiveModels, ModelBlob
 from edgesched.policies.ortsession import ModelLoadError
 from edgesched.rest.server import ApiStarter
@@ -63,6 +62,15 @@ from edgesched.sync.doc import PolicyDoc, client_id_for
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.reconcile import ReconcilePolicy
+from edgesched.sync.schema import (
+    AssignmentEntry,
+    AssignmentState,
+    ModelEntry,
+    PowerOrder,
+    StopOrder,
+    TaskReport,
+    TidalEntry,
+)
 from edgesched.sync.session import MqttSession, wait_event
 from edgesched.sync.store import Store, StoreError
 
@@ -289,10 +297,8 @@ class CentralEngine:
         replica = self.replicas.replicas.get(node_id)
         if replica is None:
             return None
-        about: Any = replica.content().get("node") or {}
-        registration: Any = about.get("registration") or {}
-        site = registration.get("site") if isinstance(registration, dict) else None
-        return site if isinstance(site, str) else None
+        registration = replica.doc.registration()
+        return None if registration is None else registration.site
 
     def is_fresh(self, node_id: str) -> bool:
         """Whether the node's replica is current: online, and a full resync answered since."""
@@ -311,26 +317,18 @@ class CentralEngine:
     def _view(self) -> FleetView:
         """The fleet as central sees it now, with assignments their node has not reported yet
         counted on it (so a burst of submissions does not pile onto one node)."""
-        docs = {n: r.content() for n, r in self.replicas.replicas.items()}
+        docs = self.replicas.views()
         status = {n: self.liveness.state(n) for n in docs}
         view = fleet_view(docs, status, self.clock())
         # Parked and waking nodes are no placement targets (the core sees their state).
         view = with_power(view, {n: reported(c) for n, c in docs.items()}, self._orders())
         # Reported in any state: a task its node has finished no longer holds anything there.
-        listed: set[tuple[str, str]] = set()
-        for node_id, content in docs.items():
-            tasks: Any = content.get("tasks") or {}
-            listed.update((task_id, node_id) for task_id in tasks)
         extra = []
         for task_id, entry in _need(self.policy).assignments().items():
-            node = entry.get("node")
-            if entry.get("state") != "active" or (task_id, node) in listed:
+            node = docs.get(entry.node)
+            if not entry.active or (node is not None and task_id in node.tasks):
                 continue
-            try:
-                spec = TaskSpec.from_json(entry.get("spec"))
-            except SpecError:
-                continue
-            extra.append(Placement(spec.to_task(view.now), str(node), view.now))
+            extra.append(Placement(entry.task_spec.to_task(view.now), entry.node, view.now))
         return FleetView(view.nodes, view.placements + tuple(extra), view.now, view.unusable)
 
     async def submit(self, spec: TaskSpec, pin: str | None = None) -> dict[str, Any]:
@@ -385,9 +383,8 @@ class CentralEngine:
         entry = assignment_entry(
             spec, pin or "", central=self.central.central_id, epoch=epoch,
             replacement=False, score=0.0, at=self.clock(), reason=reason,
+            state=AssignmentState.PENDING, pin=pin,
         )  # fmt: skip
-        entry["state"] = "pending"
-        entry["pin"] = pin
         _need(self.policy).assign(spec.id, entry)
 
     async def migrate(self, task_id: str, target: str) -> dict[str, Any]:
@@ -399,17 +396,17 @@ class CentralEngine:
             entry = policy.assignment(task_id)
             if entry is None:
                 raise TaskRefused(404, "id", f"no task {task_id!r}")
-            if entry.get("state") != "active":
-                raise TaskRefused(409, "id", f"task {task_id!r} is {entry.get('state')}")
-            source = str(entry.get("node"))
+            if not entry.active:
+                raise TaskRefused(409, "id", f"task {task_id!r} is {entry.state}")
+            source = entry.node
             if target == source:
                 raise TaskRefused(409, "node", f"task {task_id!r} already runs on {target}")
-            spec = TaskSpec.from_json(entry["spec"])
+            spec = entry.task_spec
             choice = place(spec, self._view(), self._policy_config(), pin=target)
             if choice.node_id is None:
                 raise TaskRefused(422, "node", choice.reason)
             now = self.clock()
-            epoch = int(entry.get("epoch", 1))
+            epoch = entry.epoch
             policy.assign(
                 task_id,
                 assignment_entry(
@@ -421,7 +418,7 @@ class CentralEngine:
             policy.order_stop(
                 task_id,
                 source,
-                {"epoch": epoch, "winner": target, "at": now, "reason": f"migrated to {target}"},
+                StopOrder(epoch=epoch, winner=target, at=now, reason=f"migrated to {target}"),
             )
             self._event("migrated", f"{task_id}: {source} -> {target}", node=target, task=task_id)
         await _need(self._journal).flushed()
@@ -435,37 +432,42 @@ class CentralEngine:
             entry = policy.assignment(task_id)
             if entry is None:
                 raise TaskRefused(404, "id", f"no task {task_id!r}")
-            if entry.get("state") != "cancelled":
-                policy.assign(task_id, {**entry, "state": "cancelled", "at": self.clock()})
+            if entry.state is not AssignmentState.CANCELLED:
+                policy.assign(
+                    task_id, replace(entry, state=AssignmentState.CANCELLED, at=self.clock())
+                )
                 self._event("cancelled", f"{task_id} cancelled", task=task_id)
         await _need(self._journal).flushed()
         entry = policy.assignment(task_id)
         assert entry is not None
         return self.task_view(task_id, entry)
 
-    def task_view(self, task_id: str, entry: dict[str, Any]) -> dict[str, Any]:
+    def task_view(self, task_id: str, entry: AssignmentEntry) -> dict[str, Any]:
         """An assignment with what the nodes report of it (the copies, by node)."""
-        copies = {}
+        copies: dict[str, TaskReport] = {}
         for node_id, replica in self.replicas.replicas.items():
             held = replica.doc.task(task_id)
-            if held is not None and held.get("assignment") is not None:
-                copies[node_id] = {
-                    "state": held.get("state"),
-                    "epoch": held["assignment"].get("epoch"),
-                    "updated_at": held.get("updated_at"),
-                }
+            if held is not None and held.assignment is not None:
+                copies[node_id] = held
         return {
             "id": task_id,
-            "state": entry.get("state"),
-            "node": entry.get("node") or None,
-            "epoch": entry.get("epoch"),
-            "replacement": entry.get("replacement"),
-            "score": entry.get("score"),
-            "reason": entry.get("reason"),
-            "at": entry.get("at"),
-            "spec": entry.get("spec"),
-            "copies": copies,
-            "running_on": sorted(n for n, c in copies.items() if c["state"] in ACTIVE_STATES),
+            "state": entry.state.value,
+            "node": entry.node or None,
+            "epoch": entry.epoch,
+            "replacement": entry.replacement,
+            "score": entry.score,
+            "reason": entry.reason,
+            "at": entry.at,
+            "spec": entry.spec,
+            "copies": {
+                n: {
+                    "state": c.state.value,
+                    "epoch": c.assignment.epoch if c.assignment else None,
+                    "updated_at": c.updated_at,
+                }
+                for n, c in copies.items()
+            },
+            "running_on": sorted(n for n, c in copies.items() if c.active),
         }
 
     # --- the control loop -----------------------------------------------------------------
@@ -491,17 +493,12 @@ class CentralEngine:
         now = self.clock()
         view: FleetView | None = None  # built once per step (not per waiting task), then grown
         for _task_id, entry in sorted(policy.assignments().items()):
-            if entry.get("state") != "pending":
+            if entry.state is not AssignmentState.PENDING:
                 continue
-            try:
-                spec = TaskSpec.from_json(entry.get("spec"))
-            except SpecError:
-                continue
-            pin = entry.get("pin")
+            spec = entry.task_spec
             view = self._view() if view is None else view
-            node = self._place(spec, pin=pin if isinstance(pin, str) else None,
-                               epoch=int(entry.get("epoch", 1)), replacement=False,
-                               view=view)  # fmt: skip
+            node = self._place(spec, pin=entry.pin or None, epoch=entry.epoch,
+                               replacement=False, view=view)  # fmt: skip
             if node is not None:
                 placed = Placement(spec.to_task(view.now), node, view.now)
                 view = replace(view, placements=(*view.placements, placed))
@@ -509,12 +506,12 @@ class CentralEngine:
         assignments = policy.assignments()
         for task_id in failovers(assignments, offline_since, now, self.central.failover_after_s):
             entry = assignments[task_id]
-            spec = TaskSpec.from_json(entry["spec"])
-            old = str(entry.get("node"))
+            spec = entry.task_spec
+            old = entry.node
             choice = place(spec, self._view(), self._policy_config(), exclude=[old])
             if choice.node_id is None:
                 continue  # nowhere to go: it stays with its node, which may come back
-            epoch = int(entry.get("epoch", 1)) + 1
+            epoch = entry.epoch + 1
             policy.assign(
                 task_id,
                 assignment_entry(
@@ -538,14 +535,14 @@ class CentralEngine:
             return
         self._pruned_at = now
         policy = _need(self.policy)
-        docs = {n: r.content() for n, r in self.replicas.replicas.items()}
+        docs = self.replicas.views()
         done = prunable(policy.assignments(), docs, now, self.central.assignment_retention_s)
         for task_id in done:
             policy.drop_assignment(task_id)
         if done:
             self._event("pruned", f"{len(done)} finished assignments forgotten")
 
-    def _orders(self) -> dict[str, dict[str, Any]]:
+    def _orders(self) -> dict[str, PowerOrder]:
         return _need(self.policy).power() if self.policy is not None else {}
 
     def _wake_parked(self, now: float) -> None:
@@ -553,54 +550,55 @@ class CentralEngine:
         policy = _need(self.policy)
         orders = policy.power()
         for node_id, replica in self.replicas.replicas.items():
-            report = reported(replica.content())
-            standing = orders.get(node_id) or {}
-            if report.state == PARKED and standing.get("state") != "active":
-                order = {"state": "active", "reason": "parking is off", "at": now}
-                policy.set_power(node_id, order)
+            report = reported(replica.doc.typed())
+            standing = orders.get(node_id)
+            if report.state == PARKED and (standing is None or standing.state != "active"):
+                policy.set_power(
+                    node_id, PowerOrder(state="active", reason="parking is off", at=now)
+                )
                 self._event("wake", f"{node_id}: parking is off", node=node_id)
 
     def _power_step(self) -> None:
         """Park idle nodes beyond what the forecast needs, wake nodes ahead of a peak or for
         waiting work (the core's power stage over the fleet; energy and learned modes)."""
         policy = _need(self.policy)
-        docs = {n: r.content() for n, r in self.replicas.replicas.items()}
+        docs = self.replicas.views()
         reports = {n: reported(c) for n, c in docs.items()}
         orders = policy.power()
         view = self._view()
-        waiting = []
-        for entry in policy.assignments().values():
-            if entry.get("state") == "pending":
-                with contextlib.suppress(SpecError):
-                    waiting.append(TaskSpec.from_json(entry.get("spec")).to_task(view.now))
+        waiting = [
+            entry.task_spec.to_task(view.now)
+            for entry in policy.assignments().values()
+            if entry.state is AssignmentState.PENDING
+        ]
         config = self._policy_config()
         for order in power_orders(view, waiting, self.forecast_cpu, config, orders, reports):
-            policy.set_power(order.node_id, order.to_entry())
+            policy.set_power(order.node_id, order.to_order())
             verb = "park" if order.state == PARKED else "wake"
             self._event(verb, f"{order.node_id}: {order.reason}", node=order.node_id)
 
     def _reconcile(self, now: float) -> None:
         policy = _need(self.policy)
-        docs = {n: r.content() for n, r in self.replicas.replicas.items()}
+        docs = self.replicas.views()
         assignments = policy.assignments()
         stops = policy.stops()
         fresh = self.fresh_nodes()
         for settled in reconcile(assignments, docs, stops, self.reconcile_policy, fresh):
             best = settled.winner
             entry = assignments[settled.task_id]
-            if entry.get("node") != best.node_id:
+            if entry.node != best.node_id:
                 policy.assign(
                     settled.task_id,
-                    {**entry, "node": best.node_id, "epoch": int(entry.get("epoch", 1)) + 1,
-                     "replacement": best.replacement, "at": now,
-                     "reason": f"kept on {best.node_id} by {settled.policy.value}"},
+                    replace(entry, node=best.node_id, epoch=entry.epoch + 1,
+                            replacement=best.replacement, at=now,
+                            reason=f"kept on {best.node_id} by {settled.policy.value}"),
                 )  # fmt: skip
             for loser in settled.losers:
                 policy.order_stop(
                     settled.task_id,
                     loser.node_id,
-                    {"epoch": loser.epoch, "winner": best.node_id, "at": now,
-                     "reason": f"{best.node_id} keeps it ({settled.policy.value})"},
+                    StopOrder(epoch=loser.epoch, winner=best.node_id, at=now,
+                              reason=f"{best.node_id} keeps it ({settled.policy.value})"),
                 )  # fmt: skip
             self._event(
                 "reconciled",
@@ -613,9 +611,9 @@ class CentralEngine:
         # Stop orders are done once the loser reports its copy no longer active.
         for key in stops:
             task_id, _, node_id = key.rpartition("@")
-            tasks: Any = (docs.get(node_id) or {}).get("tasks") or {}
-            entry = tasks.get(task_id)
-            if node_id in docs and (entry is None or entry.get("state") not in ACTIVE_STATES):
+            node = docs.get(node_id)
+            report = None if node is None else node.tasks.get(task_id)
+            if node is not None and (report is None or not report.active):
                 policy.drop_stop(task_id, node_id)
 
     # --- the 15-minute forecast and the models --------------------------------------------
@@ -655,11 +653,9 @@ class CentralEngine:
         for p in view.placements:
             asked[p.task.workload] = asked.get(p.task.workload, 0.0) + p.task.demand.cpu
         for entry in _need(self.policy).assignments().values():
-            spec = entry.get("spec") if entry.get("state") == "pending" else None
-            if isinstance(spec, dict):
-                cls, cpu = spec.get("workload", "default"), spec.get("cpu", 1.0)
-                if isinstance(cls, str) and isinstance(cpu, int | float):
-                    asked[cls] = asked.get(cls, 0.0) + float(cpu)
+            if entry.state is AssignmentState.PENDING:
+                spec = entry.task_spec
+                asked[spec.workload] = asked.get(spec.workload, 0.0) + spec.cpu
         if not self.demand.observe(view.now, asked):
             return False
         capacity = sum(n.capacity.cpu for n in view.nodes)
@@ -678,13 +674,13 @@ class CentralEngine:
     def models_view(self) -> dict[str, Any]:
         """What central runs, what it published, and what each node reports running."""
         published = {
-            kind: {k: v for k, v in entry.items() if k != "data"}
+            kind: {k: v for k, v in entry.to_entry().items() if k != "data"}
             for kind, entry in _need(self.policy).models().items()
         }
         nodes: dict[str, Any] = {}
         for node_id, replica in sorted(self.replicas.replicas.items()):
-            about: Any = replica.content().get("node") or {}
-            nodes[node_id] = about.get("models")
+            reports = replica.doc.model_reports()
+            nodes[node_id] = {k: r.to_entry() for k, r in reports.items()} or None
         return {
             "central": _need(self.models).status(),
             "published": published,
@@ -706,7 +702,7 @@ class CentralEngine:
             models.on_event(kind, "swap")
             raise TaskRefused(422, "model", str(exc)) from None
         async with self._lock:
-            _need(self.policy).set_model(kind, blob.to_entry())
+            _need(self.policy).set_model(kind, ModelEntry.from_entry(blob.to_entry()))
             models.swap(blob)
             self._event(
                 "model", f"{kind} model {name or '?'} (sha256 {blob.sha256[:12]}) published"
@@ -729,8 +725,6 @@ class CentralEngine:
     async def set_policy(self, mode: str | None, tidal: str | None) -> dict[str, Any]:
         """Switch the mode and/or the tidal profile (by name) for central and every node: the
         change is written to the policy document, which cut-off nodes pick up on heal."""
-        from edgesched.config import builtin_profiles
-
         policy = self.config.policy
         if mode is not None:
             try:
@@ -747,10 +741,10 @@ class CentralEngine:
             doc = _need(self.policy)
             self.config = replace(self.config, policy=policy)
             if mode is not None:
-                doc.set_mode(policy.mode.value)
+                doc.set_mode(policy.mode)
             if tidal is not None:
                 self._tidal_name = tidal
-                doc.set_tidal({"profile": tidal})
+                doc.set_tidal(TidalEntry(profile=tidal))
             self._event("policy", f"mode {policy.mode.value}, tidal profile {self._tidal_name}")
         await _need(self._journal).flushed()
         return self.policy_view()
@@ -758,20 +752,19 @@ class CentralEngine:
     def _adopt_policy(self) -> None:
         """At start: what the policy document says (set earlier, maybe by a peer) wins over
         the config file's [policy], so a restart does not undo a switch made at run time."""
-        from edgesched.config import builtin_profiles
-
         doc = _need(self.policy)
         policy = self.config.policy
         mode = doc.mode()
-        if mode in {m.value for m in PolicyMode}:
-            policy = replace(policy, mode=PolicyMode(mode))
-        tidal = (doc.tidal() or {}).get("profile")
-        if isinstance(tidal, str) and tidal in builtin_profiles():
+        if mode is not None:
+            policy = replace(policy, mode=mode)
+        tidal_entry = doc.tidal()
+        tidal = None if tidal_entry is None else tidal_entry.profile
+        if tidal is not None and tidal in builtin_profiles():
             policy = replace(policy, tidal=builtin_profiles()[tidal])
             self._tidal_name = tidal
         self.config = replace(self.config, policy=policy)
         if self.models is not None:  # a peer may have published a model
-            self.models.follow(doc.models())
+            self.models.follow({k: e.to_entry() for k, e in doc.models().items()})
 
     # --- the fleet for the Kubernetes extender --------------------------------------------
 
@@ -801,9 +794,8 @@ class CentralEngine:
         doc = replica.doc
         tasks = doc.tasks()
         states: dict[str, int] = {}
-        for entry in tasks.values():
-            state = str(entry.get("state", "?"))
-            states[state] = states.get(state, 0) + 1
+        for report in tasks.values():
+            states[report.state.value] = states.get(report.state.value, 0) + 1
         status = self.liveness.nodes.get(node_id)
         latest = self.telemetry.latest(node_id)
         heard = replica.peer.heard_at.get(node_id)
@@ -812,7 +804,7 @@ class CentralEngine:
             "status": self.liveness.state(node_id),
             "state": self.node_state(node_id),
             "status_since": None if status is None else status.since,
-            "registration": doc.node().get("registration"),
+            "registration": None if (reg := doc.registration()) is None else reg.to_entry(),
             "document": {
                 "epoch": doc.epoch,
                 "content_hash": doc.content_hash(),
@@ -836,6 +828,11 @@ class CentralEngine:
         rejected["unknown_documents"] = self.replicas.stats["refused_unknown"]
         rejected["status_messages"] = self.liveness.rejected
         rejected["telemetry"] = self.telemetry.rejected
+        refused: Counter[str] = Counter()
+        docs = [r.doc for r in self.replicas.replicas.values()]
+        for doc in [*docs, *([] if self.policy is None else [self.policy])]:
+            refused.update(doc.refusals.by_kind())
+        rejected["schema_entries"] = sum(refused.values())
         return {
             "central": self.central.central_id,
             "uptime_s": round(self.clock() - self.started_at, 3),
@@ -848,6 +845,7 @@ class CentralEngine:
             "policy_hash": None if self.policy is None else self.policy.content_hash(),
             "updates_in": sum(p["updates_in"] + p["step2_in"] for p in peers),
             "rejected": rejected,
+            "refused_entries": dict(sorted(refused.items())),
         }
 
     def refresh_metrics(self) -> None:

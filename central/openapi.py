@@ -83,6 +83,7 @@ def _central_schemas() -> dict[str, Schema]:
         "unknown_documents",
         "status_messages",
         "telemetry",
+        "schema_entries",
     ]
     return {
         "Problem": oa.problem_schema(),
@@ -111,6 +112,9 @@ def _central_schemas() -> dict[str, Schema]:
                 "updates_in": oa.INT,
                 "rejected": oa.obj(
                     {k: oa.INT for k in rejected}, description="input refused, by reason"
+                ),
+                "refused_entries": oa.map_of(
+                    oa.INT, "document entry kind -> entries the schema refused (every replica)"
                 ),
             },
         ),

@@ -23,77 +23,44 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from edgesched.core.model import (
-    Arch,
-    DecisionKind,
-    Node,
-    Placement,
-    PowerModel,
-    Resources,
-    ServerClass,
-    Task,
-)
+from edgesched.core.model import DecisionKind, Node, Placement, Resources, Task
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.scheduler import ClusterView, schedule
-from edgesched.core.task import RestartPolicy, SpecError, TaskSpec
+from edgesched.core.task import RestartPolicy, TaskSpec
 from edgesched.sync.reconcile import Claim, ReconcilePolicy, losers, winner
+from edgesched.sync.schema import (
+    AssignmentEntry,
+    AssignmentState,
+    NodeView,
+    SchemaError,
+    StopOrder,
+    TaskReport,
+)
 
-#: Task states in a node document that hold (or are about to hold) resources.
-ACTIVE_STATES = frozenset({"accepted", "placed", "running", "preempted"})
-#: Task states in a node document that mean it is over.
-FINISHED_STATES = frozenset({"exited", "failed", "cancelled"})
+#: node id -> what its document says (typed, see :class:`edgesched.sync.schema.NodeView`).
+NodeViews = Mapping[str, NodeView]
 
 
-def node_from_registration(node_id: str, registration: object) -> Node:
-    """The core's :class:`Node` from a node document's ``registration``; ValueError if bad."""
-    if not isinstance(registration, Mapping):
+def node_of(node_id: str, view: NodeView) -> Node:
+    """The core's :class:`Node` of a node's registration; ValueError if it has none."""
+    if view.registration is None:
         raise ValueError(f"node {node_id}: no registration")
     try:
-        power = registration.get("power") or {}
-        if not isinstance(power, Mapping):
-            raise ValueError("power is not an object")
-        cpu = float(registration["cpu"])
-        return Node(
-            id=node_id,
-            arch=Arch(registration["arch"]),
-            server_class=ServerClass(registration["server_class"]),
-            capacity=Resources(
-                cpu=cpu,
-                mem_gib=float(registration.get("mem_gib", 0.0)),
-                accel=int(registration.get("accel", 0)),
-            ),
-            power=PowerModel(
-                idle_w=float(power.get("idle_w", 10.0 * cpu)),
-                peak_w=float(power.get("peak_w", 25.0 * cpu)),
-                parked_w=float(power.get("parked_w", 10.0)),
-                wake_latency_s=float(power.get("wake_latency_s", 60.0)),
-            ),
-            perf=float(registration.get("perf", 1.0)),
-            site=str(registration.get("site", "default")),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
+        return view.registration.to_node(node_id)
+    except SchemaError as exc:
         raise ValueError(f"node {node_id}: bad registration: {exc}") from None
 
 
-def _entry_task(task_id: str, entry: Mapping[str, Any], now: float) -> Task | None:
-    """What a node reports of a task, as the core sees its footprint (None if unusable)."""
-    try:
-        demand = Resources(
-            cpu=float(entry.get("cpu", 0.0)),
-            mem_gib=float(entry.get("mem_gib", 0.0)),
-            accel=int(entry.get("accel", 0)),
-        )
-        return Task(
-            id=task_id,
-            workload=str(entry.get("workload", "default")),
-            priority=int(entry.get("priority", 0)),
-            demand=demand,
-            submitted_at=float(entry.get("updated_at", now)),
-        )
-    except (TypeError, ValueError):
-        return None
+def _report_task(task_id: str, report: TaskReport) -> Task:
+    """What a node reports of a task, as the core sees its footprint."""
+    return Task(
+        id=task_id,
+        workload=report.workload,
+        priority=report.priority,
+        demand=Resources(cpu=report.cpu, mem_gib=report.mem_gib, accel=report.accel),
+        submitted_at=report.updated_at,
+    )
 
 
 @dataclass(frozen=True)
@@ -106,13 +73,9 @@ class FleetView:
     unusable: Mapping[str, str]  # node id → why it is not in ``nodes``
 
 
-def fleet_view(
-    node_docs: Mapping[str, Mapping[str, Any]],
-    status: Mapping[str, str],
-    now: float,
-) -> FleetView:
-    """``node_docs``: node id → its document's content (``node`` and ``tasks``); ``status``:
-    node id → "online" / "offline" / "unknown". Only online nodes are placement targets."""
+def fleet_view(node_docs: NodeViews, status: Mapping[str, str], now: float) -> FleetView:
+    """``node_docs``: node id → its document, typed; ``status``: node id → "online" /
+    "offline" / "unknown". Only online nodes are placement targets."""
     nodes: list[Node] = []
     placements: list[Placement] = []
     unusable: dict[str, str] = {}
@@ -122,16 +85,15 @@ def fleet_view(
             unusable[node_id] = f"node is {status.get(node_id, 'unknown')}"
             continue
         try:
-            node = node_from_registration(node_id, (content.get("node") or {}).get("registration"))
+            node = node_of(node_id, content)
         except ValueError as exc:
             unusable[node_id] = str(exc)
             continue
         nodes.append(node)
-        for task_id, entry in sorted((content.get("tasks") or {}).items()):
-            if isinstance(entry, Mapping) and entry.get("state") in ACTIVE_STATES:
-                task = _entry_task(task_id, entry, now)
-                if task is not None:
-                    placements.append(Placement(task, node_id, task.submitted_at))
+        for task_id, report in sorted(content.tasks.items()):
+            if report.active:
+                task = _report_task(task_id, report)
+                placements.append(Placement(task, node_id, task.submitted_at))
     return FleetView(tuple(nodes), tuple(placements), now, unusable)
 
 
@@ -180,23 +142,26 @@ def assignment_entry(
     score: float,
     at: float,
     reason: str,
-) -> dict[str, Any]:
-    """An ``assignments`` entry of the policy document."""
-    return {
-        "spec": spec.to_json(),
-        "node": node_id,
-        "epoch": epoch,
-        "replacement": replacement,
-        "score": round(score, 6),
-        "central": central,
-        "at": at,
-        "reason": reason,
-        "state": "active",
-    }
+    state: AssignmentState = AssignmentState.ACTIVE,
+    pin: str | None = None,
+) -> AssignmentEntry:
+    """An ``assignments`` entry of the policy document (active unless ``state`` says)."""
+    return AssignmentEntry(
+        spec=spec.to_json(),
+        node=node_id,
+        epoch=epoch,
+        replacement=replacement,
+        score=round(score, 6),
+        central=central,
+        at=at,
+        reason=reason,
+        state=state,
+        pin=pin,
+    )
 
 
 def failovers(
-    assignments: Mapping[str, Mapping[str, Any]],
+    assignments: Mapping[str, AssignmentEntry],
     offline_since: Mapping[str, float],
     now: float,
     grace_s: float,
@@ -204,23 +169,19 @@ def failovers(
     """Active service assignments whose node has been offline for more than ``grace_s``."""
     out = []
     for task_id, entry in sorted(assignments.items()):
-        if entry.get("state") != "active":
+        if not entry.active:
             continue
-        since = offline_since.get(str(entry.get("node")))
+        since = offline_since.get(entry.node)
         if since is None or now - since <= grace_s:
             continue
-        try:
-            spec = TaskSpec.from_json(entry.get("spec"))
-        except SpecError:
-            continue
-        if spec.restart is RestartPolicy.ALWAYS:
+        if entry.task_spec.restart is RestartPolicy.ALWAYS:
             out.append(task_id)
     return out
 
 
 def prunable(
-    assignments: Mapping[str, Mapping[str, Any]],
-    node_docs: Mapping[str, Mapping[str, Any]],
+    assignments: Mapping[str, AssignmentEntry],
+    node_docs: NodeViews,
     now: float,
     retention_s: float,
 ) -> list[str]:
@@ -231,61 +192,49 @@ def prunable(
     out = []
     horizon = now - retention_s
     for task_id, entry in sorted(assignments.items()):
-        state = entry.get("state")
-        if state not in ("active", "cancelled"):
+        if entry.at > horizon:
             continue
         copies = {
             node_id: copy
             for node_id, doc in node_docs.items()
-            if isinstance(copy := (doc.get("tasks") or {}).get(task_id), Mapping)
+            if (copy := doc.tasks.get(task_id)) is not None
         }
-        if any(c.get("state") in ACTIVE_STATES for c in copies.values()):
+        if any(c.active for c in copies.values()):
             continue
-        at = entry.get("at")
-        if not isinstance(at, int | float) or at > horizon:
-            continue
-        mine = copies.get(str(entry.get("node")))
-        if state == "active":
-            done_at = mine.get("updated_at") if mine is not None else None
-            finished = mine is not None and mine.get("state") in FINISHED_STATES
-            if not (finished and isinstance(done_at, int | float) and done_at <= horizon):
-                continue
+        mine = copies.get(entry.node)
+        if entry.active and not (mine is not None and mine.updated_at <= horizon):
+            continue  # (mine, if present, is finished: no copy is active)
         out.append(task_id)
     return out
 
 
-def claims_of(task_id: str, node_docs: Mapping[str, Mapping[str, Any]]) -> list[Claim]:
+def claims_of(task_id: str, node_docs: NodeViews) -> list[Claim]:
     """Every node's active copy of a central task, as a :class:`Claim`: what the nodes report
     in their documents, not what central intended."""
     claims = []
     for node_id in sorted(node_docs):
-        entry = (node_docs[node_id].get("tasks") or {}).get(task_id)
-        if not isinstance(entry, Mapping) or entry.get("state") not in ACTIVE_STATES:
-            continue
-        assignment = entry.get("assignment")
-        if not isinstance(assignment, Mapping):
-            continue  # a local task that happens to share the id: not central's to settle
-        try:
-            claims.append(
-                Claim(
-                    task_id=task_id,
-                    node_id=node_id,
-                    epoch=int(assignment.get("epoch", 0)),
-                    decided_by=str(assignment.get("central", "central")),
-                    started_at=float(entry.get("started_at", entry.get("updated_at", 0.0))),
-                    score=float(assignment.get("score", 0.0)),
-                    replacement=bool(assignment.get("replacement", False)),
-                )
+        report = node_docs[node_id].tasks.get(task_id)
+        if report is None or not report.active or report.assignment is None:
+            continue  # (no assignment: a local task sharing the id, not central's to settle)
+        a = report.assignment
+        claims.append(
+            Claim(
+                task_id=task_id,
+                node_id=node_id,
+                epoch=a.epoch,
+                decided_by=a.central,
+                started_at=report.started_at if report.started_at is not None
+                else report.updated_at,
+                score=a.score,
+                replacement=a.replacement,
             )
-        except (TypeError, ValueError):
-            continue
+        )  # fmt: skip
     return claims
 
 
-def task_policy(entry: Mapping[str, Any], default: ReconcilePolicy) -> ReconcilePolicy:
+def task_policy(entry: AssignmentEntry, default: ReconcilePolicy) -> ReconcilePolicy:
     """The task's own reconcile choice (its spec's ``reconcile``), else ``default``."""
-    spec = entry.get("spec")
-    choice = spec.get("reconcile") if isinstance(spec, Mapping) else None
+    choice = entry.task_spec.reconcile
     try:
         return ReconcilePolicy(choice) if choice else default
     except ValueError:
@@ -303,9 +252,9 @@ class Settlement:
 
 
 def reconcile(
-    assignments: Mapping[str, Mapping[str, Any]],
-    node_docs: Mapping[str, Mapping[str, Any]],
-    stops: Mapping[str, Mapping[str, Any]],
+    assignments: Mapping[str, AssignmentEntry],
+    node_docs: NodeViews,
+    stops: Mapping[str, StopOrder],
     policy: ReconcilePolicy,
     fresh: Collection[str],
 ) -> list[Settlement]:

@@ -17,15 +17,15 @@ planned: moving work to empty a node is left to explicit migration.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from edgesched.central.placement import FleetView
 from edgesched.core.model import DecisionKind, Node, NodeState, Task
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.scheduler import ClusterView, schedule
+from edgesched.sync import schema
+from edgesched.sync.schema import NodeView
 
 PARKED = "parked"
 ACTIVE = "active"
@@ -40,8 +40,9 @@ class PowerOrder:
     reason: str
     at: float
 
-    def to_entry(self) -> dict[str, object]:
-        return {"state": self.state, "reason": self.reason, "at": self.at}
+    def to_order(self) -> schema.PowerOrder:
+        """The policy document's ``power`` entry."""
+        return schema.PowerOrder(state=self.state, reason=self.reason, at=self.at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,24 +54,20 @@ class NodePower:
     idle_since: float | None = None
 
 
-def _time(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
-
-
-def reported(content: Mapping[str, Any]) -> NodePower:
-    """A node document's power report; a node that reports nothing (an older engine) is
-    active and never idle."""
-    power = (content.get("node") or {}).get("power")
-    if not isinstance(power, Mapping):
+def reported(view: NodeView) -> NodePower:
+    """A node document's power report; a node that reports nothing (an older engine, or a
+    report the schema refused) is active and never idle."""
+    power = view.power
+    if power is None:
         return NodePower()
-    state = PARKED if power.get("state") == PARKED else ACTIVE
-    return NodePower(state, _time(power.get("since")) or 0.0, _time(power.get("idle_since")))
+    state = PARKED if power.state == PARKED else ACTIVE
+    return NodePower(state, power.since, power.idle_since)
 
 
 def with_power(
     view: FleetView,
     reports: Mapping[str, NodePower],
-    orders: Mapping[str, Mapping[str, Any]],
+    orders: Mapping[str, schema.PowerOrder],
 ) -> FleetView:
     """``view`` with each node's power state: parked as it reports, *waking* when central
     ordered it active but it still reports parked, active otherwise; and its idle time."""
@@ -78,7 +75,8 @@ def with_power(
     for node in view.nodes:
         report = reports.get(node.id, NodePower())
         if report.state == PARKED:
-            ordered = (orders.get(node.id) or {}).get("state")
+            standing = orders.get(node.id)
+            ordered = None if standing is None else standing.state
             core_state = NodeState.WAKING if ordered == ACTIVE else NodeState.PARKED
             nodes.append(replace(node, state=core_state, idle_since=None))
         else:
@@ -91,7 +89,7 @@ def power_orders(
     waiting: Sequence[Task],
     forecast_cpu: float | None,
     policy: PolicyConfig,
-    orders: Mapping[str, Mapping[str, Any]],
+    orders: Mapping[str, schema.PowerOrder],
     reports: Mapping[str, NodePower],
 ) -> list[PowerOrder]:
     """The park and wake orders the core gives for ``view`` (already :func:`with_power`),
@@ -112,11 +110,10 @@ def power_orders(
             state = ACTIVE
         else:
             continue
-        standing = orders.get(d.node_id) or {}
-        at = _time(standing.get("at"))
+        standing = orders.get(d.node_id)
         report = reports.get(d.node_id, NodePower())
         since = max(report.since, report.idle_since or 0.0)
-        if standing.get("state") == state and at is not None and at >= since:
+        if standing is not None and standing.state == state and standing.at >= since:
             continue
         out.append(PowerOrder(d.node_id, state, d.reason, view.now))
     return out

@@ -31,6 +31,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
+from edgesched.sync.schema import NodeView
 from edgesched.sync.security import accept_sender
 from edgesched.sync.session import Listener, MqttSession
 from edgesched.sync.store import Store, StoreError
@@ -62,17 +63,6 @@ class Replica:
     first_seen: float
     persisted: tuple[int, str] = (-1, "")  # (epoch, content hash) last written to SQLite
     changed_at: float = field(default=0.0)
-    _content: dict[str, object] | None = field(default=None, repr=False)
-
-    def content(self) -> dict[str, object]:
-        """The document's JSON content, decoded once per change (central's control loop
-        reads every replica every cycle; decoding a day of tasks each time was its cost)."""
-        if self._content is None:
-            self._content = self.doc.to_json()
-        return self._content
-
-    def invalidate(self) -> None:
-        self._content = None
 
 
 class NodeReplicas(Listener):
@@ -157,9 +147,13 @@ class NodeReplicas(Listener):
         replica = self.replicas.get(node_id)
         if replica is not None:
             replica.changed_at = self.clock()
-            replica.invalidate()
         if self.on_change is not None:
             self.on_change(node_id)
+
+    def views(self) -> dict[str, NodeView]:
+        """node id -> its document's content, typed (each decoded once per change, by the
+        document class's own cache)."""
+        return {n: r.doc.typed() for n, r in self.replicas.items()}
 
     async def load(self) -> int:
         """Restore every node replica kept in SQLite; returns how many."""

@@ -35,13 +35,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edgesched.config import EdgeschedConfig
+from edgesched.config import EdgeschedConfig, builtin_profiles
 from edgesched.core.classdemand import ClassDemand
 from edgesched.core.model import Decision, DecisionKind, Node, Placement
-from edgesched.core.policy import PolicyMode
 from edgesched.core.scheduler import ClusterView, schedule
 from edgesched.core.task import (
-    Assignment,
     RestartPolicy,
     SpecError,
     TaskRecord,
@@ -60,6 +58,13 @@ from edgesched.rest.server import ApiStarter
 from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
+from edgesched.sync.schema import (
+    AssignmentEntry,
+    ModelReport,
+    PowerModel,
+    Registration,
+    TaskReport,
+)
 from edgesched.sync.session import MqttSession, wait_event
 from edgesched.sync.store import Store, StoreError, StoreFullError
 from edgesched.sync.telemetry import Telemetry, TelemetryPublisher
@@ -257,24 +262,24 @@ class EdgeEngine:
         self._doc = await NodeDoc.load_from(self.store, f"node-{self.edge.node_id}", client_id)
         self._journal = DocJournal(self._doc, self.store, on_error=self._count_store_error)
         assert self.node is not None and self.profile is not None
-        registration = {
-            "site": self.edge.site,
-            "arch": self.node.arch.value,
-            "server_class": self.node.server_class.value,
-            "cpu": self.node.capacity.cpu,
-            "mem_gib": round(self.node.capacity.mem_gib, 3),
-            "accel": self.node.capacity.accel,
-            "perf": self.node.perf,
-            "cpu_model": self.profile.cpu_model,
-            "power": {
-                "idle_w": self.node.power.idle_w,
-                "peak_w": self.node.power.peak_w,
-                "parked_w": self.node.power.parked_w,
-                "wake_latency_s": self.node.power.wake_latency_s,
-            },
-        }
-        if self._doc.node().get("registration") != registration:
-            self._doc.set_node("registration", registration)
+        self._doc.set_registration(
+            Registration(
+                site=self.edge.site,
+                arch=self.node.arch,
+                server_class=self.node.server_class,
+                cpu=self.node.capacity.cpu,
+                mem_gib=round(self.node.capacity.mem_gib, 3),
+                accel=self.node.capacity.accel,
+                perf=self.node.perf,
+                cpu_model=self.profile.cpu_model,
+                power=PowerModel(
+                    idle_w=self.node.power.idle_w,
+                    peak_w=self.node.power.peak_w,
+                    parked_w=self.node.power.parked_w,
+                    wake_latency_s=self.node.power.wake_latency_s,
+                ),
+            )
+        )
         self._policy = await PolicyDoc.load_from(self.store, POLICY_DOC, client_id)
         self._policy_saved = self._policy.content_hash()
         self._policy.on_remote_change(self._policy_changed)
@@ -293,22 +298,21 @@ class EdgeEngine:
         me = self.edge.node_id
         to_stop: list[str] = []
         for task_id, entry in self.policy.assignments().items():
-            if entry.get("node") == me and await self._follow_assignment(task_id, entry):
+            if entry.node == me and await self._follow_assignment(task_id, entry):
                 to_stop.append(task_id)
         for key, order in self.policy.stops().items():
             task_id, _, node_id = key.rpartition("@")
             if node_id != me:
                 continue
             record = await self.store.get_task(task_id)
-            epoch = order.get("epoch")
             if (
                 record is not None
                 and not record.state.terminal
                 and record.assignment is not None
-                and record.assignment.epoch == epoch
+                and record.assignment.epoch == order.epoch
             ):
-                log.warning("task %s: stopping our copy: %s", task_id, order.get("reason"))
-                why = f"reconciled: {order.get('reason', 'placed twice')}"
+                log.warning("task %s: stopping our copy: %s", task_id, order.reason)
+                why = f"reconciled: {order.reason or 'placed twice'}"
                 if await self._cancel_record(record, why):
                     to_stop.append(task_id)
         busy = bool(await self.store.list_tasks((*_QUEUED, *_HELD)))
@@ -322,15 +326,14 @@ class EdgeEngine:
 
     def _follow_policy_settings(self) -> None:
         """Central's mode and tidal profile, when it set them, replace the config file's."""
-        from edgesched.config import builtin_profiles
-
         policy = self.config.policy
         mode = self.policy.mode()
-        if mode in {m.value for m in PolicyMode} and mode != policy.mode.value:
-            policy = replace(policy, mode=PolicyMode(mode))
-        tidal = (self.policy.tidal() or {}).get("profile")
+        if mode is not None and mode != policy.mode:
+            policy = replace(policy, mode=mode)
+        tidal_entry = self.policy.tidal()
+        tidal = None if tidal_entry is None else tidal_entry.profile
         profiles = builtin_profiles()
-        if isinstance(tidal, str) and tidal in profiles and tidal != self.tidal_profile:
+        if tidal is not None and tidal in profiles and tidal != self.tidal_profile:
             policy = replace(policy, tidal=profiles[tidal])
             self.tidal_profile = tidal
         if policy != self.config.policy:
@@ -341,38 +344,30 @@ class EdgeEngine:
     def _follow_models(self) -> None:
         """Swap in the models central published (verified first), and tell central through
         our document which models we run and what we refused."""
-        self.active_models.follow(self.policy.models())
-        report = {
-            kind: {"sha256": info["sha256"], "source": info["source"], "refused": info["refused"]}
-            for kind, info in self.active_models.status().items()
-        }
-        if self.doc.node().get("models") != report:
-            self.doc.set_node("models", report)
+        self.active_models.follow({k: e.to_entry() for k, e in self.policy.models().items()})
+        self.doc.set_model_reports(
+            {
+                kind: ModelReport(
+                    sha256=str(info["sha256"] or ""),
+                    source=str(info["source"] or ""),
+                    refused=str(info["refused"] or ""),
+                )
+                for kind, info in self.active_models.status().items()
+            }
+        )
 
     def _report_power(self) -> None:
         """Our power state for central's power stage (and the parked figure in telemetry)."""
-        report = self.power.state.report()
-        if self.doc.node().get("power") != report:
-            self.doc.set_node("power", report)
+        self.doc.set_power_report(self.power.state.report())
 
-    async def _follow_assignment(self, task_id: str, entry: dict[str, Any]) -> bool:
+    async def _follow_assignment(self, task_id: str, entry: AssignmentEntry) -> bool:
         """Apply one assignment to us; True if a process is to be stopped."""
         record = await self.store.get_task(task_id)
-        if entry.get("state") == "cancelled":
+        if not entry.active:
             if record is not None and record.assignment is not None and not record.state.terminal:
                 return await self._cancel_record(record, "cancelled at central")
             return False
-        try:
-            spec = TaskSpec.from_json(entry.get("spec"))
-            assignment = Assignment(
-                central=str(entry.get("central", "")),
-                epoch=entry.get("epoch"),  # type: ignore[arg-type]  # checked by Assignment
-                replacement=bool(entry.get("replacement", False)),
-                score=float(entry.get("score", 0.0)),
-            )
-        except (SpecError, TypeError, ValueError) as exc:
-            log.error("assignment of %s ignored: %s", task_id, exc)
-            return False
+        spec, assignment = entry.task_spec, entry.to_assignment()
         if spec.id != task_id:
             log.error("assignment of %s ignored: its spec is task %s", task_id, spec.id)
             return False
@@ -454,30 +449,12 @@ class EdgeEngine:
                 self._mirror(record)
 
     def _mirror(self, record: TaskRecord) -> None:
-        entry: dict[str, object] = {
-            "state": record.state.value,
-            "node": record.node_id,
-            "decided_by": record.decided_by,
-            "workload": record.spec.workload,
-            "priority": record.spec.priority,
-            "cpu": record.spec.cpu,
-            "mem_gib": record.spec.mem_gib,
-            "accel": record.spec.accel,
-            "restarts": record.restarts,
-            "exit_code": record.exit_code,
-            "accepted_at": record.submitted_at,
-            "updated_at": record.updated_at,
-        }
-        if record.assignment is not None:
-            entry["assignment"] = record.assignment.to_json()
-        if self._doc is not None and self._doc.task(record.spec.id) != entry:
-            self._doc.put_task(record.spec.id, entry)
+        if self._doc is not None:
+            self._doc.put_task(record.spec.id, TaskReport.of(record))
 
     def _expire_doc_tasks(self, now: float) -> None:
-        for task_id, entry in self.doc.tasks().items():
-            finished = entry.get("state") in {s.value for s in TaskState if s.terminal}
-            updated = entry.get("updated_at")
-            if finished and isinstance(updated, int | float) and now - updated > DOC_RETENTION_S:
+        for task_id, report in self.doc.tasks().items():
+            if not report.active and now - report.updated_at > DOC_RETENTION_S:
                 self.doc.remove_task(task_id)
 
     def _qualification(self) -> tuple[float, float | None]:
@@ -672,9 +649,16 @@ class EdgeEngine:
                 "client_id": self._doc.client_id,
                 "content_hash": self._doc.content_hash(),
                 "tasks": len(self._doc.tasks()),
+                "refused_entries": self._doc.refusals.by_kind(),
+            },
+            "policy_document": None
+            if self._policy is None
+            else {
+                "content_hash": self._policy.content_hash(),
+                "refused_entries": self._policy.refusals.by_kind(),
             },
             "models": self.active_models.status(),
-            "power": {**self.power.state.report(), "last_error": self.power.last_error},
+            "power": {**self.power.state.report().to_entry(), "last_error": self.power.last_error},
             "forecast": {
                 "model": self.active_models.forecast_name,
                 "peak_cpu_next_15min": self.forecast_cpu,

@@ -60,11 +60,24 @@ def _edge_schemas() -> dict[str, Schema]:
                                 "client_id": oa.INT,
                                 "content_hash": oa.STR,
                                 "tasks": oa.INT,
+                                "refused_entries": oa.map_of(
+                                    oa.INT, "entry kind -> entries the schema refused"
+                                ),
                             }
                         ),
                         {"type": "null"},
                     ]
                 },
+                "policy_document": oa.nullable(
+                    oa.obj(
+                        {
+                            "content_hash": oa.STR,
+                            "refused_entries": oa.map_of(
+                                oa.INT, "entry kind -> entries the schema refused"
+                            ),
+                        }
+                    )
+                ),
                 "models": oa.map_of(oa.model_info(), "kind -> the model in use, or why none"),
                 "power": oa.obj(
                     {

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from edgesched.sync.schema import PowerOrder, PowerReport
 
 log = logging.getLogger("edgesched.edge.power")
 
@@ -44,8 +44,8 @@ class PowerState:
     def parked(self) -> bool:
         return self.state == PARKED
 
-    def report(self) -> dict[str, Any]:
-        return {"state": self.state, "since": self.since, "idle_since": self.idle_since}
+    def report(self) -> PowerReport:
+        return PowerReport(state=self.state, since=self.since, idle_since=self.idle_since)
 
 
 class PowerControl:
@@ -76,18 +76,18 @@ class PowerControl:
             return True
         return False
 
-    async def follow(self, order: Mapping[str, Any] | None, busy: bool) -> bool:
+    async def follow(self, order: PowerOrder | None, busy: bool) -> bool:
         """Carry out central's current order for this node; True when the state changed."""
-        if not isinstance(order, Mapping):
+        if order is None:
             return False
-        at = order.get("at")
-        if not isinstance(at, int | float) or not math.isfinite(at) or at < self.state.since:
+        at = order.at
+        if at < self.state.since:
             return False  # given before our last change: stale
-        wanted = order.get("state")
+        wanted = order.state
         idle = self.state.idle_since
         if wanted == PARKED and (idle is None or at < idle):
             return False  # given while we were busy: central decides again on this idle spell
-        reason = str(order.get("reason") or "central's order")
+        reason = order.reason or "central's order"
         if wanted == PARKED and not self.state.parked and not busy:
             return await self._switch(PARKED, self.park_command, reason)
         if wanted == ACTIVE and self.state.parked:

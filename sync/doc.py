@@ -49,14 +49,33 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 from pycrdt import Doc, Map, Subscription, TransactionEvent
+
+from edgesched.core.policy import PolicyMode
+from edgesched.sync.schema import (
+    AssignmentEntry,
+    ModelEntry,
+    ModelReport,
+    NodeView,
+    PowerOrder,
+    PowerReport,
+    Refusals,
+    Registration,
+    SchemaError,
+    StopOrder,
+    TaskReport,
+    TidalEntry,
+    decode_map,
+    decode_one,
+)
 
 if TYPE_CHECKING:
     from edgesched.sync.store import Store
 
 log = logging.getLogger("edgesched.sync.doc")
+_V = TypeVar("_V")
 
 #: Largest client id pycrdt peers share safely (Yjs client ids are uint32 on the wire).
 CLIENT_ID_LIMIT = 2**32
@@ -142,14 +161,18 @@ def _check_client_id(client_id: int) -> int:
 
 
 def normalise(value: Any) -> Any:
-    """``value`` (pycrdt's ``to_py`` output) with integral floats as ints, recursively.
+    """``value`` (pycrdt's ``to_py`` output) with integral floats up to 2**53 as ints,
+    recursively.
 
     ``5`` written by one peer reads back as ``5.0``: after this both are ``5``.
     """
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, float):
-        if math.isfinite(value) and value.is_integer():
+        # only where the float is exactly the integer a peer wrote (|n| <= 2**53): a larger
+        # integral float (1.4e308 CPUs) is a float, and reading it as a 309-digit int would
+        # turn a value the writer accepted into one every reader refuses
+        if math.isfinite(value) and value.is_integer() and abs(value) <= 2**53:
             return int(value)
         return value
     if isinstance(value, int):
@@ -243,6 +266,10 @@ class SyncedDoc:
         #: Bumped by every transaction that changes the live document (local or remote) and
         #: by every replacement of it: decoded views can be cached by it.
         self.revision = 0
+        #: Entries refused by the schema when read (:mod:`edgesched.sync.schema`).
+        self.refusals = Refusals(name)
+        self._views: dict[str, tuple[int, Any]] = {}
+        self._memos: dict[str, dict[str, Any]] = {}
         self.doc: Doc[Any] = self._observed(Doc(client_id=self.client_id))
         self._callbacks: list[Callable[[bytes], None]] = []
         self._epoch_callbacks: list[Callable[[int], None]] = []
@@ -252,6 +279,21 @@ class SyncedDoc:
         self._logged = 0  # updates in the store's log since its last compaction
         self._stored_epoch = self.epoch  # the epoch of the store's snapshot and log
         self._fresh_size = 0  # bytes of a fresh doc of the live content, when last measured
+
+    def view(self, key: str, build: Callable[[], _V]) -> _V:
+        """A decoded view of the content, built once per :attr:`revision`: the one cache of a
+        document's decoded content (central's control loop reads every replica each step).
+        Treat what it returns as read-only."""
+        hit = self._views.get(key)
+        if hit is None or hit[0] != self.revision:
+            hit = (self.revision, build())
+            self._views[key] = hit
+        value: _V = hit[1]
+        return value
+
+    def memo(self, key: str) -> dict[str, Any]:
+        """The per-entry memo of a map view (see :func:`~edgesched.sync.schema.decode_map`)."""
+        return self._memos.setdefault(key, {})
 
     def _check_epoch(self, epoch: int) -> int:
         if isinstance(epoch, bool) or not isinstance(epoch, int):
@@ -668,9 +710,11 @@ async def _last_logged_seq(store: Store, name: str) -> int:
 
 
 class NodeDoc(SyncedDoc):
-    """An edge node's own document: ``node`` (registration, capabilities), ``tasks``.
+    """An edge node's own document: ``node`` (registration, models, power), ``tasks``.
 
-    Single writer (the node), so it has epochs: see the module docstring.
+    Single writer (the node), so it has epochs: see the module docstring. Every entry is
+    written from and read as a typed entry of :mod:`edgesched.sync.schema`; an entry that does
+    not decode is refused (counted in :attr:`refusals`) and reads as absent.
     """
 
     single_writer = True
@@ -681,32 +725,84 @@ class NodeDoc(SyncedDoc):
         prefix = "node-"
         return self.name[len(prefix) :] if self.name.startswith(prefix) else None
 
-    def set_node(self, key: str, value: object) -> None:
-        """Set ``node[key]`` (e.g. ``"registration"``, ``"capabilities"``) to a JSON value."""
-        self.root("node")[key] = _json_value(value, f"node[{key!r}]")
+    def _node_raw(self, key: str) -> object:
+        return normalise(self.root("node").get(key))
 
-    def node(self) -> dict[str, Any]:
-        out: dict[str, Any] = normalise(self.root("node").to_py() or {})
-        return out
+    def set_registration(self, registration: Registration) -> None:
+        if self.registration() != registration:
+            self.root("node")["registration"] = registration.to_entry()
 
-    def put_task(self, task_id: str, record: Mapping[str, object]) -> None:
-        """Set the task's state/placement record (a JSON-able dict)."""
+    def registration(self) -> Registration | None:
+        return self.view(
+            "registration",
+            lambda: decode_one(
+                Registration, self._node_raw("registration"), self.refusals, where="registration"
+            ),
+        )
+
+    def set_model_reports(self, reports: Mapping[str, ModelReport]) -> None:
+        if self.model_reports() != dict(reports):
+            self.root("node")["models"] = {k: r.to_entry() for k, r in reports.items()}
+
+    def model_reports(self) -> dict[str, ModelReport]:
+        """kind -> the model this node runs (as it reports it)."""
+        return self.view(
+            "models",
+            lambda: decode_map(
+                ModelReport,
+                self._node_raw("models"),
+                self.refusals,
+                where="node.models",
+                memo=self.memo("node.models"),
+            ),
+        )
+
+    def set_power_report(self, report: PowerReport) -> None:
+        if self.power_report() != report:
+            self.root("node")["power"] = report.to_entry()
+
+    def power_report(self) -> PowerReport | None:
+        return self.view(
+            "power",
+            lambda: decode_one(PowerReport, self._node_raw("power"), self.refusals, where="power"),
+        )
+
+    def put_task(self, task_id: str, report: TaskReport) -> None:
+        """Set the node's report of one task (only when it changed)."""
         if not task_id:
             raise ValueError("task_id must not be empty")
-        self.root("tasks")[task_id] = _json_value(dict(record), f"task {task_id}")
+        if self.tasks().get(task_id) != report:
+            self.root("tasks")[task_id] = report.to_entry()
 
     def remove_task(self, task_id: str) -> None:
         tasks = self.root("tasks")
         if task_id in tasks:
             del tasks[task_id]
 
-    def task(self, task_id: str) -> dict[str, Any] | None:
-        value = self.root("tasks").get(task_id)
-        return None if value is None else dict(normalise(value))
+    def task(self, task_id: str) -> TaskReport | None:
+        return self.tasks().get(task_id)
 
-    def tasks(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = normalise(self.root("tasks").to_py() or {})
-        return out
+    def typed(self) -> NodeView:
+        """The whole content, typed (one decode per change)."""
+        return self.view(
+            "typed",
+            lambda: NodeView(
+                self.registration(), self.tasks(), self.power_report(), self.model_reports()
+            ),
+        )
+
+    def tasks(self) -> dict[str, TaskReport]:
+        """task id -> the node's report of it (valid entries only)."""
+        return self.view(
+            "tasks",
+            lambda: decode_map(
+                TaskReport,
+                normalise(self.root("tasks").to_py()),
+                self.refusals,
+                where="tasks",
+                memo=self.memo("tasks"),
+            ),
+        )
 
 
 class PolicyDoc(SyncedDoc):
@@ -715,41 +811,52 @@ class PolicyDoc(SyncedDoc):
     model file to swap in, see :mod:`edgesched.policies.models`), ``power`` (node id → park
     or wake order, see :mod:`edgesched.central.power`), ``assignments`` (task id →
     central's placement: the spec, the node, the placement epoch) and ``stops`` (``<task>@<node>``
-    → an order to stop that node's copy of a task placed twice, from the reconcile rule)."""
+    → an order to stop that node's copy of a task placed twice, from the reconcile rule).
+    Entries are typed (:mod:`edgesched.sync.schema`); one that does not decode is refused."""
 
-    def assign(self, task_id: str, entry: Mapping[str, object]) -> None:
+    def _map(self, root: str) -> object:
+        return normalise(self.root(root).to_py())
+
+    def assign(self, task_id: str, entry: AssignmentEntry) -> None:
         if not task_id:
             raise ValueError("task_id must not be empty")
-        self.root("assignments")[task_id] = _json_value(dict(entry), f"assignment {task_id}")
+        self.root("assignments")[task_id] = entry.to_entry()
 
-    def assignment(self, task_id: str) -> dict[str, Any] | None:
-        value = self.root("assignments").get(task_id)
-        return None if value is None else dict(normalise(value))
+    def assignment(self, task_id: str) -> AssignmentEntry | None:
+        return self.assignments().get(task_id)
 
-    def assignments(self) -> dict[str, dict[str, Any]]:
-        """task id -> assignment, decoded once per change of the document (central's control
-        step reads it several times per step). Treat the entries as read-only."""
-        cached = getattr(self, "_assignments", None)
-        if cached is None or cached[0] != self.revision:
-            cached = (self.revision, normalise(self.root("assignments").to_py() or {}))
-            self._assignments: tuple[int, dict[str, dict[str, Any]]] = cached
-        return dict(cached[1])
+    def assignments(self) -> dict[str, AssignmentEntry]:
+        """task id -> central's assignment, decoded once per change of the document."""
+        return self.view(
+            "assignments",
+            lambda: decode_map(
+                AssignmentEntry,
+                self._map("assignments"),
+                self.refusals,
+                where="assignments",
+                memo=self.memo("assignments"),
+            ),
+        )
 
     def drop_assignment(self, task_id: str) -> None:
         assignments = self.root("assignments")
         if task_id in assignments:
             del assignments[task_id]
 
-    def order_stop(self, task_id: str, node_id: str, entry: Mapping[str, object]) -> None:
+    def order_stop(self, task_id: str, node_id: str, order: StopOrder) -> None:
         """Tell ``node_id`` to stop its copy of ``task_id`` (it lost the reconcile)."""
         if not task_id or not node_id or "@" in node_id:
             raise ValueError(f"bad stop order for {task_id!r} on {node_id!r}")
-        key = f"{task_id}@{node_id}"
-        self.root("stops")[key] = _json_value(dict(entry), f"stop {key}")
+        self.root("stops")[f"{task_id}@{node_id}"] = order.to_entry()
 
-    def stops(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = normalise(self.root("stops").to_py() or {})
-        return out
+    def stops(self) -> dict[str, StopOrder]:
+        """``task@node`` -> the stop order."""
+        return self.view(
+            "stops",
+            lambda: decode_map(
+                StopOrder, self._map("stops"), self.refusals, where="stops", memo=self.memo("stops")
+            ),
+        )
 
     def drop_stop(self, task_id: str, node_id: str) -> None:
         stops = self.root("stops")
@@ -757,42 +864,73 @@ class PolicyDoc(SyncedDoc):
         if key in stops:
             del stops[key]
 
-    def set_mode(self, mode: str) -> None:
-        self.root("policy")["mode"] = str(mode)
+    def set_mode(self, mode: PolicyMode) -> None:
+        self.root("policy")["mode"] = PolicyMode(mode).value
 
-    def mode(self) -> str | None:
-        value = self.root("policy").get("mode")
-        return None if value is None else str(value)
+    def mode(self) -> PolicyMode | None:
+        def build() -> PolicyMode | None:
+            raw = normalise(self.root("policy").get("mode"))
+            if raw is None:
+                return None
+            try:
+                return PolicyMode(raw)
+            except ValueError:
+                self.refusals.refuse("policy.mode", SchemaError("mode", "", f"unknown {raw!r}"))
+                return None
 
-    def set_tidal(self, profile: Mapping[str, object]) -> None:
-        self.root("policy")["tidal"] = _json_value(dict(profile), "tidal profile")
+        return self.view("mode", build)
 
-    def tidal(self) -> dict[str, Any] | None:
-        value = self.root("policy").get("tidal")
-        return None if value is None else dict(normalise(value))
+    def set_tidal(self, tidal: TidalEntry) -> None:
+        self.root("policy")["tidal"] = tidal.to_entry()
 
-    def set_power(self, node_id: str, entry: Mapping[str, object]) -> None:
-        """Central's power order to ``node_id`` (``edgesched.central.power.PowerOrder``)."""
+    def tidal(self) -> TidalEntry | None:
+        return self.view(
+            "tidal",
+            lambda: decode_one(
+                TidalEntry,
+                normalise(self.root("policy").get("tidal")),
+                self.refusals,
+                where="tidal",
+            ),
+        )
+
+    def set_power(self, node_id: str, order: PowerOrder) -> None:
+        """Central's power order to ``node_id``."""
         if not node_id:
             raise ValueError("node id must not be empty")
-        self.root("power")[node_id] = _json_value(dict(entry), f"power {node_id}")
+        self.root("power")[node_id] = order.to_entry()
 
-    def power(self) -> dict[str, dict[str, Any]]:
-        """node id -> central's standing power order (``state``: parked or active)."""
-        out: dict[str, dict[str, Any]] = normalise(self.root("power").to_py() or {})
-        return out
+    def power(self) -> dict[str, PowerOrder]:
+        """node id -> central's standing power order."""
+        return self.view(
+            "power",
+            lambda: decode_map(
+                PowerOrder,
+                self._map("power"),
+                self.refusals,
+                where="power",
+                memo=self.memo("power"),
+            ),
+        )
 
-    def set_model(self, kind: str, entry: Mapping[str, object]) -> None:
-        """Publish a model file (``edgesched.policies.models.ModelBlob.to_entry``) for
-        every node to swap in."""
+    def set_model(self, kind: str, entry: ModelEntry) -> None:
+        """Publish a model file for every node to swap in (each verifies it first)."""
         if not kind:
             raise ValueError("model kind must not be empty")
-        self.root("models")[kind] = _json_value(dict(entry), f"model {kind}")
+        self.root("models")[kind] = entry.to_entry()
 
-    def models(self) -> dict[str, dict[str, Any]]:
-        """kind -> the model entry central published (the nodes verify it before use)."""
-        out: dict[str, dict[str, Any]] = normalise(self.root("models").to_py() or {})
-        return out
+    def models(self) -> dict[str, ModelEntry]:
+        """kind -> the model entry central published."""
+        return self.view(
+            "models",
+            lambda: decode_map(
+                ModelEntry,
+                self._map("models"),
+                self.refusals,
+                where="models",
+                memo=self.memo("models"),
+            ),
+        )
 
 
 class SiteDoc(SyncedDoc):

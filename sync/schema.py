@@ -1,0 +1,595 @@
+"""The CRDT documents' schema: one frozen dataclass per entry kind, one validating decoder.
+
+Every entry a peer writes into a document is built from one of these classes
+(:meth:`Entry.to_entry`) and every entry it reads is decoded by :func:`decode` at the boundary:
+a wrong type, a missing field, a number the wire cannot carry exactly or a value out of range
+is a :class:`SchemaError` naming the entry kind and the field, which the document classes turn
+into a counted, logged refusal of that one entry (:class:`Refusals`), never an exception that
+reaches a loop. Fields a newer writer added are ignored (and counted), so a rolling upgrade
+does not refuse what an older peer cannot read.
+
+Numbers: documents carry JSON numbers as float64, so an integer field accepts an integral float
+(pycrdt reads ``5`` back as ``5.0``) up to 2**53, and a float field refuses NaN and infinities.
+
+    node document  ``node.registration``  :class:`Registration`
+                   ``node.models``        kind -> :class:`ModelReport`
+                   ``node.power``         :class:`PowerReport`
+                   ``tasks[id]``          :class:`TaskReport`
+    policy doc     ``policy.mode``        a :class:`~edgesched.core.policy.PolicyMode` value
+                   ``policy.tidal``       :class:`TidalEntry`
+                   ``assignments[id]``    :class:`AssignmentEntry`
+                   ``stops[task@node]``   :class:`StopOrder`
+                   ``power[node]``        :class:`PowerOrder`
+                   ``models[kind]``       :class:`ModelEntry`
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import types
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from typing import Any, ClassVar, Self, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from edgesched.core.model import Arch, Node, Resources, ServerClass
+from edgesched.core.model import PowerModel as CorePowerModel
+from edgesched.core.task import (
+    MAX_SPEC_INT,
+    Assignment,
+    SpecError,
+    TaskRecord,
+    TaskSpec,
+    TaskState,
+)
+
+log = logging.getLogger("edgesched.sync.schema")
+
+#: Largest integer a float64 carries exactly (JSON numbers in the documents are float64).
+MAX_WIRE_INT = 2**53
+#: Longest string any entry field may hold (a model's base64 data has its own cap).
+MAX_TEXT = 4096
+
+E = TypeVar("E", bound="Entry")
+
+
+class SchemaError(ValueError):
+    """An entry that does not match its kind; ``str()`` names the kind and the field."""
+
+    def __init__(self, kind: str, field_name: str, problem: str) -> None:
+        super().__init__(f"{kind}.{field_name}: {problem}" if field_name else f"{kind}: {problem}")
+        self.kind = kind
+        self.field = field_name
+        self.problem = problem
+
+    @property
+    def reason(self) -> str:
+        """A short, bounded label for counters: the field and the kind of problem."""
+        what = self.problem.split(":")[0].split(",")[0][:40]
+        return f"{self.field or '-'}: {what}"
+
+
+class Entry:
+    """Base of every document entry: frozen dataclasses with :meth:`to_entry`/``from_entry``."""
+
+    KIND: ClassVar[str] = "entry"
+
+    def to_entry(self) -> dict[str, Any]:
+        """The JSON value written into the document."""
+        return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_entry(cls, raw: object) -> Self:
+        """Decode and validate ``raw``; :class:`SchemaError` naming what is wrong."""
+        return _decode_dataclass(cls, raw, cls.KIND)
+
+
+def _encode(value: object) -> object:
+    if isinstance(value, Entry):
+        return value.to_entry()
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_encode(v) for v in value]
+    return value
+
+
+# --- the generic decoder ------------------------------------------------------------------------
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = get_type_hints(cls)
+    return hints
+
+
+def _decode_dataclass(cls: type[E], raw: object, kind: str) -> E:
+    if not isinstance(raw, Mapping):
+        raise SchemaError(kind, "", f"expected an object, got {_type_name(raw)}")
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in raw:
+            values[f.name] = _decode_value(hints[f.name], raw[f.name], kind, f.name)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SchemaError(kind, f.name, "missing")
+    extra = set(raw) - set(values) - {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    try:
+        entry = cls(**values)
+    except (SchemaError, SpecError, ValueError, TypeError) as exc:
+        if isinstance(exc, SchemaError):
+            raise
+        raise SchemaError(kind, "", str(exc)[:200]) from None
+    if extra:
+        IGNORED_FIELDS[kind] += len(extra)
+    return entry
+
+
+#: Fields newer writers added that this version ignored, by entry kind (process-wide).
+IGNORED_FIELDS: Counter[str] = Counter()
+
+
+def _decode_value(hint: Any, raw: object, kind: str, name: str) -> Any:
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        if raw is None:
+            if len(args) < len(get_args(hint)):
+                return None
+            raise SchemaError(kind, name, "must not be null")
+        return _decode_value(args[0], raw, kind, name)
+    if origin is dict:
+        key_t, value_t = get_args(hint)
+        if not isinstance(raw, Mapping):
+            raise SchemaError(kind, name, f"expected an object, got {_type_name(raw)}")
+        return {
+            _decode_value(key_t, k, kind, f"{name}[{k!r}]"): _decode_value(
+                value_t, v, kind, f"{name}[{k!r}]"
+            )
+            for k, v in raw.items()
+        }
+    if origin is tuple:
+        (item_t, _ellipsis) = get_args(hint)
+        if not isinstance(raw, list | tuple):
+            raise SchemaError(kind, name, f"expected an array, got {_type_name(raw)}")
+        return tuple(_decode_value(item_t, v, kind, f"{name}[{i}]") for i, v in enumerate(raw))
+    if isinstance(hint, type) and issubclass(hint, Entry):
+        return _decode_dataclass(hint, raw, f"{kind}.{name}")
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        try:
+            return hint(raw)
+        except ValueError:
+            choices = ", ".join(str(m.value) for m in hint)
+            raise SchemaError(kind, name, f"must be one of {choices}, got {raw!r}"[:200]) from None
+    if hint is bool:
+        if not isinstance(raw, bool):
+            raise SchemaError(kind, name, f"expected a boolean, got {_type_name(raw)}")
+        return raw
+    if hint is int:
+        return wire_int(raw, kind, name)
+    if hint is float:
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            raise SchemaError(kind, name, f"expected a number, got {_type_name(raw)}")
+        if not math.isfinite(raw):
+            raise SchemaError(kind, name, "must be finite")
+        return float(raw)
+    if hint is str:
+        if not isinstance(raw, str):
+            raise SchemaError(kind, name, f"expected a string, got {_type_name(raw)}")
+        if len(raw) > MAX_TEXT:
+            raise SchemaError(kind, name, f"longer than {MAX_TEXT} characters")
+        return raw
+    if hint is Any:  # opaque JSON (a task spec, a tidal profile): checked by its own parser
+        return raw
+    raise TypeError(f"schema: no decoder for {hint!r} ({kind}.{name})")  # a bug in a class
+
+
+def wire_int(raw: object, kind: str, name: str) -> int:
+    """An integer as the documents carry it: an int or an integral float, |n| <= 2**53."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise SchemaError(kind, name, f"expected an integer, got {_type_name(raw)}")
+    if isinstance(raw, float) and not (math.isfinite(raw) and raw.is_integer()):
+        raise SchemaError(kind, name, f"expected an integer, got {raw!r}")
+    if abs(raw) > MAX_WIRE_INT:
+        raise SchemaError(kind, name, f"beyond ±2**53 (what the wire carries exactly): {raw!r}")
+    return int(raw)
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string"}.get(
+        type(value), "an array" if isinstance(value, list | tuple) else "an object"
+    )
+
+
+# --- node documents -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PowerModel(Entry):
+    KIND: ClassVar[str] = "registration.power"
+    idle_w: float
+    peak_w: float
+    parked_w: float
+    wake_latency_s: float
+
+
+@dataclass(frozen=True)
+class Registration(Entry):
+    """``node.registration``: what the node is, for central's placement."""
+
+    KIND: ClassVar[str] = "registration"
+    arch: Arch
+    server_class: ServerClass
+    cpu: float
+    mem_gib: float = 0.0
+    accel: int = 0
+    perf: float = 1.0
+    power: PowerModel | None = None
+    site: str = "default"
+    cpu_model: str = ""
+
+    def __post_init__(self) -> None:
+        if self.cpu <= 0 or self.mem_gib < 0 or self.accel < 0 or self.perf <= 0:
+            raise SchemaError(self.KIND, "", "cpu > 0, mem_gib >= 0, accel >= 0, perf > 0")
+
+    def to_node(self, node_id: str) -> Node:
+        """The core's :class:`~edgesched.core.model.Node` (power defaults by core count)."""
+        p = self.power
+        try:
+            return Node(
+                id=node_id,
+                arch=self.arch,
+                server_class=self.server_class,
+                capacity=Resources(cpu=self.cpu, mem_gib=self.mem_gib, accel=self.accel),
+                power=CorePowerModel(
+                    idle_w=p.idle_w if p else 10.0 * self.cpu,
+                    peak_w=p.peak_w if p else 25.0 * self.cpu,
+                    parked_w=p.parked_w if p else 10.0,
+                    wake_latency_s=p.wake_latency_s if p else 60.0,
+                ),
+                perf=self.perf,
+                site=self.site,
+            )
+        except ValueError as exc:  # the core's own checks (peak below idle, ...)
+            raise SchemaError(self.KIND, "", str(exc)[:200]) from None
+
+
+@dataclass(frozen=True)
+class ModelReport(Entry):
+    """``node.models[kind]``: the model a node runs, and what it refused last."""
+
+    KIND: ClassVar[str] = "models"
+    sha256: str = ""
+    source: str = ""
+    refused: str = ""
+
+
+@dataclass(frozen=True)
+class PowerReport(Entry):
+    """``node.power``: the node's own power state (``edgesched.edge.power``)."""
+
+    KIND: ClassVar[str] = "power"
+    state: str = "active"
+    since: float = 0.0
+    idle_since: float | None = None
+
+
+@dataclass(frozen=True)
+class AssignmentRef(Entry):
+    """The assignment a node's copy of a task follows (:class:`~edgesched.core.task.Assignment`)."""
+
+    KIND: ClassVar[str] = "task.assignment"
+    central: str
+    epoch: int
+    replacement: bool = False
+    score: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.central or self.epoch < 0:
+            raise SchemaError(self.KIND, "", "central must be set and epoch >= 0")
+
+    def to_assignment(self) -> Assignment:
+        return Assignment(self.central, self.epoch, self.replacement, self.score)
+
+    @classmethod
+    def of(cls, a: Assignment) -> AssignmentRef:
+        return cls(a.central, a.epoch, a.replacement, a.score)
+
+
+@dataclass(frozen=True)
+class TaskReport(Entry):
+    """``tasks[id]`` of a node document: the node's copy of a task and its state."""
+
+    KIND: ClassVar[str] = "task"
+    state: TaskState
+    updated_at: float
+    node: str | None = None
+    decided_by: str = ""
+    workload: str = "default"
+    priority: int = 0
+    cpu: float = 0.0
+    mem_gib: float = 0.0
+    accel: int = 0
+    restarts: int = 0
+    exit_code: int | None = None
+    accepted_at: float = 0.0
+    started_at: float | None = None
+    assignment: AssignmentRef | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpu < 0 or self.mem_gib < 0 or self.accel < 0 or self.restarts < 0:
+            raise SchemaError(self.KIND, "", "cpu, mem_gib, accel and restarts must be >= 0")
+        if abs(self.priority) > MAX_SPEC_INT:
+            raise SchemaError(self.KIND, "priority", "out of range")
+
+    @property
+    def active(self) -> bool:
+        return not self.state.terminal
+
+    @classmethod
+    def of(cls, record: TaskRecord) -> TaskReport:
+        """The report of a node's task record (what the node publishes of it)."""
+        return cls(
+            state=record.state,
+            node=record.node_id,
+            decided_by=record.decided_by,
+            workload=record.spec.workload,
+            priority=record.spec.priority,
+            cpu=record.spec.cpu,
+            mem_gib=record.spec.mem_gib,
+            accel=record.spec.accel,
+            restarts=record.restarts,
+            exit_code=record.exit_code,
+            accepted_at=record.submitted_at,
+            updated_at=record.updated_at,
+            assignment=None if record.assignment is None else AssignmentRef.of(record.assignment),
+        )
+
+    def to_entry(self) -> dict[str, Any]:
+        out = super().to_entry()
+        if self.assignment is None:
+            del out["assignment"]  # local tasks carry none (as before: no null key)
+        if self.started_at is None:
+            del out["started_at"]
+        return out
+
+
+# --- the policy document ------------------------------------------------------------------------
+
+
+class AssignmentState(StrEnum):
+    PENDING = "pending"  # accepted, no node could take it yet (``pin``: the node asked for)
+    ACTIVE = "active"  # placed on ``node``
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class AssignmentEntry(Entry):
+    """``assignments[id]``: central's placement of a task (spec, node, epoch)."""
+
+    KIND: ClassVar[str] = "assignment"
+    spec: Any  # the TaskSpec's JSON, validated by TaskSpec.from_json in __post_init__
+    node: str
+    epoch: int
+    central: str
+    at: float
+    replacement: bool = False
+    score: float = 0.0
+    reason: str = ""
+    state: AssignmentState = AssignmentState.ACTIVE
+    pin: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "_spec", TaskSpec.from_json(self.spec))
+        except SpecError as exc:
+            raise SchemaError(self.KIND, "spec", str(exc)[:200]) from None
+        if not self.central or self.epoch < 0:
+            raise SchemaError(self.KIND, "", "central must be set, epoch >= 0")
+        if self.state is AssignmentState.ACTIVE and not self.node:
+            raise SchemaError(self.KIND, "node", "an active assignment names its node")
+
+    @property
+    def task_spec(self) -> TaskSpec:
+        spec: TaskSpec = object.__getattribute__(self, "_spec")
+        return spec
+
+    @property
+    def active(self) -> bool:
+        return self.state is AssignmentState.ACTIVE
+
+    def to_assignment(self) -> Assignment:
+        return Assignment(self.central, self.epoch, self.replacement, self.score)
+
+
+@dataclass(frozen=True)
+class StopOrder(Entry):
+    """``stops[task@node]``: stop that node's copy (it lost the reconcile, or moved)."""
+
+    KIND: ClassVar[str] = "stop"
+    epoch: int
+    winner: str
+    at: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PowerOrder(Entry):
+    """``power[node]``: central's standing order to park or wake a node."""
+
+    KIND: ClassVar[str] = "power-order"
+    state: str
+    at: float
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.state not in ("parked", "active"):
+            raise SchemaError(self.KIND, "state", f"must be parked or active, got {self.state!r}")
+
+
+#: A model file's base64 data may be this long (the model cap is 1 MiB of bytes).
+MAX_MODEL_DATA = 2 * (1 << 20)
+
+
+@dataclass(frozen=True)
+class ModelEntry(Entry):
+    """``models[kind]``: a model file central published (verified by each node before use)."""
+
+    KIND: ClassVar[str] = "model"
+    sha256: str
+    data: str = field(repr=False)
+    size: int = 0
+    name: str = ""
+    set_at: float = 0.0
+
+    @classmethod
+    def from_entry(cls, raw: object) -> Self:
+        if isinstance(raw, Mapping) and isinstance(raw.get("data"), str):
+            if len(raw["data"]) > MAX_MODEL_DATA:
+                raise SchemaError(cls.KIND, "data", "too large")
+            # the data field may be long: decode it outside the generic text cap
+            rest = {k: v for k, v in raw.items() if k != "data"}
+            head = _decode_dataclass(cls, {**rest, "data": ""}, cls.KIND)
+            return dataclasses.replace(head, data=raw["data"])
+        return _decode_dataclass(cls, raw, cls.KIND)
+
+
+@dataclass(frozen=True)
+class TidalEntry(Entry):
+    """``policy.tidal``: the tidal profile central switched the fleet to (by name)."""
+
+    KIND: ClassVar[str] = "tidal"
+    profile: str  # the name of a built-in profile
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+class Refusals:
+    """Entries a document refused, by kind and reason: each distinct refused entry (key and
+    problem) is counted and logged once."""
+
+    def __init__(self, doc_name: str) -> None:
+        self.doc_name = doc_name
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self._logged: set[tuple[str, str]] = set()
+
+    def refuse(self, key: str, err: SchemaError) -> None:
+        """Count and log a refused entry once (views are decoded again after each change)."""
+        seen = (key, str(err))
+        if seen in self._logged:
+            return
+        if len(self._logged) >= 10_000:  # a flood: keep counting, stop remembering
+            self._logged.clear()
+        self._logged.add(seen)
+        self.counts[(err.kind, err.reason)] += 1
+        log.warning("%s: entry %s refused: %s", self.doc_name, key[:200], err)
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def by_kind(self) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for (kind, _reason), n in self.counts.items():
+            out[kind] += n
+        return dict(out)
+
+
+def decode_map(
+    cls: type[E],
+    raw: object,
+    refusals: Refusals,
+    *,
+    where: str,
+    memo: dict[str, tuple[object, E]] | None = None,
+) -> dict[str, E]:
+    """Decode every entry of a document map; the invalid ones are refused and left out.
+
+    ``memo`` (key -> (raw value, decoded entry) of the previous decode, updated in place)
+    spares decoding an entry whose raw value did not change: a map of thousands of
+    assignments changes a few entries per step, and comparing is cheaper than validating."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        refusals.refuse(where, SchemaError(cls.KIND, "", f"{where} is not a map"))
+        return {}
+    out: dict[str, E] = {}
+    fresh: dict[str, tuple[object, E]] = {}
+    for k, value in raw.items():
+        key = str(k)
+        hit = None if memo is None else memo.get(key)
+        if hit is not None and hit[0] == value:
+            out[key] = hit[1]
+            fresh[key] = hit
+            continue
+        try:
+            out[key] = entry = cls.from_entry(value)
+        except SchemaError as err:
+            refusals.refuse(f"{where}[{key}]", err)
+            continue
+        fresh[key] = (value, entry)
+    if memo is not None:
+        memo.clear()
+        memo.update(fresh)
+    return out
+
+
+def decode_one(cls: type[E], raw: object, refusals: Refusals, *, where: str) -> E | None:
+    """Decode one entry (None when absent); an invalid one is refused and reads as absent."""
+    if raw is None:
+        return None
+    try:
+        return cls.from_entry(raw)
+    except SchemaError as err:
+        refusals.refuse(where, err)
+        return None
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node document's content, typed: what central's decisions read of a node."""
+
+    registration: Registration | None
+    tasks: Mapping[str, TaskReport]
+    power: PowerReport | None = None
+    models: Mapping[str, ModelReport] = field(default_factory=dict)
+
+    @classmethod
+    def from_content(cls, content: Mapping[str, Any], refusals: Refusals | None = None) -> NodeView:
+        """Decode a node document's JSON content (``{"node": {...}, "tasks": {...}}``)."""
+        refusals = refusals or Refusals("content")
+        node = content.get("node")
+        node = node if isinstance(node, Mapping) else {}
+        return cls(
+            registration=decode_one(
+                Registration, node.get("registration"), refusals, where="registration"
+            ),
+            tasks=decode_map(TaskReport, content.get("tasks"), refusals, where="tasks"),
+            power=decode_one(PowerReport, node.get("power"), refusals, where="power"),
+            models=decode_map(ModelReport, node.get("models"), refusals, where="node.models"),
+        )
+
+
+#: Every entry kind, for the fuzz tests and the schema documentation.
+ENTRY_KINDS: tuple[type[Entry], ...] = (
+    Registration,
+    ModelReport,
+    PowerReport,
+    TaskReport,
+    AssignmentEntry,
+    StopOrder,
+    PowerOrder,
+    ModelEntry,
+    TidalEntry,
+)
