@@ -71,6 +71,7 @@ bench: setup
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_latency.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_footprint.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_sync.py
+	$(BIN)/python bench/bench_schema.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_policies.py
 
 clean:
