@@ -215,7 +215,11 @@ class EdgeConfig:
     the demo, tests); the node's tasks still run on this machine. ``container_runtime``
     (``docker``, ``podman`` or a path) runs a task that names an image for this node's
     architecture in that image; empty: such a task runs its command as it is, with the image
-    in ``EDGESCHED_IMAGE`` (see :mod:`edgesched.edge.container`).
+    in ``EDGESCHED_IMAGE`` (see :mod:`edgesched.edge.container`). ``history_retention_s``:
+    finished tasks (exited, failed, cancelled) and decisions older than this leave the node's
+    SQLite tables, a bounded batch every ``sample_s``; their counts per day and state stay
+    (``Store.history``). Default a day; keep it at least central's ``assignment_retention_s``
+    (a task central still assigns is never pruned, whatever this says).
     """
 
     node_id: str = ""
@@ -235,9 +239,14 @@ class EdgeConfig:
     centrals: tuple[str, ...] = ("central",)
     hal_root: str = "/"
     container_runtime: str = ""
+    history_retention_s: float = 86_400.0
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
+        if not math.isfinite(self.history_retention_s) or self.history_retention_s <= 0:
+            raise ValueError(
+                f"history_retention_s must be a finite number > 0, got {self.history_retention_s}"
+            )
         if self.container_runtime not in ("", "docker", "podman") and not (
             self.container_runtime.startswith("/") and "\0" not in self.container_runtime
         ):
@@ -510,6 +519,9 @@ def _parse_edge(t: _Table) -> EdgeConfig:
             centrals=t.strings("centrals") if "centrals" in t.data else d.centrals,
             hal_root=t.string("hal_root", d.hal_root),
             container_runtime=t.string("container_runtime", d.container_runtime, allow_empty=True),
+            history_retention_s=t.number(
+                "history_retention_s", d.history_retention_s, low=0, low_open=True
+            ),
             mqtt=mqtt,
         )
     )
@@ -627,6 +639,14 @@ def default_config_toml() -> str:
         _line("scale", s.scale, "multiplies the scenario's load"),
         _line("step_s", s.step_s, "delay from an event to the cycle it triggers"),
         _line("affinity_load", s.affinity_load),
+        "",
+        "# An edge node's table; node_id, state_dir, the API and [edge.mqtt]: see the docs.",
+        "[edge]",
+        _line(
+            "history_retention_s",
+            EdgeConfig().history_retention_s,
+            "finished tasks and decisions leave SQLite",
+        ),
     ]
     return "\n".join(lines) + "\n"
 

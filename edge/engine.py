@@ -7,7 +7,10 @@
   :func:`edgesched.core.scheduler.schedule` as central, over this node, with the cached policy;
   every decision is committed to SQLite *before* it is acted on;
 * **exits**: task processes ending; restart policies (with backoff) decide what happens next;
-* **sample**: the agent's resource samples into the store, downsampled hourly;
+* **sample**: the agent's resource samples into the store, downsampled hourly, and one
+  bounded batch of history pruning (finished tasks and decisions older than
+  ``[edge] history_retention_s`` leave the hot tables, counted per day); what repeats reads
+  only the active tasks, so its cost does not grow with the history;
 * **link**: MQTT to central; the node is *connected* while it heard central within the lease,
   *autonomous* after that (mode changes are logged and counted);
 * **api**: the loopback HTTP API (submit, list, cancel, status, /metrics).
@@ -18,6 +21,14 @@ every spawn (pid and start time) in its run directory before it returns. On star
 rebuilds its state from SQLite: tasks whose processes survived (engine crash, upgrade) are
 adopted by pid *and* start time, never started twice; tasks whose processes are gone (power
 loss, reboot) go back to the queue and are placed again, with or without a network.
+
+One SQLite transaction per state change (:meth:`EdgeEngine._put`): the task rows, the decisions
+behind them and the node document's update for them commit together (one fsync with
+``synchronous=FULL``), so the document update is on disk before it can be published.
+Submissions that queue up while one commits share the next transaction (group commit); a
+cycle commits its decisions with every row they change before acting, then the started
+processes in one more. Submission to running is 3 transactions for a task alone, fewer per
+task in a burst (bench/bench_edge_transactions.py).
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
@@ -79,6 +90,8 @@ DOC_RETENTION_S = 86_400.0
 #: Central's desired-state document (see :class:`edgesched.sync.doc.PolicyDoc`).
 POLICY_DOC = "policy"
 _HELD = (TaskState.PLACED, TaskState.RUNNING)
+_ACTIVE = tuple(s for s in TaskState if not s.terminal)
+_TERMINAL = tuple(s for s in TaskState if s.terminal)
 _POWER = (DecisionKind.PARK, DecisionKind.WAKE)
 _ACT_ORDER = {
     DecisionKind.PREEMPT: 0,
@@ -164,6 +177,8 @@ class EdgeEngine:
         self._policy_saved = ""  # content hash of the policy replica last written to SQLite
         self.tidal_profile = "config"  # the config file's, until central names one
         self._journal: DocJournal | None = None
+        #: Submissions waiting for their commit (see :meth:`submit`).
+        self._submissions: list[tuple[TaskRecord, asyncio.Future[Exception | None]]] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -435,18 +450,43 @@ class EdgeEngine:
         )
         return session
 
-    async def _put(self, record: TaskRecord) -> None:
-        """Commit a task record, then mirror it into the node document (for central)."""
-        await self.store.put_task(record)
-        self._mirror(record)
+    async def _put(
+        self, *records: TaskRecord, decisions: Sequence[Decision] = (), source: str = ""
+    ) -> None:
+        """Commit task records (and the ``decisions`` behind them) and their mirror in the node
+        document (for central) in one SQLite transaction: one fsync per state change, and the
+        document update is on disk before it can be published. If the commit fails, the
+        document is put back as it was (that undo is logged later, by the journal's retries)."""
+        journal = _started(self._journal)
+        before = {r.spec.id: self.doc.task(r.spec.id) for r in records}
+        try:
+            async with journal.transaction():
+                await self.store.put_tasks(records)
+                await self.store.append_decisions(decisions, source)
+                # One CRDT transaction, one update for them all. The records are one per task
+                # (callers pass distinct ids): the document's decoded view is refreshed only
+                # after the transaction, so a second write of one id in it would compare
+                # against the stale view.
+                with self.doc.doc.transaction():
+                    for record in records:
+                        self._mirror(record)
+        except BaseException:
+            for task_id, report in before.items():
+                if report is None:
+                    self.doc.remove_task(task_id)
+                else:
+                    self.doc.put_task(task_id, report)
+            raise
 
     async def _mirror_all(self) -> None:
         """Bring the document in line with SQLite (the record of truth) after a restart: an
         update that was queued but not yet logged when the engine died is re-derived here."""
         horizon = self.clock() - DOC_RETENTION_S
-        for record in await self.store.list_tasks():
-            if not (record.state.terminal and record.updated_at < horizon):
-                self._mirror(record)
+        # by state and age: the active tasks and the recently finished, never all the history
+        records = await self.store.list_tasks(_ACTIVE)
+        records += await self.store.list_tasks(_TERMINAL, updated_since=horizon)
+        for record in records:
+            self._mirror(record)
 
     def _mirror(self, record: TaskRecord) -> None:
         if self._doc is not None:
@@ -526,6 +566,7 @@ class EdgeEngine:
         """Rebuild from SQLite: adopt live processes, requeue the ones that are gone."""
         now = self.clock()
         adopted = requeued = 0
+        changed: list[TaskRecord] = []
         for record in await self.store.list_tasks(_HELD):
             handle = None
             if record.pid is not None and record.pid_started_at is not None:
@@ -536,7 +577,7 @@ class EdgeEngine:
                     handle = self.executor.adopt(record.spec.id, *spawned)
             if handle is not None:
                 adopted += 1
-                await self._put(
+                changed.append(
                     record.with_state(
                         TaskState.RUNNING, now, pid=handle.pid, pid_started_at=handle.started_at
                     )
@@ -545,7 +586,7 @@ class EdgeEngine:
                 pass  # finished while we were down: its exit event is queued for the exit loop
             else:
                 requeued += 1
-                await self._put(
+                changed.append(
                     record.with_state(
                         TaskState.ACCEPTED,
                         now,
@@ -554,6 +595,8 @@ class EdgeEngine:
                         reason="process gone after restart (reboot or power loss): requeued",
                     )
                 )
+        if changed:
+            await self._put(*changed)  # one transaction for the whole recovery
         if adopted or requeued:
             log.warning(
                 "recovered from SQLite: %d task(s) adopted alive, %d requeued", adopted, requeued
@@ -578,17 +621,44 @@ class EdgeEngine:
             decided_by="",
             reason="accepted locally",
         )
+        # Group commit: submissions that queue up while one commits go in together, in the
+        # next transaction (one fsync for a burst); each is acknowledged once it is committed.
+        waiter: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        self._submissions.append((record, waiter))
         async with self._lock:
-            if await self.store.get_task(spec.id) is not None:
-                raise SubmitError(409, "id", f"task {spec.id!r} already exists")
-            try:
-                await self._put(record)
-            except StoreFullError as exc:
-                self.metrics.store_errors.labels("full").inc()
-                raise SubmitError(507, "store", f"not accepted: {exc}") from exc
+            if not waiter.done():
+                await self._commit_submissions()
+        refused = waiter.result()
+        if refused is not None:
+            raise refused
         self.metrics.submissions.inc()
         self._wake.set()
         return record
+
+    async def _commit_submissions(self) -> None:
+        """Commit every queued submission in one transaction (the engine lock held) and tell
+        each submitter its outcome: None (accepted), or the error to raise."""
+        batch, self._submissions = self._submissions, []
+        fresh: dict[str, tuple[TaskRecord, asyncio.Future[Exception | None]]] = {}
+        outcome: Exception | None = StoreError("submission interrupted: not accepted")
+        try:
+            for record, waiter in batch:
+                task_id = record.spec.id
+                if task_id in fresh or await self.store.get_task(task_id) is not None:
+                    waiter.set_result(SubmitError(409, "id", f"task {task_id!r} already exists"))
+                else:
+                    fresh[task_id] = (record, waiter)
+            await self._put(*(record for record, _ in fresh.values()))
+            outcome = None
+        except StoreFullError as exc:
+            self.metrics.store_errors.labels("full").inc()
+            outcome = SubmitError(507, "store", f"not accepted: {exc}")
+        except StoreError as exc:
+            outcome = exc
+        finally:
+            for _, waiter in batch:
+                if not waiter.done():  # each submitter raises an error of its own
+                    waiter.set_result(_copy_error(outcome))
 
     def _check_feasible(self, spec: TaskSpec, node: Node) -> None:
         task = spec.to_task(0.0)
@@ -752,61 +822,83 @@ class EdgeEngine:
             if not decisions:
                 return []
             source = f"edge-{self.mode.value}"
-            await self.store.append_decisions(decisions, source)
-            self.metrics.decisions.labels(source).inc(len(decisions))
             by_id = {r.spec.id: r for r in records}
-            # All are committed already; act in the order that frees before it fills and pins
-            # a placed task before its process starts (so it starts on its cores).
-            for decision in sorted(decisions, key=lambda d: _ACT_ORDER[d.kind]):
-                await self._act(decision, by_id, source)
+            # Act in the order that frees before it fills and pins a placed task before its
+            # process starts (so it starts on its cores).
+            ordered = sorted(decisions, key=lambda d: _ACT_ORDER[d.kind])
+            # One transaction: the decisions, every row they change before anything is acted
+            # on (preempted, pinned, placed) and the document's mirror of them.
+            staged = self._stage(ordered, by_id, source, now)
+            await self._put(*staged.values(), decisions=decisions, source=source)
+            self.metrics.decisions.labels(source).inc(len(decisions))
+            by_id.update(staged)
+            outcome: dict[str, TaskRecord] = {}
+            for decision in ordered:
+                await self._act(decision, by_id, outcome)
+            if outcome:  # one more: the started processes (running) and the failed starts
+                await self._put(*outcome.values())
             return decisions
 
-    async def _act(self, d: Decision, by_id: dict[str, TaskRecord], source: str) -> None:
+    def _stage(
+        self, ordered: list[Decision], by_id: dict[str, TaskRecord], source: str, now: float
+    ) -> dict[str, TaskRecord]:
+        """The rows the decisions change before they are acted on, one per task (its last)."""
+        staged: dict[str, TaskRecord] = {}
+        for d in ordered:
+            task_id = d.task_id or ""
+            current = staged.get(task_id) or by_id.get(task_id)
+            if current is None:
+                continue
+            if d.kind is DecisionKind.PLACE:
+                staged[task_id] = current.with_state(
+                    TaskState.PLACED,
+                    now,
+                    # central chose the node for an assigned task; we chose when and which cores
+                    decided_by=current.decided_by if current.assignment is not None else source,
+                    node_id=d.node_id,
+                    reason=d.reason,
+                )
+            elif d.kind is DecisionKind.PREEMPT:
+                staged[task_id] = current.with_state(
+                    TaskState.PREEMPTED, now, pid=None, pid_started_at=None, reason=d.reason
+                )
+            elif d.kind is DecisionKind.PIN:
+                staged[task_id] = replace(current, cores=tuple(d.cores))
+        return staged
+
+    async def _act(
+        self, d: Decision, by_id: dict[str, TaskRecord], outcome: dict[str, TaskRecord]
+    ) -> None:
+        """Act on one committed decision; the rows its outcome changes go into ``outcome``
+        (committed together once every decision of the cycle is acted on)."""
         record = by_id.get(d.task_id or "")
         if record is None:
             return
-        now = self.clock()
+        task_id = record.spec.id
         if d.kind is DecisionKind.PLACE:
-            placed = record.with_state(
-                TaskState.PLACED,
-                now,
-                # central chose the node for an assigned task; we chose when and which cores
-                decided_by=record.decided_by if record.assignment is not None else source,
-                node_id=d.node_id,
-                reason=d.reason,
-            )
-            await self._put(placed)
-            cores = self._pins.get(record.spec.id)
+            cores = self._pins.get(task_id)
             try:
                 handle = await self.executor.start(record.spec, self._host_cores(cores))
             except ExecutorError as exc:
-                await self._put(placed.with_state(TaskState.FAILED, now, reason=str(exc)))
+                failed = record.with_state(TaskState.FAILED, self.clock(), reason=str(exc))
+                outcome[task_id] = failed
                 self.metrics.start_failures.inc()
-                log.error("task %s failed to start: %s", record.spec.id, exc)
+                log.error("task %s failed to start: %s", task_id, exc)
                 return
-            by_id[record.spec.id] = running = placed.with_state(
+            by_id[task_id] = outcome[task_id] = record.with_state(
                 TaskState.RUNNING, self.clock(), pid=handle.pid, pid_started_at=handle.started_at
             )
-            await self._put(running)
             self.metrics.starts.inc()
         elif d.kind is DecisionKind.PREEMPT:
-            preempted = record.with_state(
-                TaskState.PREEMPTED, now, pid=None, pid_started_at=None, reason=d.reason
-            )
-            await self._put(preempted)
-            by_id[record.spec.id] = preempted
-            self._pins.pop(record.spec.id, None)
-            await self.executor.stop(record.spec.id, self.edge.stop_grace_s)
-            self.executor.forget(record.spec.id)
+            self._pins.pop(task_id, None)
+            await self.executor.stop(task_id, self.edge.stop_grace_s)
+            self.executor.forget(task_id)
             self.metrics.preemptions.inc()
         elif d.kind is DecisionKind.PIN:
-            self._pins[record.spec.id] = frozenset(d.cores)
-            current = by_id.get(record.spec.id, record)
-            if current.state is TaskState.RUNNING:
+            self._pins[task_id] = frozenset(d.cores)
+            if record.state is TaskState.RUNNING:
                 with contextlib.suppress(ExecutorError):
-                    self.executor.pin(record.spec.id, self._host_cores(d.cores) or d.cores)
-            by_id[record.spec.id] = pinned = replace(current, cores=tuple(d.cores))
-            await self._put(pinned)
+                    self.executor.pin(task_id, self._host_cores(d.cores) or d.cores)
 
     def _host_cores(self, cores: Iterable[int] | None) -> list[int] | None:
         """The CPUs of this machine to pin a task to. A simulated node (``hal_root`` other than
@@ -883,33 +975,65 @@ class EdgeEngine:
         last_rollup = self.clock()
         while True:
             now = self.clock()
-            sample = agent.sample(now, parked=self.power.state.parked)
-            self.metrics.observe(sample)
-            self._publish_telemetry(now, sample)
-            try:
-                await self.store.add_sample(now, sample.to_json())
-                if now - last_rollup >= 3600:
+            if now - last_rollup >= 3600:
+                try:
                     await self.store.downsample(now)
                     self._expire_doc_tasks(now)
                     last_rollup = now
-            except StoreError as exc:
-                self.metrics.store_errors.labels(
-                    "full" if isinstance(exc, StoreFullError) else "error"
-                ).inc()
-                log.error("sample not stored: %s", exc)
-            self.executor.rotate_logs()
-            counts: dict[str, int] = {}
-            with contextlib.suppress(StoreError):
-                records = await self.store.list_tasks()
-                for r in records:
-                    counts[r.state.value] = counts.get(r.state.value, 0) + 1
-                try:
-                    await self._observe_demand(now, records)
-                except ValueError as exc:  # a forecast is advice: never let it stop the node
-                    log.error("demand forecast skipped: %s", exc)
-            for state in TaskState:
-                self.metrics.tasks.labels(state.value).set(counts.get(state.value, 0))
+                except StoreError as exc:
+                    self._count_store_error(exc)
+                    log.error("samples not downsampled: %s", exc)
+            await self._sample_step(agent, now)
             await asyncio.sleep(self.edge.sample_s)
+
+    async def _sample_step(self, agent: Agent, now: float) -> None:
+        """The sample loop's work, every ``sample_s``: one sample stored and published, the
+        per-state task gauges, the demand forecast's input and one bounded batch of history
+        pruning. It reads only the active tasks and the store's kept counts: its cost does not
+        grow with the finished history (bench/bench_edge_history.py)."""
+        sample = agent.sample(now, parked=self.power.state.parked)
+        self.metrics.observe(sample)
+        self._publish_telemetry(now, sample)
+        try:
+            await self.store.add_sample(now, sample.to_json())
+        except StoreError as exc:
+            self._count_store_error(exc)
+            log.error("sample not stored: %s", exc)
+        self.executor.rotate_logs()
+        try:
+            await self._prune_history(now)
+        except StoreError as exc:
+            self._count_store_error(exc)
+            log.error("history not pruned: %s", exc)
+        with contextlib.suppress(StoreError):
+            counts = await self.store.task_counts()
+            for state in TaskState:
+                self.metrics.tasks.labels(state.value).set(counts.get(state, 0))
+            try:
+                await self._observe_demand(now, await self.store.list_tasks(_ACTIVE))
+            except ValueError as exc:  # a forecast is advice: never let it stop the node
+                log.error("demand forecast skipped: %s", exc)
+
+    async def _prune_history(self, now: float) -> tuple[int, int]:
+        """One bounded batch: finished tasks and decisions older than ``history_retention_s``
+        leave the hot tables (counted per day in the store's history tables). Tasks central
+        still assigns to us stay: pruned, a finished one would be taken as new and run again."""
+        me = self.edge.node_id
+        keep = [] if self._policy is None else [
+            task_id for task_id, entry in self.policy.assignments().items() if entry.node == me
+        ]  # fmt: skip
+        pruned = await self.store.prune_history(now - self.edge.history_retention_s, keep=keep)
+        if any(pruned):
+            log.debug("history pruned: %d task(s), %d decision(s)", *pruned)
+        return pruned
+
+
+def _copy_error(error: Exception | None) -> Exception | None:
+    if isinstance(error, SubmitError):
+        return SubmitError(error.status, error.field, error.message)
+    if isinstance(error, StoreError):
+        return type(error)(str(error))
+    return error
 
 
 def _started(part: _T | None) -> _T:

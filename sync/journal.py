@@ -3,8 +3,16 @@
 The writer of a document must persist each local update before it is published or acted
 on: an update published but not persisted would be issued again, under the same client
 clock, after a crash, and the replicas would diverge silently. :class:`DocJournal` takes the
-document's local updates (queued by the doc callback, never written from inside it), appends
-them to the store in order (retrying while the store fails, e.g. a full disk), and
+document's local updates (queued by the doc callback, never written from inside it) and
+appends them to the store in order, two ways:
+
+* :meth:`DocJournal.transaction`: a store transaction (:meth:`Store.transaction`) whose end
+  also logs every update queued so far, the ones the block itself made included, so a state
+  change commits its rows and its document update together, with one fsync;
+* :meth:`DocJournal.run`: a background task that logs whatever is still queued, one update
+  per transaction, retrying while the store fails (e.g. a full disk).
+
+Either way an update leaves the queue only once its transaction committed, and
 :meth:`DocJournal.flushed` is the peer's ``before_publish``: it returns once everything queued
 so far is on disk.
 """
@@ -12,8 +20,10 @@ so far is on disk.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from edgesched.sync.store import StoreError
@@ -40,30 +50,89 @@ class DocJournal:
         self.store = store
         self.on_error = on_error
         self.retry_s = retry_s
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
-        doc.on_local_update(self._queue.put_nowait)  # queue only: no doc access in a commit
+        self._pending: collections.deque[bytes] = collections.deque()
+        self._queued = 0  # updates ever queued
+        self._logged = 0  # updates ever committed to the store (a prefix of the queue)
+        self._changed = asyncio.Condition()
+        self._arrived = asyncio.Event()
+        self._lock = asyncio.Lock()  # one logger at a time: updates go in in order
+        doc.on_local_update(self._enqueue)  # queue only: no doc access in a commit
+
+    def _enqueue(self, update: bytes) -> None:
+        self._pending.append(update)
+        self._queued += 1
+        self._arrived.set()
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        return len(self._pending)
 
     async def flushed(self) -> None:
         """Return once every update queued so far is in the store."""
-        await self._queue.join()
+        target = self._queued
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._logged >= target)
+
+    async def _committed(self, n: int) -> None:
+        for _ in range(n):
+            self._pending.popleft()
+        self._logged += n
+        async with self._changed:
+            self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """A store transaction that also logs the queued updates, those the block made
+        included, before it commits: one commit for the block's rows and its document change.
+
+        If the block or the commit fails, nothing of it is in the store and the updates stay
+        queued (:meth:`run` logs them later, retrying): the document may then hold a change
+        the store does not, which the caller undoes with a new change if it must.
+        """
+        async with self._lock:
+            saved = _log_position(self.doc)
+            logged = 0
+            try:
+                async with self.store.transaction():
+                    yield
+                    # log_update may queue more (a rotation): log until the queue is drained
+                    while logged < len(self._pending):
+                        await self.doc.log_update(self.store, self._pending[logged])
+                        logged += 1
+            except BaseException:
+                _restore_log_position(self.doc, saved)  # the store did not move
+                raise
+            await self._committed(logged)
 
     async def run(self) -> None:
         """Forever: append each queued update, in order; on a store error wait and retry."""
         while True:
-            update = await self._queue.get()
-            while True:
-                try:
-                    await self.doc.log_update(self.store, update)
-                    break
+            if not self._pending:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            async with self._lock:
+                if not self._pending:
+                    continue
+                try:  # its own transactions (an append, maybe a compaction after it)
+                    await self.doc.log_update(self.store, self._pending[0])
+                    failed = None
                 except StoreError as exc:
-                    if self.on_error is not None:
-                        self.on_error(exc)
-                    log.error(
-                        "%s: update not logged yet (publishing waits): %s", self.doc.name, exc
-                    )
-                    await asyncio.sleep(self.retry_s)
-            self._queue.task_done()
+                    failed = exc
+                else:
+                    await self._committed(1)
+            if failed is not None:
+                if self.on_error is not None:
+                    self.on_error(failed)
+                log.error("%s: update not logged yet (publishing waits): %s", self.doc.name, failed)
+                await asyncio.sleep(self.retry_s)
+
+
+def _log_position(doc: SyncedDoc) -> tuple[int, int]:
+    """What :meth:`SyncedDoc.log_update` advances as it writes (the updates logged since the
+    last compaction, the store's epoch): restored when its transaction rolls back."""
+    return doc._logged, doc._stored_epoch
+
+
+def _restore_log_position(doc: SyncedDoc, saved: tuple[int, int]) -> None:
+    doc._logged, doc._stored_epoch = saved

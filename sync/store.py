@@ -5,9 +5,18 @@ It keeps what an edge node must not lose when the power goes: task records, the 
 rolled up into fixed buckets, then expire), the append-only CRDT update log per document with
 its compacted snapshot, and small metadata (node identity, cached policy, lease).
 
-Every write is one transaction, committed before the call returns. One :class:`Store` per
-process, on one aiosqlite connection; operations are serialized with an asyncio lock, so a
-reader never sees another call's uncommitted rows.
+Every write is one transaction, committed before the call returns, unless it runs inside
+:meth:`Store.transaction`: then the writes of that block (task rows, decisions, CRDT updates,
+from the asyncio task that opened it) commit together, once, at its end, or not at all. With
+``synchronous=FULL`` each commit costs an fsync, so a state change that writes its row, its
+decisions and its document update in one transaction pays one instead of three or more. One
+:class:`Store` per process, on one aiosqlite connection; operations are serialized with an
+asyncio lock, so a reader never sees another call's uncommitted rows.
+
+History stays bounded: :meth:`Store.prune_history` moves finished tasks and old decisions out of
+the hot tables in bounded batches, counting them per UTC day (:meth:`Store.history`), and the
+per-state task counts are kept by triggers (:meth:`Store.task_counts`), so nothing that runs
+every few seconds scans the history.
 
 Opening checks the file (``PRAGMA quick_check``) and migrates an older schema forward in one
 transaction (``PRAGMA user_version``); a newer schema is refused. A corrupt file is moved aside
@@ -25,7 +34,15 @@ import logging
 import math
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +63,8 @@ _T = TypeVar("_T")
 BUSY_TIMEOUT_MS = 10_000
 #: The WAL file is truncated back to at most this size after a checkpoint (bytes).
 JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
+#: Rows :meth:`Store.prune_history` moves per call and table, at most (one short transaction).
+PRUNE_BATCH = 500
 
 #: Ordered schema migrations: ``MIGRATIONS[v]`` takes a database from version ``v`` to ``v + 1``.
 #: Never edit a released step; append a new one.
@@ -110,6 +129,41 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE doc_snapshots ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",),
     # 4: central's placement of a task (core/task.py Assignment as JSON; '' for local tasks)
     ("ALTER TABLE tasks ADD COLUMN assignment TEXT NOT NULL DEFAULT ''",),
+    # 5: bounded history. Finished tasks and old decisions leave the hot tables after the
+    # retention (Store.prune_history) and are counted per UTC day in the history tables; the
+    # per-state task counts are kept by triggers, so nothing periodic has to scan the tasks.
+    (
+        "CREATE INDEX tasks_by_state_updated ON tasks (state, updated_at)",
+        "CREATE INDEX decisions_by_at ON decisions (at)",
+        """CREATE TABLE task_history (
+            day TEXT NOT NULL,
+            state TEXT NOT NULL,
+            n INTEGER NOT NULL,
+            PRIMARY KEY (day, state)
+        )""",
+        """CREATE TABLE decision_history (
+            day TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            source TEXT NOT NULL,
+            n INTEGER NOT NULL,
+            PRIMARY KEY (day, kind, source)
+        )""",
+        "CREATE TABLE task_state_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL)",
+        "INSERT INTO task_state_counts (state, n) SELECT state, count(*) FROM tasks GROUP BY state",
+        """CREATE TRIGGER tasks_count_insert AFTER INSERT ON tasks BEGIN
+            INSERT INTO task_state_counts (state, n) VALUES (NEW.state, 1)
+            ON CONFLICT (state) DO UPDATE SET n = n + 1;
+        END""",
+        """CREATE TRIGGER tasks_count_update AFTER UPDATE OF state ON tasks
+        WHEN OLD.state IS NOT NEW.state BEGIN
+            UPDATE task_state_counts SET n = n - 1 WHERE state = OLD.state;
+            INSERT INTO task_state_counts (state, n) VALUES (NEW.state, 1)
+            ON CONFLICT (state) DO UPDATE SET n = n + 1;
+        END""",
+        """CREATE TRIGGER tasks_count_delete AFTER DELETE ON tasks BEGIN
+            UPDATE task_state_counts SET n = n - 1 WHERE state = OLD.state;
+        END""",
+    ),
 )
 #: The schema version this code writes.
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -156,6 +210,10 @@ class Store:
     ) -> None:
         self._conn: aiosqlite.Connection | None = conn
         self._lock = asyncio.Lock()
+        #: The asyncio task inside :meth:`transaction` (its store calls join that transaction).
+        self._tx_owner: asyncio.Task[Any] | None = None
+        #: Why the open transaction can no longer commit (a write inside it failed).
+        self._tx_failed: StoreError | None = None
         self.path = path
         self.schema_version = schema_version
         self.recovery = recovery
@@ -266,19 +324,33 @@ class Store:
 
         return await self._read(f"cannot read task {task_id}", body)
 
-    async def list_tasks(self, states: Collection[TaskState] | None = None) -> list[TaskRecord]:
-        """Task records (all, or those in ``states``) ordered by ``submitted_at``, then id.
+    async def list_tasks(
+        self,
+        states: Collection[TaskState] | None = None,
+        *,
+        updated_since: float | None = None,
+    ) -> list[TaskRecord]:
+        """Task records (all, or those in ``states``, and with ``updated_since``, only those
+        updated at or after it) ordered by ``submitted_at``, then id. By state, the query reads
+        only those states' rows (an index on state): ask for the active states in anything that
+        runs often, never for all.
 
         A row that no longer decodes is logged and skipped, so one bad row never hides the rest.
         """
         sql = f"SELECT {_TASK_COLS} FROM tasks"
         params: list[object] = []
+        where: list[str] = []
         if states is not None:
             wanted = sorted({TaskState(s).value for s in states})
             if not wanted:
                 return []
-            sql += f" WHERE state IN ({', '.join('?' * len(wanted))})"
+            where.append(f"state IN ({', '.join('?' * len(wanted))})")
             params.extend(wanted)
+        if updated_since is not None:
+            where.append("updated_at >= ?")
+            params.append(updated_since)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY submitted_at, id"
 
         async def body(conn: aiosqlite.Connection) -> list[TaskRecord]:
@@ -339,6 +411,109 @@ class Store:
             return out
 
         return await self._read("cannot read decisions", body)
+
+    # ------------------------------------------------------------------ history
+
+    async def task_counts(self) -> dict[TaskState, int]:
+        """Tasks in the hot table per state (kept by triggers: no scan of the tasks)."""
+
+        async def body(conn: aiosqlite.Connection) -> dict[TaskState, int]:
+            out: dict[TaskState, int] = {}
+            for state, n in await conn.execute_fetchall(
+                "SELECT state, n FROM task_state_counts WHERE n > 0"
+            ):
+                with contextlib.suppress(ValueError):  # a state of a newer release: skipped
+                    out[TaskState(state)] = int(n)
+            return out
+
+        return await self._read("cannot count tasks", body)
+
+    async def prune_history(
+        self, before: float, *, batch: int = PRUNE_BATCH, keep: Collection[str] = ()
+    ) -> tuple[int, int]:
+        """Move at most ``batch`` finished tasks and ``batch`` decisions last updated (taken)
+        before ``before`` out of the hot tables, counting them per UTC day and state (kind and
+        source) in the history tables (:meth:`history`); one transaction. Tasks in ``keep``
+        stay (e.g. those central still assigns: a pruned one would be taken anew). Only the
+        terminal states are ever pruned, never an active task. Returns ``(tasks, decisions)``
+        removed: call again while either equals ``batch`` to catch up."""
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        terminal = [s.value for s in TaskState if s.terminal]
+        kept = _dumps(sorted(set(keep)))
+
+        async def body(conn: aiosqlite.Connection) -> tuple[int, int]:
+            tasks: list[tuple[int, str, float]] = []
+            for state in terminal:  # one index range per state: bounded by the batch
+                if len(tasks) >= batch:
+                    break
+                rows = await conn.execute_fetchall(
+                    "SELECT rowid, state, updated_at FROM tasks INDEXED BY tasks_by_state_updated "
+                    "WHERE state = ? AND updated_at < ? "
+                    "AND id NOT IN (SELECT value FROM json_each(?)) "
+                    "ORDER BY updated_at LIMIT ?",
+                    (state, before, kept, batch - len(tasks)),
+                )
+                tasks.extend((int(r[0]), str(r[1]), float(r[2])) for r in rows)
+            per_day: dict[tuple[str, str], int] = {}
+            for _, state, at in tasks:
+                key = (_day(at), state)
+                per_day[key] = per_day.get(key, 0) + 1
+            await conn.executemany(
+                "INSERT INTO task_history (day, state, n) VALUES (?, ?, ?) "
+                "ON CONFLICT (day, state) DO UPDATE SET n = n + excluded.n",
+                [(day, state, n) for (day, state), n in per_day.items()],
+            )
+            await conn.executemany("DELETE FROM tasks WHERE rowid = ?", [(r,) for r, _, _ in tasks])
+            decisions = list(
+                await conn.execute_fetchall(
+                    "SELECT seq, at, kind, source FROM decisions INDEXED BY decisions_by_at "
+                    "WHERE at < ? ORDER BY at LIMIT ?",
+                    (before, batch),
+                )
+            )
+            per_kind: dict[tuple[str, str, str], int] = {}
+            for _, at, kind, source in decisions:
+                dkey = (_day(float(at)), str(kind), str(source))
+                per_kind[dkey] = per_kind.get(dkey, 0) + 1
+            await conn.executemany(
+                "INSERT INTO decision_history (day, kind, source, n) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (day, kind, source) DO UPDATE SET n = n + excluded.n",
+                [(day, kind, source, n) for (day, kind, source), n in per_kind.items()],
+            )
+            await conn.executemany(
+                "DELETE FROM decisions WHERE seq = ?", [(d[0],) for d in decisions]
+            )
+            return len(tasks), len(decisions)
+
+        return await self._write("cannot prune the history", body)
+
+    async def history(self) -> dict[str, Any]:
+        """What left the hot tables, per UTC day: ``{"tasks": {day: {state: n}}, "decisions":
+        {day: {kind: n}}}``, plus ``"totals"``: every task the store has known per state, the
+        hot table's counts and the pruned ones together."""
+
+        async def body(conn: aiosqlite.Connection) -> dict[str, Any]:
+            tasks: dict[str, dict[str, int]] = {}
+            totals: dict[str, int] = {}
+            for day, state, n in await conn.execute_fetchall(
+                "SELECT day, state, n FROM task_history ORDER BY day, state"
+            ):
+                tasks.setdefault(str(day), {})[str(state)] = int(n)
+                totals[str(state)] = totals.get(str(state), 0) + int(n)
+            for state, n in await conn.execute_fetchall(
+                "SELECT state, n FROM task_state_counts WHERE n > 0"
+            ):
+                totals[str(state)] = totals.get(str(state), 0) + int(n)
+            decisions: dict[str, dict[str, int]] = {}
+            for day, kind, n in await conn.execute_fetchall(
+                "SELECT day, kind, sum(n) FROM decision_history GROUP BY day, kind "
+                "ORDER BY day, kind"
+            ):
+                decisions.setdefault(str(day), {})[str(kind)] = int(n)
+            return {"tasks": tasks, "decisions": decisions, "totals": totals}
+
+        return await self._read("cannot read the history", body)
 
     # ------------------------------------------------------------------ telemetry
 
@@ -600,8 +775,62 @@ class Store:
             raise StoreError(f"store {self.path} is closed")
         return self._conn
 
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """One ``BEGIN IMMEDIATE`` transaction for every store call made inside the block.
+
+        The calls the opening asyncio task makes inside it (writes and reads) join it instead
+        of committing on their own; the block's end commits them all, once (one fsync), and an
+        exception out of the block rolls them all back. Other tasks' calls wait until it ends.
+        A write that fails inside the block (e.g. :class:`StoreFullError`) raises as usual and
+        dooms the transaction: the block's end then rolls back and raises that error again,
+        even if the block caught it. Nested blocks of the same task join the outer one. Keep
+        the block short: no process spawns or sleeps inside it.
+        """
+        task = asyncio.current_task()
+        if task is not None and self._tx_owner is task:
+            yield  # nested: the outer block commits
+            return
+        async with self._lock:
+            conn = self._connection()
+            try:
+                if conn.in_transaction:  # left over by a cancelled call
+                    await conn.execute("ROLLBACK")
+                await conn.execute("BEGIN IMMEDIATE")
+                self._tx_owner, self._tx_failed = task, None
+                try:
+                    yield
+                finally:
+                    self._tx_owner, failed = None, self._tx_failed
+                    self._tx_failed = None
+                if failed is not None:
+                    raise failed
+                await conn.execute("COMMIT")
+            except BaseException as exc:
+                await _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise _error("cannot commit", exc) from exc
+                raise
+
+    def _joined(self) -> bool:
+        """Whether the calling asyncio task is inside its own :meth:`transaction`."""
+        return self._tx_owner is not None and self._tx_owner is asyncio.current_task()
+
     async def _write(self, what: str, body: Callable[[aiosqlite.Connection], Awaitable[_T]]) -> _T:
-        """Run ``body`` in one ``BEGIN IMMEDIATE`` transaction, committed before returning."""
+        """Run ``body`` in one ``BEGIN IMMEDIATE`` transaction, committed before returning, or
+        inside the caller's open :meth:`transaction` (committed at its end)."""
+        if self._joined():
+            conn = self._connection()
+            try:
+                return await body(conn)
+            except BaseException as exc:
+                failure = _failure(what, exc)
+                if self._tx_failed is None:  # the transaction cannot commit any more
+                    doomed = exc if isinstance(exc, StoreError) else None
+                    self._tx_failed = failure or doomed or StoreError(f"{what}: {exc!r}")
+                if failure is not None:
+                    raise failure from exc
+                raise
         async with self._lock:
             conn = self._connection()
             try:
@@ -613,13 +842,17 @@ class Store:
                 return result
             except BaseException as exc:
                 await _rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise _error(what, exc) from exc
-                if isinstance(exc, UnicodeError):
-                    raise StoreError(f"{what}: text is not valid Unicode ({exc})") from exc
+                failure = _failure(what, exc)
+                if failure is not None:
+                    raise failure from exc
                 raise
 
     async def _read(self, what: str, body: Callable[[aiosqlite.Connection], Awaitable[_T]]) -> _T:
+        if self._joined():  # sees the open transaction's own writes
+            try:
+                return await body(self._connection())
+            except sqlite3.Error as exc:
+                raise _error(what, exc) from exc
         async with self._lock:
             conn = self._connection()
             try:
@@ -640,6 +873,14 @@ _UPSERT_TASK = (
     f"INSERT INTO tasks ({_TASK_COLS}) VALUES ({', '.join('?' * len(_TASK_COLUMNS))}) "
     "ON CONFLICT (id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _TASK_COLUMNS[1:])
 )
+
+
+def _day(at: float) -> str:
+    """The UTC day of ``at`` (seconds since the epoch), ``YYYY-MM-DD``."""
+    try:
+        return datetime.fromtimestamp(at, UTC).date().isoformat()
+    except (OverflowError, OSError, ValueError):  # beyond what datetime holds
+        return "invalid"
 
 
 def _dumps(value: object) -> str:
@@ -799,6 +1040,15 @@ def _error(what: str, exc: sqlite3.Error) -> StoreError:
     if code is not None and code & 0xFF == _SQLITE_FULL:
         return StoreFullError(f"database full: {what} ({exc})")
     return StoreError(f"{what}: {exc}")
+
+
+def _failure(what: str, exc: BaseException) -> StoreError | None:
+    """The StoreError a failed write raises for ``exc`` (None: re-raise ``exc`` itself)."""
+    if isinstance(exc, sqlite3.Error):
+        return _error(what, exc)
+    if isinstance(exc, UnicodeError):
+        return StoreError(f"{what}: text is not valid Unicode ({exc})")
+    return None
 
 
 def _is_corrupt(exc: sqlite3.Error) -> bool:
@@ -1015,6 +1265,10 @@ _TABLES = (
         _each(_str, _int, _clean_blob, _int),
         older=("doc", "seq", "data", "0"),  # schema 2: no epochs yet
     ),
+    # schema 5; task_state_counts is not copied: the fresh file's triggers count the salvaged
+    # task rows as they go in
+    _Table("task_history", ("day", "state", "n"), _each(_str, _str, _int)),
+    _Table("decision_history", ("day", "kind", "source", "n"), _each(_str, _str, _str, _int)),
 )
 
 

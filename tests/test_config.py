@@ -441,6 +441,43 @@ def test_valid_windows_round_trip(specs: list[WindowSpec]) -> None:
         assert window.slice_s == 60.0 * spec.slice_minutes
 
 
+# --- [edge] history_retention_s ----------------------------------------------------------------
+
+
+def test_history_retention_defaults_to_a_day_and_is_in_the_example() -> None:
+    from edgesched.config import EdgeConfig
+
+    assert EdgeConfig().history_retention_s == 86_400.0
+    assert "history_retention_s = 86400.0" in default_config_toml()
+    assert parse(default_config_toml()).edge.history_retention_s == 86_400.0
+    assert parse("[edge]\nhistory_retention_s = 3600\n").edge.history_retention_s == 3600.0
+    assert parse("[edge]\nhistory_retention_s = 0.5\n").edge.history_retention_s == 0.5
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("0", "must be > 0"),
+        ("-5", "must be > 0"),
+        ("inf", "finite"),
+        ("nan", "finite"),
+        ("'1d'", "expected a number"),
+        ("true", "expected a number"),
+    ],
+)
+def test_history_retention_mistakes_are_named(value: str, needle: str) -> None:
+    err = error_of(f"[edge]\nhistory_retention_s = {value}\n")
+    assert "edge.history_retention_s" in str(err) and needle in str(err), str(err)
+
+
+def test_history_retention_is_checked_in_code_too() -> None:
+    from edgesched.config import EdgeConfig
+
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="history_retention_s"):
+            EdgeConfig(history_retention_s=bad)
+
+
 # --- [edge.mqtt]: TLS, credentials, and no plain TCP off loopback -----------------------------
 
 

@@ -741,3 +741,266 @@ async def test_central_assignment_round_trips(tmp_path: Path) -> None:
         assert await store.get_task("svc") == record
         got = await store.get_task("loc")
         assert got is not None and got.assignment is None
+
+
+# ---------------------------------------------------------------------- transactions
+
+
+def _visible(path: Path, sql: str) -> list[tuple[object, ...]]:
+    """What another connection (another process, a crash's survivor) reads: committed rows."""
+    conn = sqlite3.connect(path)
+    try:
+        return list(conn.execute(sql))
+    finally:
+        conn.close()
+
+
+async def test_transaction_commits_rows_decisions_and_updates_together(tmp_path: Path) -> None:
+    path = tmp_path / "edge.db"
+    async with await Store.open(path) as store:
+        place = Decision(DecisionKind.PLACE, "gw", "fits", 1.0, task_id="t00001")
+        async with store.transaction():
+            await store.put_task(record(1))
+            await store.append_decisions([place], "edge-autonomous")
+            assert await store.append_update("node", b"u1") == 1
+            async with store.transaction():  # nested: joins the outer one
+                await store.put_task(record(2))
+            assert await store.get_task("t00002") is not None  # reads see the block's writes
+            assert _visible(path, "SELECT id FROM tasks") == []  # nothing committed yet
+            assert _visible(path, "SELECT seq FROM doc_updates") == []
+        assert sorted(_visible(path, "SELECT id FROM tasks")) == [("t00001",), ("t00002",)]
+        assert _visible(path, "SELECT task_id FROM decisions") == [("t00001",)]
+        assert _visible(path, "SELECT doc, seq FROM doc_updates") == [("node", 1)]
+
+
+async def test_transaction_rolls_back_everything_on_an_exception(store: Store) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        async with store.transaction():
+            await store.put_task(record(1))
+            await store.append_update("node", b"u1")
+            raise RuntimeError("boom")
+    assert await store.list_tasks() == []
+    assert await store.updates("node") == []
+    await store.put_task(record(2))  # usable afterwards
+    assert [r.spec.id for r in await store.list_tasks()] == ["t00002"]
+
+
+async def test_a_failed_write_dooms_its_transaction_even_if_caught(store: Store) -> None:
+    bad = TaskRecord(TaskSpec(id="bad", command=("x",)), TaskState.ACCEPTED, float("nan"), 0.0)
+    with pytest.raises(StoreError, match="cannot store task bad"):
+        async with store.transaction():
+            await store.put_task(record(1))
+            with pytest.raises(StoreError):
+                await store.put_task(bad)
+            await store.put_task(record(3))  # the block goes on: its end refuses to commit
+    assert await store.list_tasks() == []
+
+
+async def test_other_tasks_wait_for_an_open_transaction(store: Store) -> None:
+    inside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def holder() -> None:
+        async with store.transaction():
+            await store.put_task(record(1))
+            inside.set()
+            await release.wait()
+
+    held = asyncio.create_task(holder())
+    await inside.wait()
+    other = asyncio.create_task(store.put_task(record(2)))
+    await asyncio.sleep(0.05)
+    assert not other.done()  # waits for the block: it does not join another task's block
+    release.set()
+    await asyncio.gather(held, other)
+    assert [r.spec.id for r in await store.list_tasks()] == ["t00001", "t00002"]
+
+
+async def test_disk_full_inside_a_transaction_writes_none_of_it(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "edge.db", max_page_count=40) as store:
+        await store.put_task(record("before"))
+        with pytest.raises(StoreFullError):
+            async with store.transaction():
+                for i in range(200):
+                    await store.put_task(record(i, pad=1500))
+                    await store.append_update("node", bytes([i % 256]) * 500)
+        assert [r.spec.id for r in await store.list_tasks()] == ["before"]
+        assert await store.updates("node") == []
+        async with store.transaction():  # space is there again once the batch is gone
+            await store.put_task(record("after"))
+            await store.append_update("node", b"ok")
+        assert await store.get_task("after") is not None
+        assert await store.updates("node") == [(1, b"ok")]
+
+
+# ---------------------------------------------------------------------- bounded history
+
+_TERMINAL = [s for s in TaskState if s.terminal]
+_DAY_S = 86_400.0
+
+
+async def test_prune_moves_only_old_finished_rows_into_the_daily_counts(store: Store) -> None:
+    from edgesched.sync.store import _day
+
+    now = 100 * _DAY_S
+    rows = [
+        record("old-exit", TaskState.EXITED, at=now - 3 * _DAY_S),
+        record("old-fail", TaskState.FAILED, at=now - 3 * _DAY_S),
+        record("old-cancel", TaskState.CANCELLED, at=now - 1.5 * _DAY_S),
+        record("new-exit", TaskState.EXITED, at=now - 60.0),
+        record("old-running", TaskState.RUNNING, at=now - 30 * _DAY_S),  # active: stays
+        record("old-queued", TaskState.ACCEPTED, at=now - 30 * _DAY_S),
+        record("old-kept", TaskState.EXITED, at=now - 30 * _DAY_S),  # central still assigns it
+    ]
+    await store.put_tasks(rows)
+    await store.append_decisions(
+        [
+            Decision(DecisionKind.PLACE, "gw", "r", now - 3 * _DAY_S, task_id="old-exit"),
+            Decision(DecisionKind.PIN, "gw", "r", now - 3 * _DAY_S, task_id="old-exit"),
+            Decision(DecisionKind.PLACE, "gw", "r", now - 10.0, task_id="new-exit"),
+        ],
+        "edge-autonomous",
+    )
+    assert await store.prune_history(now - _DAY_S, keep=["old-kept"]) == (3, 2)
+    assert await store.prune_history(now - _DAY_S, keep=["old-kept"]) == (0, 0)
+    left = {r.spec.id for r in await store.list_tasks()}
+    assert left == {"new-exit", "old-running", "old-queued", "old-kept"}
+    assert [d["task"] for d in await store.recent_decisions()] == ["new-exit"]
+    history = await store.history()
+    old_day, older_day = _day(now - 1.5 * _DAY_S), _day(now - 3 * _DAY_S)
+    assert history["tasks"] == {older_day: {"exited": 1, "failed": 1}, old_day: {"cancelled": 1}}
+    assert history["decisions"] == {older_day: {"place": 1, "pin": 1}}
+    # totals: the pruned and the kept together, as if nothing had been pruned
+    assert history["totals"] == {
+        "exited": 3, "failed": 1, "cancelled": 1, "running": 1, "accepted": 1,
+    }  # fmt: skip
+    assert await store.task_counts() == {
+        TaskState.EXITED: 2, TaskState.RUNNING: 1, TaskState.ACCEPTED: 1,
+    }  # fmt: skip
+    # the counts follow every kind of write: insert, state change, replace, delete
+    await store.put_task(record("old-running", TaskState.EXITED, at=now))
+    counts = await store.task_counts()
+    assert (counts[TaskState.EXITED], TaskState.RUNNING in counts) == (3, False)
+
+
+async def test_prune_works_in_bounded_batches(store: Store) -> None:
+    await store.put_tasks([record(i, TaskState.FAILED, at=float(i)) for i in range(250)])
+    await store.append_decisions(
+        [Decision(DecisionKind.PLACE, "gw", "r", float(i), task_id=f"t{i:05d}") for i in range(70)],
+        "central",
+    )
+    done = []
+    while (step := await store.prune_history(1e9, batch=100)) != (0, 0):
+        assert step[0] <= 100 and step[1] <= 100
+        done.append(step)
+    assert done == [(100, 70), (100, 0), (50, 0)]
+    assert (await store.history())["totals"] == {"failed": 250}
+    with pytest.raises(ValueError):
+        await store.prune_history(1.0, batch=0)
+
+
+_history_rows = st.lists(
+    st.tuples(
+        st.sampled_from(TaskState),
+        st.floats(min_value=-1e12, max_value=1e12, allow_nan=False),  # some beyond datetime
+        st.booleans(),  # central still assigns it
+    ),
+    max_size=40,
+)
+
+
+def test_prune_never_touches_an_active_or_recent_task_property(tmp_path: Path) -> None:
+    from collections import Counter
+
+    from edgesched.sync.store import _day
+
+    loop = asyncio.new_event_loop()
+    n = [0]
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        _history_rows,
+        st.floats(min_value=-1e12, max_value=1e12, allow_nan=False),
+        st.integers(1, 15),
+    )
+    def check(rows: list[tuple[TaskState, float, bool]], cutoff: float, batch: int) -> None:
+        n[0] += 1
+
+        async def run() -> None:
+            async with await Store.open(tmp_path / f"p{n[0]}.db") as store:
+                recs = [record(i, state, at=at) for i, (state, at, _) in enumerate(rows)]
+                keep = {r.spec.id for r, (_, _, kept) in zip(recs, rows, strict=True) if kept}
+                await store.put_tasks(recs)
+                await store.append_decisions(
+                    [
+                        Decision(DecisionKind.PLACE, "gw", "r", r.updated_at, task_id=r.spec.id)
+                        for r in recs
+                    ],
+                    "edge-autonomous",
+                )
+                while (step := await store.prune_history(cutoff, batch=batch, keep=keep)) != (
+                    0,
+                    0,
+                ):
+                    assert max(step) <= batch
+                gone = [
+                    r
+                    for r in recs
+                    if r.state.terminal and r.updated_at < cutoff and r.spec.id not in keep
+                ]
+                left = await store.list_tasks()
+                assert {r.spec.id for r in left} == {r.spec.id for r in recs} - {
+                    r.spec.id for r in gone
+                }
+                assert all(r.state.terminal for r in gone)  # never an active one
+                history = await store.history()
+                expected: dict[str, dict[str, int]] = {}
+                for r in gone:
+                    day = expected.setdefault(_day(r.updated_at), {})
+                    day[r.state.value] = day.get(r.state.value, 0) + 1
+                assert history["tasks"] == expected
+                assert history["totals"] == dict(Counter(r.state.value for r in recs))
+                assert await store.task_counts() == dict(Counter(r.state for r in left))
+                kept_decisions = [str(d["task"]) for d in await store.recent_decisions(limit=1000)]
+                assert sorted(kept_decisions) == sorted(
+                    r.spec.id for r in recs if r.updated_at >= cutoff
+                )
+
+        loop.run_until_complete(run())
+
+    try:
+        check()
+    finally:
+        loop.close()
+
+
+async def test_schema_5_counts_the_tasks_already_there(tmp_path: Path) -> None:
+    path = tmp_path / "edge.db"
+    _make_v1(path)  # one running task
+    async with await Store.open(path) as store:
+        assert await store.task_counts() == {TaskState.RUNNING: 1}
+        await store.put_task(record("more", TaskState.EXITED, at=1.0))
+        assert await store.prune_history(10.0) == (1, 1)
+        assert (await store.history())["totals"] == {"running": 1, "exited": 1}
+
+
+async def test_salvage_keeps_the_history_and_recounts_the_tasks(tmp_path: Path) -> None:
+    path = tmp_path / "edge.db"
+    async with await Store.open(path) as store:
+        await store.put_tasks(
+            [record(i, TaskState.EXITED, at=float(i), pad=300) for i in range(40)]
+        )
+        await store.put_tasks([record(i, TaskState.RUNNING, pad=300) for i in range(40, 1500)])
+        assert await store.prune_history(30.0) == (30, 0)
+    data = path.read_bytes()
+    page = data.index(b'"id":"t00750"') // 4096
+    with path.open("r+b") as f:
+        f.seek(page * 4096)
+        f.write(random.Random(7).randbytes(3 * 4096))
+    async with await Store.open(path) as store:
+        assert store.recovery is not None
+        assert store.recovery.salvaged["task_history"] == 1  # one day, one state
+        assert (await store.history())["tasks"] == {"1970-01-01": {"exited": 30}}
+        counts = await store.task_counts()  # rebuilt by the fresh file's triggers
+        listed = await store.list_tasks()
+        assert sum(counts.values()) == len(listed) == store.recovery.salvaged["tasks"]
