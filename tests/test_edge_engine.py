@@ -159,6 +159,46 @@ def test_sigkill_during_a_burst_loses_no_acknowledged_task(
     assert all(counts.get(tid) == 1 for tid in acked)
 
 
+def test_sigkill_keeps_every_acknowledged_task_with_its_document_update(
+    edge_node: EdgeNode, tmp_path: Path
+) -> None:
+    """Read before any restart (a restart re-mirrors SQLite into the document, which would
+    hide a lost update): each acknowledged task is in SQLite *and* in the node document rebuilt
+    from SQLite, since the row and its document update commit in one transaction."""
+    import asyncio
+
+    from edgesched.sync.doc import NodeDoc
+    from edgesched.sync.store import Store
+
+    starts = tmp_path / "starts.log"
+
+    def submit(i: int) -> str | None:
+        try:
+            body = marker_task(f"d{i:03d}", starts, cpu=0.02, mem_gib=0.05)
+            status, _ = edge_node.request("POST", "/v1/tasks", body)
+        except OSError:
+            return None
+        return f"d{i:03d}" if status == 201 else None
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(submit, i) for i in range(60)]
+        edge_node.wait(lambda: sum(f.done() for f in futures) >= 15, what="15 answers")
+        edge_node.kill(signal.SIGKILL)
+        acked = [tid for f in futures if (tid := f.result()) is not None]
+    assert len(acked) >= 15
+
+    async def stored() -> tuple[set[str], set[str]]:
+        async with await Store.open(edge_node.state / "edge.db") as store:
+            rows = {r.spec.id for r in await store.list_tasks()}
+            client_id = int(await store.get_meta("client_id") or 0)
+            doc = await NodeDoc.load_from(store, "node-gw-test", client_id)
+            return rows, set(doc.tasks())
+
+    rows, mirrored = asyncio.run(stored())
+    assert set(acked) <= rows
+    assert set(acked) <= mirrored, sorted(set(acked) - mirrored)
+
+
 def test_bad_input_gets_clear_errors_and_changes_nothing(edge_node: EdgeNode) -> None:
     cases: list[tuple[Any, int, str]] = [
         ({"id": "x", "command": ["sleep", "1"], "cpu": 1000}, 422, "cpu"),

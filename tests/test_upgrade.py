@@ -79,7 +79,7 @@ def _source_copy(where: Path, patches: dict[str, str]) -> Path:
     src.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
-    for folder in ("core", "edge", "sync", "central", "policies", "fieldtest", "edgesched"):
+    for folder in ("app", "core", "edge", "sync", "rest", "central", "policies", "fieldtest"):
         shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     for rel, tail in patches.items():
         with (src / rel).open("a") as f:
