@@ -70,6 +70,8 @@ bench: setup
 	$(BIN)/python bench/bench_simulator.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_latency.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_footprint.py
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_transactions.py
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_history.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_sync.py
 	$(BIN)/python bench/bench_schema.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_policies.py

@@ -648,7 +648,8 @@ class EdgeEngine:
                     waiter.set_result(SubmitError(409, "id", f"task {task_id!r} already exists"))
                 else:
                     fresh[task_id] = (record, waiter)
-            await self._put(*(record for record, _ in fresh.values()))
+            if fresh:
+                await self._put(*(record for record, _ in fresh.values()))
             outcome = None
         except StoreFullError as exc:
             self.metrics.store_errors.labels("full").inc()
