@@ -463,10 +463,7 @@ class EdgeEngine:
             async with journal.transaction():
                 await self.store.put_tasks(records)
                 await self.store.append_decisions(decisions, source)
-                # One CRDT transaction, one update for them all. The records are one per task
-                # (callers pass distinct ids): the document's decoded view is refreshed only
-                # after the transaction, so a second write of one id in it would compare
-                # against the stale view.
+                # One CRDT transaction, one update for them all.
                 with self.doc.doc.transaction():
                     for record in records:
                         self._mirror(record)

@@ -709,6 +709,14 @@ async def _last_logged_seq(store: Store, name: str) -> int:
 # ---------------------------------------------------------------------- document kinds
 
 
+def _set_changed(root: Map[Any], key: str, value: dict[str, Any]) -> None:
+    """``root[key] = value`` unless it holds that value already (no empty update). Compared
+    with the map itself, not a cached view: inside one transaction the views are those of
+    its start, and a second write to the same key must see the first."""
+    if normalise(root.get(key)) != normalise(value):
+        root[key] = value
+
+
 class NodeDoc(SyncedDoc):
     """An edge node's own document: ``node`` (registration, models, power), ``tasks``.
 
@@ -729,8 +737,7 @@ class NodeDoc(SyncedDoc):
         return normalise(self.root("node").get(key))
 
     def set_registration(self, registration: Registration) -> None:
-        if self.registration() != registration:
-            self.root("node")["registration"] = registration.to_entry()
+        _set_changed(self.root("node"), "registration", registration.to_entry())
 
     def registration(self) -> Registration | None:
         return self.view(
@@ -741,8 +748,7 @@ class NodeDoc(SyncedDoc):
         )
 
     def set_model_reports(self, reports: Mapping[str, ModelReport]) -> None:
-        if self.model_reports() != dict(reports):
-            self.root("node")["models"] = {k: r.to_entry() for k, r in reports.items()}
+        _set_changed(self.root("node"), "models", {k: r.to_entry() for k, r in reports.items()})
 
     def model_reports(self) -> dict[str, ModelReport]:
         """kind -> the model this node runs (as it reports it)."""
@@ -758,8 +764,7 @@ class NodeDoc(SyncedDoc):
         )
 
     def set_power_report(self, report: PowerReport) -> None:
-        if self.power_report() != report:
-            self.root("node")["power"] = report.to_entry()
+        _set_changed(self.root("node"), "power", report.to_entry())
 
     def power_report(self) -> PowerReport | None:
         return self.view(
@@ -771,8 +776,7 @@ class NodeDoc(SyncedDoc):
         """Set the node's report of one task (only when it changed)."""
         if not task_id:
             raise ValueError("task_id must not be empty")
-        if self.tasks().get(task_id) != report:
-            self.root("tasks")[task_id] = report.to_entry()
+        _set_changed(self.root("tasks"), task_id, report.to_entry())
 
     def remove_task(self, task_id: str) -> None:
         tasks = self.root("tasks")

@@ -304,3 +304,19 @@ def test_what_central_writes_every_replica_reads_back(
     got = reader.assignment("t")
     assert reader.refusals.total() == 0, reader.refusals.counts
     assert got is not None and got.task_spec == spec and got.epoch == epoch and got.at == at
+
+
+def test_writes_inside_one_transaction_see_each_other() -> None:
+    """The decoded views are those of a transaction's start; a write compares with the map."""
+    doc = NodeDoc("node-gw1", 7)
+    first = SAMPLES[TaskReport]
+    assert isinstance(first, TaskReport)
+    doc.put_task("t", first)
+    moved = dataclasses.replace(first, state=TaskState.EXITED, exit_code=0)
+    with doc.doc.transaction():
+        doc.put_task("t", moved)
+        doc.put_task("t", first)  # back: must not be skipped as "unchanged"
+    assert doc.task("t") == first
+    with doc.doc.transaction():
+        doc.put_task("t", moved)
+    assert doc.task("t") == moved
