@@ -63,10 +63,13 @@ from typing import Any
 
 from pycrdt import Doc, YSyncMessageType
 
+from edgesched.core.model import Arch, ServerClass
+from edgesched.core.task import TaskState
 from edgesched.ports import free_port, wait_for_port
 from edgesched.sync import wire
 from edgesched.sync.doc import LocalUpdate, NodeDoc, client_id_for, decode_state_vector
 from edgesched.sync.peer import DocPeer
+from edgesched.sync.schema import Registration, TaskReport
 
 CENTRAL_ID = client_id_for("central")
 EMPTY = b"\x00\x00"
@@ -85,18 +88,27 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def record(rng: random.Random, state: str, node: str, at: float) -> dict[str, object]:
-    """The entry the engine mirrors into the node document (edge/engine.py ``_put``)."""
-    return {
-        "state": state,
-        "node": node,
-        "decided_by": "local",
-        "workload": rng.choice(("ingest", "infer", "etl", "backup")),
-        "priority": rng.randint(0, 100),
-        "restarts": 0,
-        "exit_code": (0 if state == "exited" else 1) if state in TERMINAL else None,
-        "updated_at": round(at, 3),
-    }
+def record(rng: random.Random, state: str, node: str, at: float) -> TaskReport:
+    """The entry the engine mirrors into the node document (edge/engine.py ``_put``:
+    ``TaskReport.of`` its task record)."""
+    return TaskReport(
+        state=TaskState(state),
+        node=node,
+        decided_by="local",
+        workload=rng.choice(("ingest", "infer", "etl", "backup")),
+        priority=rng.randint(0, 100),
+        cpu=1.0,
+        mem_gib=0.5,
+        restarts=0,
+        exit_code=(0 if state == "exited" else 1) if state in TERMINAL else None,
+        accepted_at=round(at, 3),
+        updated_at=round(at, 3),
+    )
+
+
+def registration(arch: Arch = Arch.X86_64, cpu: float = 8, mem_gib: float = 16) -> Registration:
+    """A node's registration (edge/engine.py writes it once at start)."""
+    return Registration(arch=arch, server_class=ServerClass.GENERAL, cpu=cpu, mem_gib=mem_gib)
 
 
 def offline_decisions(doc: NodeDoc, node: str, count: int, rng: random.Random) -> None:
@@ -125,7 +137,7 @@ def make_fleet(n: int, decisions: int, seed: int) -> Fleet:
     for i in range(n):
         name = f"n{i:03d}"
         node = NodeDoc(f"node-{name}", client_id_for(name))
-        node.set_node("registration", {"node_id": name, "arch": "arm64", "cpu": 8, "mem_gib": 16})
+        node.set_registration(registration(Arch.ARM64, cpu=8, mem_gib=16))
         replica = NodeDoc(node.name, CENTRAL_ID)
         pre = node.diff(replica.state_vector())
         replica.apply_remote(pre, sender=name)
@@ -370,7 +382,7 @@ async def wire_bytes(sizes: list[int]) -> None:
             name = f"w{size}"
             node = NodeDoc(f"node-{name}", client_id_for(name))
             central = NodeDoc(node.name, CENTRAL_ID)
-            node.set_node("registration", {"node_id": name})
+            node.set_registration(registration())
             offline_decisions(node, name, 50, rng)
             central.apply_remote(node.diff(central.state_vector()), sender=name)
             offline_decisions(node, name, size, random.Random(size + 1))
@@ -570,7 +582,7 @@ def simulate_month(
     doc = NodeDoc("node-month", client_id_for("month"))
     if not epochs:
         doc.rotation_policy = None
-    doc.set_node("registration", {"node_id": "month", "arch": "amd64", "cpu": 16})
+    doc.set_registration(registration(Arch.X86_64, cpu=16))
     logged: list[int] = []
     rotations = 0
 
@@ -638,7 +650,9 @@ def simulate_month(
     seconds = time.perf_counter() - t0
     final = len(doc.snapshot())
     live = NodeDoc("node-month", client_id_for("month"))
-    live.set_node("registration", doc.node()["registration"])
+    reg = doc.registration()
+    assert reg is not None
+    live.set_registration(reg)
     for tid, entry in doc.tasks().items():
         live.put_task(tid, entry)
     return MonthResult(

@@ -11,10 +11,15 @@ from hypothesis import strategies as st
 
 from edgesched.central.liveness import Liveness, parse_status
 from edgesched.central.replicas import NodeReplicas, parse_sync_topic
+from edgesched.core.task import TaskState
 from edgesched.sync import wire
 from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.schema import TaskReport
 from edgesched.sync.session import Endpoint, MqttSession
 from edgesched.sync.store import Store
+
+#: A node's report of a running task.
+RUNNING = TaskReport(state=TaskState.RUNNING, updated_at=1.0)
 
 
 def status(node: str, state: str) -> bytes:
@@ -104,28 +109,28 @@ def _replicas(**kw: object) -> NodeReplicas:
 def test_a_node_document_is_discovered_only_from_the_node_itself() -> None:
     replicas = _replicas()
     node = NodeDoc("node-gw1", client_id_for("gw1"))
-    node.put_task("t1", {"state": "running"})
+    node.put_task("t1", RUNNING)
     replicas.handle("edgesched/v1/doc/node-gw1/sync/gw2", _frame(node))  # someone else
     assert replicas.replicas == {} and replicas.stats["refused_unknown"] == 1
     replicas.handle("edgesched/v1/doc/policy/sync/gw1", b"whatever")  # not a node document
     assert replicas.stats["ignored"] == 1
     replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(node))
     assert set(replicas.replicas) == {"gw1"}
-    assert replicas.replicas["gw1"].doc.task("t1") == {"state": "running"}
+    assert replicas.replicas["gw1"].doc.task("t1") == RUNNING
     assert replicas.session.channels == [replicas.replicas["gw1"].peer]
 
 
 def test_a_node_list_limits_discovery() -> None:
     replicas = _replicas(nodes=["gw1"])
     other = NodeDoc("node-gw9", client_id_for("gw9"))
-    other.put_task("t", {"state": "running"})
+    other.put_task("t", RUNNING)
     replicas.handle("edgesched/v1/doc/node-gw9/sync/gw9", _frame(other))
     assert replicas.replicas == {} and replicas.stats["refused_unknown"] == 1
 
 
 async def test_replicas_survive_a_restart_through_sqlite(tmp_path: Path) -> None:
     node = NodeDoc("node-gw1", client_id_for("gw1"))
-    node.put_task("t1", {"state": "running"})
+    node.put_task("t1", RUNNING)
     async with await Store.open(tmp_path / "central.db") as store:
         replicas = _replicas(store=store)
         replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(node))
@@ -142,10 +147,10 @@ async def test_replicas_survive_a_restart_through_sqlite(tmp_path: Path) -> None
 def test_replica_peers_refuse_other_writers(nodes: tuple[str, ...]) -> None:
     replicas = _replicas(nodes=nodes)
     node = NodeDoc("node-gw1", client_id_for("gw1"))
-    node.put_task("t1", {"state": "running"})
+    node.put_task("t1", RUNNING)
     replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(node))
     forger = NodeDoc("node-gw1", client_id_for("gw1") ^ 1)
-    forger.put_task("evil", {"state": "running"})
+    forger.put_task("evil", RUNNING)
     peer = replicas.replicas["gw1"].peer
     peer.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(forger))  # claims another id
     assert peer.stats["rejected_senders"] == 1
@@ -155,16 +160,21 @@ def test_replica_peers_refuse_other_writers(nodes: tuple[str, ...]) -> None:
 def test_a_replicas_decoded_content_follows_every_change() -> None:
     replicas = _replicas()
     node = NodeDoc("node-gw1", client_id_for("gw1"))
-    node.put_task("t1", {"state": "running"})
+    node.put_task("t1", RUNNING)
     replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(node))
     replica = replicas.replicas["gw1"]
-    first = replica.content()
-    assert replica.content() is first  # decoded once
+    first = replica.doc.typed()
+    assert replica.doc.typed() is first  # decoded once
+    assert replicas.views() == {"gw1": first} and replicas.views()["gw1"] is first  # one cache
+    assert dict(first.tasks) == {"t1": RUNNING}
     before = node.state_vector()
-    node.put_task("t2", {"state": "running"})
+    node.put_task("t2", RUNNING)
     update = node.diff(before)
     payload = wire.update_payload(update, node.state_vector())
     (frame,) = wire.encode(wire.Kind.UPDATE, node.name, node.client_id, payload)
     replica.peer.handle("edgesched/v1/doc/node-gw1/sync/gw1", frame)
-    tasks = replica.content()["tasks"]
-    assert isinstance(tasks, dict) and set(tasks) == {"t1", "t2"}
+    tasks = replica.doc.typed().tasks
+    assert dict(tasks) == {"t1": RUNNING, "t2": RUNNING}
+    assert replicas.views()["gw1"].tasks == tasks
+    raw = replica.doc.to_json()["tasks"]
+    assert isinstance(raw, dict) and set(raw) == {"t1", "t2"}

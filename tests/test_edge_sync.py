@@ -10,6 +10,7 @@ from pathlib import Path
 
 from conftest import Broker, EdgeNode, kill_task_processes, write_edge_config
 
+from edgesched.core.task import TaskState
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
 
@@ -47,9 +48,11 @@ async def test_offline_decisions_reach_central_after_heal(broker: Broker, tmp_pa
         assert central_doc.content_hash() == node_hash  # byte-equal content, by hash
         seen = central_doc.tasks()
         assert set(ids) <= set(seen)
-        assert all(seen[t]["decided_by"] == "edge-autonomous" for t in ids)
-        assert all(seen[t]["state"] == "running" for t in ids)
-        assert central_doc.node()["registration"]["cpu"] > 0
+        assert all(seen[t].decided_by == "edge-autonomous" for t in ids)
+        assert all(seen[t].state is TaskState.RUNNING for t in ids)
+        registration = central_doc.registration()
+        assert registration is not None and registration.cpu > 0
+        assert central_doc.refusals.total() == 0  # every entry the node wrote decodes
         # Power loss while cut off again: restart from SQLite alone. The document is rebuilt
         # from its update log with the same client id and keeps its clock (a restarted doc that
         # reused clock values would diverge from central silently, and never converge again).

@@ -39,6 +39,7 @@ from edgesched.install import (
     executable,
     state_dir_name,
 )
+from edgesched.sync.schema import NodeView
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO / "images"
@@ -282,7 +283,9 @@ def test_central_places_an_arm_only_image_on_the_arm_node() -> None:
         "big-x86": {"node": {"registration": {**reg, "arch": "x86_64", "cpu": 64.0}}, "tasks": {}},
         "small-arm": {"node": {"registration": {**reg, "arch": "arm64"}}, "tasks": {}},
     }
-    view = fleet_view(docs, {"big-x86": "online", "small-arm": "online"}, 0.0)
+    views = {node_id: NodeView.from_content(content) for node_id, content in docs.items()}
+    view = fleet_view(views, {"big-x86": "online", "small-arm": "online"}, 0.0)
+    assert view.unusable == {}
     arm_only = TaskSpec.from_json({"id": "v", "command": ["run"], "images": {"arm64": ARM}})
     assert place(arm_only, view, PolicyConfig()).node_id == "small-arm"
     pinned = place(arm_only, view, PolicyConfig(), pin="big-x86")

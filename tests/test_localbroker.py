@@ -10,11 +10,16 @@ import pytest
 
 from edgesched.central.heartbeat import Heartbeat
 from edgesched.config import MqttConfig
+from edgesched.core.task import TaskState
 from edgesched.edge.link import CentralLink
 from edgesched.localbroker import start_local_broker
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer, wait_converged
+from edgesched.sync.schema import TaskReport
 from edgesched.sync.session import Endpoint, MqttSession
+
+#: A node's report of a running task (the content these documents sync).
+RUNNING = TaskReport(state=TaskState.RUNNING, updated_at=1.0)
 
 
 @pytest.mark.parametrize("prefer", ["mosquitto", "embedded"])
@@ -35,16 +40,16 @@ async def test_a_local_broker_carries_sync_and_heartbeat(tmp_path: Path, prefer:
         central = MqttSession(endpoint("central"), backoff_max_s=0.5)
         central.add(DocPeer(replica, "central"))
         central.add(Heartbeat("central", 0.2))
-        node_doc.put_task("before", {"state": "running"})
+        node_doc.put_task("before", RUNNING)
         tasks = [asyncio.create_task(node.run()), asyncio.create_task(central.run())]
         try:
             await wait_converged([node_doc, replica], timeout=10)
-            node_doc.put_task("after", {"state": "running"})
+            node_doc.put_task("after", RUNNING)
             await wait_converged([node_doc, replica], timeout=10)
             async with asyncio.timeout(10):
                 while link.last_heard is None:
                     await asyncio.sleep(0.05)
-            assert replica.task("after") == {"state": "running"}
+            assert replica.task("after") == RUNNING
         finally:
             for task in tasks:
                 task.cancel()

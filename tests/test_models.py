@@ -34,6 +34,7 @@ from edgesched.policies.models import (
 )
 from edgesched.policies.ortsession import ModelLoadError
 from edgesched.sync.doc import PolicyDoc
+from edgesched.sync.schema import ModelEntry
 
 # --- per-class demand -----------------------------------------------------------------------
 
@@ -207,6 +208,16 @@ def test_a_bad_configured_file_is_refused_loudly_and_the_heuristic_serves(
     assert models.policy(PolicyConfig(mode=PolicyMode.LEARNED)).learned_score is None
 
 
+def published(blob: ModelBlob) -> ModelEntry:
+    """The policy document's entry for ``blob``, as central publishes it."""
+    return ModelEntry.from_entry(blob.to_entry())
+
+
+def entries(doc: PolicyDoc) -> dict[str, object]:
+    """The document's ``models`` map as the engines hand it to ``ActiveModels.follow``."""
+    return {kind: entry.to_entry() for kind, entry in doc.models().items()}
+
+
 def test_follow_swaps_a_good_model_once_and_keeps_it_when_a_bad_one_comes(
     tmp_path: Path,
 ) -> None:
@@ -215,33 +226,39 @@ def test_follow_swaps_a_good_model_once_and_keeps_it_when_a_bad_one_comes(
     other = placement.write_onnx(weights, tmp_path / "other.onnx")
     doc = PolicyDoc("policy", 7)
     good = ModelBlob.of(PLACEMENT, other.read_bytes(), "uniform")
-    doc.set_model(PLACEMENT, good.to_entry())
-    assert models.follow(doc.models()) == [PLACEMENT]
+    doc.set_model(PLACEMENT, published(good))
+    assert models.follow(entries(doc)) == [PLACEMENT]
     assert models.status()[PLACEMENT]["sha256"] == good.sha256
     assert models.status()[PLACEMENT]["source"] == "central"
-    assert models.follow(doc.models()) == []  # the same hash again: nothing to do
+    assert models.follow(entries(doc)) == []  # the same hash again: nothing to do
     third = placement.write_onnx([0.2] * N_LEARNED_FEATURES, tmp_path / "third.onnx")
-    doc.set_model(PLACEMENT, ModelBlob.of(PLACEMENT, third.read_bytes()).to_entry())
-    assert models.follow(doc.models()) == [PLACEMENT]
+    doc.set_model(PLACEMENT, published(ModelBlob.of(PLACEMENT, third.read_bytes())))
+    assert models.follow(entries(doc)) == [PLACEMENT]
     assert len(list((tmp_path / "models").glob("placement-*.onnx"))) == 1  # the old one pruned
-    doc.set_model(PLACEMENT, good.to_entry())
-    assert models.follow(doc.models()) == [PLACEMENT]
+    doc.set_model(PLACEMENT, published(good))
+    assert models.follow(entries(doc)) == [PLACEMENT]
     in_use = models.placement
     # A forecaster published as a placement model: well-formed, wrong contract.
     wrong = ModelBlob.of(PLACEMENT, shipped(FORECAST).read_bytes(), "oops")
-    doc.set_model(PLACEMENT, wrong.to_entry())
-    assert models.follow(doc.models()) == []
+    doc.set_model(PLACEMENT, published(wrong))
+    assert models.follow(entries(doc)) == []
     assert models.placement is in_use and events == [(PLACEMENT, "swap")]
     status = models.status()[PLACEMENT]
     assert status["sha256"] == good.sha256 and status["refused_sha256"] == wrong.sha256
-    assert models.follow(doc.models()) == [] and len(events) == 1  # not retried
+    assert models.follow(entries(doc)) == [] and len(events) == 1  # not retried
     # A corrupted entry (hash mismatch) is refused before anything is written.
-    doc.set_model(PLACEMENT, {**good.to_entry(), "sha256": "0" * 64})
-    assert models.follow(doc.models()) == [] and events[-1] == (PLACEMENT, "swap")
+    doc.set_model(PLACEMENT, ModelEntry.from_entry({**good.to_entry(), "sha256": "0" * 64}))
+    assert models.follow(entries(doc)) == [] and events[-1] == (PLACEMENT, "swap")
     assert models.placement is in_use
     # Unknown kinds in the document are ignored, not fatal.
-    doc.set_model("weather", {"sha256": "x"})
-    assert models.follow(doc.models()) == []
+    doc.set_model("weather", ModelEntry(sha256="x", data=""))
+    assert "weather" in entries(doc)
+    assert models.follow(entries(doc)) == []
+    # A malformed entry is refused by the document itself: absent, counted, not fatal.
+    doc.root("models")["weather"] = {"sha256": "x"}
+    assert "weather" not in doc.models()
+    assert doc.refusals.by_kind() == {"model": 1}
+    assert models.follow(entries(doc)) == []
 
 
 def test_check_refuses_without_touching_the_model_in_use(tmp_path: Path) -> None:

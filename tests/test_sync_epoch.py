@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pycrdt import YSyncMessageType
 
+from edgesched.core.model import Arch, ServerClass
+from edgesched.core.task import TaskState
 from edgesched.sync import wire
 from edgesched.sync.doc import (
     EpochError,
@@ -25,6 +27,7 @@ from edgesched.sync.doc import (
     SiteDoc,
     client_id_for,
 )
+from edgesched.sync.schema import Registration, TaskReport
 from edgesched.sync.store import (
     _TABLES,
     MIGRATIONS,
@@ -49,16 +52,24 @@ OPS = st.lists(
 )
 
 
+REGISTRATION = Registration(arch=Arch.X86_64, server_class=ServerClass.GENERAL, cpu=16)
+
+
+def report(state: str = "running", at: float = 1.0, **kw: Any) -> TaskReport:
+    """A node's report of one task (the generic content of a node document in these tests)."""
+    return TaskReport(state=TaskState(state), updated_at=at, **kw)
+
+
 def writer_doc(policy: RotationPolicy | None = None) -> NodeDoc:
     doc = NodeDoc(NAME, WRITER, rotation_policy=policy)
-    doc.set_node("registration", {"arch": "amd64", "cpu": 16})
+    doc.set_registration(REGISTRATION)
     return doc
 
 
 def apply_op(doc: NodeDoc, op: tuple[str, str, int]) -> None:
     kind, task, value = op
     if kind == "put":
-        doc.put_task(task, {"state": "running", "v": value, "f": value / 2})
+        doc.put_task(task, report("running", priority=value, cpu=value / 2))
     elif kind == "remove":
         doc.remove_task(task)
     else:
@@ -68,7 +79,7 @@ def apply_op(doc: NodeDoc, op: tuple[str, str, int]) -> None:
 def churn(doc: NodeDoc, n: int, start: int = 0) -> None:
     """Add and remove ``n`` tasks: tombstones only, the live content stays the same."""
     for i in range(start, start + n):
-        doc.put_task(f"gone-{i:06d}", {"state": "exited", "at": i})
+        doc.put_task(f"gone-{i:06d}", report("exited", at=float(i)))
         doc.remove_task(f"gone-{i:06d}")
 
 
@@ -96,21 +107,21 @@ def test_rotation_preserves_content_and_callbacks(ops: list[tuple[str, str, int]
     assert state.rotation and state.epoch == epoch + 1
     assert NodeDoc.restore(NAME, CENTRAL, state, [], epoch=epoch + 1).content_hash() == before
     # Callbacks keep working on the new pycrdt document, tagged with the new epoch.
-    doc.put_task("after", {"state": "placed"})
+    doc.put_task("after", report("placed"))
     assert len(got) == 2 and isinstance(got[1], LocalUpdate)
     assert got[1].epoch == epoch + 1 and not got[1].rotation
 
 
 def test_rotation_drops_tombstones_and_frees_the_old_document() -> None:
     doc = writer_doc()
-    doc.put_task("keep", {"state": "running"})
+    doc.put_task("keep", report("running"))
     churn(doc, 500)
     big = len(doc.snapshot())
     old = weakref.ref(doc.doc)
     doc.rotate(min_epoch=7)
     assert doc.epoch == 7
     assert len(doc.snapshot()) < big / 10
-    assert doc.tasks() == {"keep": {"state": "running"}}
+    assert doc.tasks() == {"keep": report("running")}
     gc.collect()
     assert old() is None  # no reference cycle keeps rotated-away documents alive
 
@@ -122,7 +133,7 @@ def test_a_write_through_a_stale_reference_is_not_reported() -> None:
     stale = doc.root("tasks")
     doc.rotate()
     got.clear()
-    stale["ghost"] = {"state": "running"}  # writes the old pycrdt doc, no longer observed
+    stale["ghost"] = report("running").to_entry()  # writes the old pycrdt doc, no longer observed
     assert got == [] and doc.task("ghost") is None
 
 
@@ -156,8 +167,8 @@ def test_should_rotate_policy() -> None:
     policy = RotationPolicy(min_bytes=4096, ratio=2.0)
     doc = writer_doc(policy)
     assert not doc.should_rotate()  # small
-    for i in range(400):  # large live content, no garbage: never worth a rotation
-        doc.put_task(f"live-{i}", {"state": "running", "i": i})
+    for i in range(100):  # large live content (~18 KB), no garbage: never worth a rotation
+        doc.put_task(f"live-{i}", report("running", priority=i))
     assert len(doc.snapshot()) > policy.min_bytes and not doc.should_rotate()
     live = len(NodeDoc.restore(NAME, WRITER, doc.rotate(), []).snapshot())
     churn(doc, 100)
@@ -302,10 +313,10 @@ def test_replica_follows_rotations_and_converges(
 
 def test_old_epoch_frames_are_dropped_and_new_ones_adopted() -> None:
     writer = writer_doc()
-    writer.put_task("a", {"state": "running"})
+    writer.put_task("a", report("running"))
     old = frames_of(writer, [writer.diff()])
     writer.remove_task("a")
-    writer.put_task("b", {"state": "placed"})
+    writer.put_task("b", report("placed"))
     rotation = frames_of(writer, [writer.rotate()])
     replica = NodeDoc(NAME, CENTRAL)
     r = Reassembler()
@@ -327,7 +338,7 @@ def test_old_epoch_frames_are_dropped_and_new_ones_adopted() -> None:
 
 def test_writer_rotates_past_an_epoch_it_lost() -> None:
     writer = writer_doc()
-    writer.put_task("a", {"state": "running"})
+    writer.put_task("a", report("running"))
     replica = NodeDoc.restore(NAME, CENTRAL, writer.diff(), [])
     replica.reset_to_epoch(5)  # as if it had adopted an epoch 5 the writer's store lost
     replica.apply_remote(writer.diff(), sender="edge-1")
@@ -406,9 +417,9 @@ async def test_persist_and_restore_across_rotations(tmp_path: Path) -> None:
         assert doc.epoch == 0
         queue: list[bytes] = []
         doc.on_local_update(queue.append)
-        doc.set_node("registration", {"arch": "amd64"})
+        doc.set_registration(REGISTRATION)
         for i in range(600):
-            doc.put_task(f"t{i}", {"state": "running", "i": i})
+            doc.put_task(f"t{i}", report("running", priority=i))
             if i >= 5:
                 doc.remove_task(f"t{i - 5}")
             await log_all(doc, store, queue, compact_after=16)
@@ -422,7 +433,7 @@ async def test_persist_and_restore_across_rotations(tmp_path: Path) -> None:
         assert sorted(loaded.tasks()) == [f"t{i}" for i in range(595, 600)]
         # The restored node carries on at that epoch.
         loaded.on_local_update(queue.append)
-        loaded.put_task("after", {"state": "placed"})
+        loaded.put_task("after", report("placed"))
         await log_all(loaded, store, queue)
         again = await NodeDoc.load_from(store, NAME, WRITER)
         assert (again.epoch, again.content_hash()) == (loaded.epoch, loaded.content_hash())
@@ -438,10 +449,10 @@ async def test_updates_queued_across_a_rotation(tmp_path: Path) -> None:
         doc = await NodeDoc.load_from(store, NAME, WRITER)
         queue: list[bytes] = []
         doc.on_local_update(queue.append)
-        doc.put_task("a", {"state": "running"})
-        doc.put_task("b", {"state": "running"})
+        doc.put_task("a", report("running"))
+        doc.put_task("b", report("running"))
         doc.rotate()
-        doc.put_task("c", {"state": "placed"})
+        doc.put_task("c", report("placed"))
         assert [getattr(u, "epoch", None) for u in queue] == [0, 0, 1, 1]
         assert await doc.log_update(store, queue[0]) == 1
         assert await doc.log_update(store, queue[2]) == 1  # the rotation: snapshot at seq 1
@@ -459,7 +470,7 @@ async def test_replica_adopting_an_epoch_persists_it(tmp_path: Path) -> None:
     store = await Store.open(tmp_path / "central.db")
     try:
         writer = writer_doc()
-        writer.put_task("a", {"state": "running"})
+        writer.put_task("a", report("running"))
         replica = NodeDoc(NAME, CENTRAL)
         replica.apply_remote(writer.diff(), sender="edge-1")
         await replica.persist_to(store)
@@ -504,7 +515,7 @@ async def test_a_crash_during_rotation_leaves_a_consistent_store(tmp_path: Path,
         queue: list[bytes] = []
         doc.on_local_update(queue.append)
         for i in range(40):
-            doc.put_task(f"t{i}", {"state": "running"})
+            doc.put_task(f"t{i}", report("running"))
             doc.remove_task(f"t{i - 1}")
         await log_all(doc, store, queue, compact_after=10)
         before = await store.snapshot_with_epoch(NAME), await store.updates(NAME)
@@ -537,7 +548,7 @@ async def test_a_crash_before_the_rotation_is_logged(tmp_path: Path) -> None:
         doc = await NodeDoc.load_from(store, NAME, WRITER)
         queue: list[bytes] = []
         doc.on_local_update(queue.append)
-        doc.put_task("a", {"state": "running"})
+        doc.put_task("a", report("running"))
         await log_all(doc, store, queue)
         doc.rotate()  # then the power goes
         loaded = await NodeDoc.load_from(store, NAME, WRITER)

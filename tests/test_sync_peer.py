@@ -8,16 +8,25 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 import pytest
 from conftest import Broker, free_port
 
+from edgesched.core.task import TaskState
 from edgesched.sync import wire
 from edgesched.sync.doc import SiteDoc, UpdateRejected
 from edgesched.sync.peer import DocPeer, wait_converged
+from edgesched.sync.schema import TaskReport
 
 log = logging.getLogger("test_sync_peer")
+
+
+def report(state: str = "running", at: float = 1.0, **kw: Any) -> TaskReport:
+    """A node's report of one task (the generic content of a node document in these tests)."""
+    return TaskReport(state=TaskState(state), updated_at=at, **kw)
+
 
 DOC = "site-a"
 
@@ -293,16 +302,16 @@ def test_central_refuses_operations_of_anyone_but_the_writer() -> None:
         (only,) = wire.encode(wire.Kind.UPDATE, doc.name, doc.client_id, payload, 65536)
         return only
 
-    writer.put_task("t1", {"state": "running"})
+    writer.put_task("t1", report("running"))
     peer.handle(wire.sync_topic("node-gw1", "gw1"), frame(writer, writer.diff()))
-    assert replica.task("t1") == {"state": "running"}
+    assert replica.task("t1") == report("running")
 
-    forger.put_task("t1", {"state": "stopped"})  # gw2 forging gw1's task
-    forger.put_task("evil", {"state": "running"})
+    forger.put_task("t1", report("cancelled"))  # gw2 forging gw1's task
+    forger.put_task("evil", report("running"))
     for sender in ("gw2", "gw1"):  # on its own topic, or relayed under the writer's name
         peer.handle(wire.sync_topic("node-gw1", sender), frame(forger, forger.diff()))
     assert peer.stats["rejected_updates"] == 2
-    assert replica.task("evil") is None and replica.task("t1") == {"state": "running"}
+    assert replica.task("evil") is None and replica.task("t1") == report("running")
     assert replica.content_hash() == writer.content_hash()
 
     garbage = frame(writer, b"\xff\xfe not an update")
@@ -337,14 +346,14 @@ async def test_replicas_follow_the_writer_across_epochs(peers: Peers) -> None:
     pw, po = peer(writer, "gw1"), peer(online, "central")
     await until(lambda: pw.connected and po.connected)
     for i in range(50):
-        writer.put_task(f"t{i}", {"state": "running", "pad": "x" * 200})
+        writer.put_task(f"t{i}", report("running", workload="x" * 200))
     await wait_converged([writer, online], timeout=5)
 
     for round_ in range(2):
         for i in range(1, 50, 2):
             writer.remove_task(f"t{i}")
         writer.rotate()
-        writer.put_task(f"after-{round_}", {"state": "running"})
+        writer.put_task(f"after-{round_}", report("running"))
         await wait_converged([writer, online], timeout=5)
         assert online.epoch == writer.epoch == round_ + 1
     assert po.stats["epoch_adopted"] == 2 and po.stats["rejected_updates"] == 0
@@ -353,7 +362,7 @@ async def test_replicas_follow_the_writer_across_epochs(peers: Peers) -> None:
     await until(lambda: pl.connected)
     await wait_converged([writer, online, late], timeout=5)
     assert late.epoch == writer.epoch == 2
-    assert late.task("after-1") == {"state": "running"} and late.task("t1") is None
+    assert late.task("after-1") == report("running") and late.task("t1") is None
 
 
 def test_updates_whose_dependencies_never_arrive_are_bounded() -> None:
@@ -369,7 +378,7 @@ def test_updates_whose_dependencies_never_arrive_are_bounded() -> None:
     updates: list[bytes] = []
     writer.on_local_update(updates.append)
     for i in range(60):
-        writer.put_task(f"t{i}", {"state": "running", "pad": "x" * 100})
+        writer.put_task(f"t{i}", report("running", workload="x" * 100))
 
     def frame(kind: wire.Kind, payload: bytes) -> bytes:
         (only,) = wire.encode(kind, writer.name, writer.client_id, payload, 65536)

@@ -16,12 +16,17 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.central.heartbeat import Heartbeat
 from edgesched.config import MqttConfig
+from edgesched.core.task import TaskState
 from edgesched.edge.link import CentralLink
 from edgesched.sync import security as sec
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
+from edgesched.sync.schema import TaskReport
 from edgesched.sync.session import MqttSession, checked, first_failure, reraise_if_cancelling
 from edgesched.sync.topics import status_topic
+
+#: A node's report of a running task (the content these documents sync).
+RUNNING = TaskReport(state=TaskState.RUNNING, updated_at=1.0)
 
 
 async def _race(guard: bool) -> asyncio.Task[None]:
@@ -180,7 +185,7 @@ async def test_one_connection_carries_link_and_document(tmp_path: Path, tls: boo
         central.add(DocPeer(replica, "central"))
         central.add(_Recorder(status_topic("node-a"), heard))
         central.add(Heartbeat("central", interval_s=0.2))
-        node_doc.put_task("t1", {"state": "running"})
+        node_doc.put_task("t1", RUNNING)
 
         async with asyncio.TaskGroup() as group:
             runs = [group.create_task(node.run()), group.create_task(central.run())]
@@ -190,7 +195,7 @@ async def test_one_connection_carries_link_and_document(tmp_path: Path, tls: boo
             # central's heartbeat reaches the node's link over the same connection
             await _until(lambda: link.last_heard is not None)
             await _until(lambda: any(b'"online"' in p for _, p in heard))
-            node_doc.put_task("t2", {"state": "running"})
+            node_doc.put_task("t2", RUNNING)
             await _until(lambda: replica.task("t2") is not None)
             await asyncio.sleep(1.0)  # a second connection as node-a would have kicked us off
             assert node.stats["connects"] == 1 and central.stats["connects"] == 1
