@@ -192,8 +192,8 @@ def prunable(
     out = []
     horizon = now - retention_s
     for task_id, entry in sorted(assignments.items()):
-        if entry.at > horizon:
-            continue
+        if entry.state is AssignmentState.PENDING or entry.at > horizon:
+            continue  # (a pending task has no copy anywhere yet: forgetting it loses it)
         copies = {
             node_id: copy
             for node_id, doc in node_docs.items()

@@ -49,6 +49,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 from pycrdt import Doc, Map, Subscription, TransactionEvent
@@ -56,6 +57,7 @@ from pycrdt import Doc, Map, Subscription, TransactionEvent
 from edgesched.core.policy import PolicyMode
 from edgesched.sync.schema import (
     AssignmentEntry,
+    Entry,
     ModelEntry,
     ModelReport,
     NodeView,
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgesched.sync.doc")
 _V = TypeVar("_V")
+_E = TypeVar("_E", bound=Entry)
 
 #: Largest client id pycrdt peers share safely (Yjs client ids are uint32 on the wire).
 CLIENT_ID_LIMIT = 2**32
@@ -294,6 +297,17 @@ class SyncedDoc:
     def memo(self, key: str) -> dict[str, Any]:
         """The per-entry memo of a map view (see :func:`~edgesched.sync.schema.decode_map`)."""
         return self._memos.setdefault(key, {})
+
+    def _one(self, cls: type[_E], root: Map[Any], key: str, where: str) -> _E | None:
+        """The entry ``key`` of a map, decoded on its own (reusing the memo's decode)."""
+        raw = normalise(root.get(key))
+        if raw is None:
+            return None
+        hit = self._memos.get(where, {}).get(key)
+        if hit is not None and hit[0] == raw:
+            entry: _E = hit[1]
+            return entry
+        return decode_one(cls, raw, self.refusals, where=f"{where}[{key}]")
 
     def _check_epoch(self, epoch: int) -> int:
         if isinstance(epoch, bool) or not isinstance(epoch, int):
@@ -750,16 +764,18 @@ class NodeDoc(SyncedDoc):
     def set_model_reports(self, reports: Mapping[str, ModelReport]) -> None:
         _set_changed(self.root("node"), "models", {k: r.to_entry() for k, r in reports.items()})
 
-    def model_reports(self) -> dict[str, ModelReport]:
+    def model_reports(self) -> Mapping[str, ModelReport]:
         """kind -> the model this node runs (as it reports it)."""
         return self.view(
             "models",
-            lambda: decode_map(
-                ModelReport,
-                self._node_raw("models"),
-                self.refusals,
-                where="node.models",
-                memo=self.memo("node.models"),
+            lambda: MappingProxyType(
+                decode_map(
+                    ModelReport,
+                    self._node_raw("models"),
+                    self.refusals,
+                    where="node.models",
+                    memo=self.memo("node.models"),
+                )
             ),
         )
 
@@ -784,7 +800,8 @@ class NodeDoc(SyncedDoc):
             del tasks[task_id]
 
     def task(self, task_id: str) -> TaskReport | None:
-        return self.tasks().get(task_id)
+        """One task's report, decoded alone (the whole map is decoded only by :meth:`tasks`)."""
+        return self._one(TaskReport, self.root("tasks"), task_id, "tasks")
 
     def typed(self) -> NodeView:
         """The whole content, typed (one decode per change)."""
@@ -795,16 +812,18 @@ class NodeDoc(SyncedDoc):
             ),
         )
 
-    def tasks(self) -> dict[str, TaskReport]:
+    def tasks(self) -> Mapping[str, TaskReport]:
         """task id -> the node's report of it (valid entries only)."""
         return self.view(
             "tasks",
-            lambda: decode_map(
-                TaskReport,
-                normalise(self.root("tasks").to_py()),
-                self.refusals,
-                where="tasks",
-                memo=self.memo("tasks"),
+            lambda: MappingProxyType(
+                decode_map(
+                    TaskReport,
+                    normalise(self.root("tasks").to_py()),
+                    self.refusals,
+                    where="tasks",
+                    memo=self.memo("tasks"),
+                )
             ),
         )
 
@@ -827,18 +846,21 @@ class PolicyDoc(SyncedDoc):
         self.root("assignments")[task_id] = entry.to_entry()
 
     def assignment(self, task_id: str) -> AssignmentEntry | None:
-        return self.assignments().get(task_id)
+        """One assignment, decoded alone."""
+        return self._one(AssignmentEntry, self.root("assignments"), task_id, "assignments")
 
-    def assignments(self) -> dict[str, AssignmentEntry]:
+    def assignments(self) -> Mapping[str, AssignmentEntry]:
         """task id -> central's assignment, decoded once per change of the document."""
         return self.view(
             "assignments",
-            lambda: decode_map(
-                AssignmentEntry,
-                self._map("assignments"),
-                self.refusals,
-                where="assignments",
-                memo=self.memo("assignments"),
+            lambda: MappingProxyType(
+                decode_map(
+                    AssignmentEntry,
+                    self._map("assignments"),
+                    self.refusals,
+                    where="assignments",
+                    memo=self.memo("assignments"),
+                )
             ),
         )
 
@@ -853,12 +875,18 @@ class PolicyDoc(SyncedDoc):
             raise ValueError(f"bad stop order for {task_id!r} on {node_id!r}")
         self.root("stops")[f"{task_id}@{node_id}"] = order.to_entry()
 
-    def stops(self) -> dict[str, StopOrder]:
+    def stops(self) -> Mapping[str, StopOrder]:
         """``task@node`` -> the stop order."""
         return self.view(
             "stops",
-            lambda: decode_map(
-                StopOrder, self._map("stops"), self.refusals, where="stops", memo=self.memo("stops")
+            lambda: MappingProxyType(
+                decode_map(
+                    StopOrder,
+                    self._map("stops"),
+                    self.refusals,
+                    where="stops",
+                    memo=self.memo("stops"),
+                )
             ),
         )
 
@@ -904,16 +932,18 @@ class PolicyDoc(SyncedDoc):
             raise ValueError("node id must not be empty")
         self.root("power")[node_id] = order.to_entry()
 
-    def power(self) -> dict[str, PowerOrder]:
+    def power(self) -> Mapping[str, PowerOrder]:
         """node id -> central's standing power order."""
         return self.view(
             "power",
-            lambda: decode_map(
-                PowerOrder,
-                self._map("power"),
-                self.refusals,
-                where="power",
-                memo=self.memo("power"),
+            lambda: MappingProxyType(
+                decode_map(
+                    PowerOrder,
+                    self._map("power"),
+                    self.refusals,
+                    where="power",
+                    memo=self.memo("power"),
+                )
             ),
         )
 
@@ -923,16 +953,18 @@ class PolicyDoc(SyncedDoc):
             raise ValueError("model kind must not be empty")
         self.root("models")[kind] = entry.to_entry()
 
-    def models(self) -> dict[str, ModelEntry]:
+    def models(self) -> Mapping[str, ModelEntry]:
         """kind -> the model entry central published."""
         return self.view(
             "models",
-            lambda: decode_map(
-                ModelEntry,
-                self._map("models"),
-                self.refusals,
-                where="models",
-                memo=self.memo("models"),
+            lambda: MappingProxyType(
+                decode_map(
+                    ModelEntry,
+                    self._map("models"),
+                    self.refusals,
+                    where="models",
+                    memo=self.memo("models"),
+                )
             ),
         )
 

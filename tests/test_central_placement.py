@@ -223,15 +223,6 @@ def test_finished_assignments_are_forgotten_after_the_retention_only() -> None:
     assert prunable(assignments, docs, 1000.0, 500.0) == ["cancelled-old", "done-old"]
 
 
-PENDING_BUG = pytest.mark.xfail(
-    reason="central/placement.py prunable: the typed port dropped the check that only active "
-    "or cancelled assignments may be forgotten, so a pending one (accepted, no node could "
-    "take it yet, no copy anywhere) is pruned after the retention: an accepted task is lost",
-    strict=True,
-)
-
-
-@PENDING_BUG
 def test_a_pending_assignment_is_never_forgotten() -> None:
     assignments = {"pending": _entry("pending")}  # accepted long ago, still waiting for a node
     docs = {"a": NodeView(registration=None, tasks={})}
@@ -266,7 +257,7 @@ def fleets(
     "states",
     [
         pytest.param(["active", "cancelled"], id="active-or-cancelled"),
-        pytest.param(["active", "cancelled", "pending"], id="with-pending", marks=PENDING_BUG),
+        pytest.param(["active", "cancelled", "pending"], id="with-pending"),
     ],
 )
 @settings(max_examples=200, deadline=None)
