@@ -2,8 +2,9 @@
 
 kube-scheduler can call out to an *extender* after its own filter plugins (``filterVerb``) and
 score plugins (``prioritizeVerb``), and can hand it the binding (``bindVerb``). This module maps
-those calls onto edgesched's scheduling core so that Kubernetes pods are filtered and ranked by
-the same plugins and policy weights central, the edge nodes and the simulator use:
+those calls onto edgesched's scheduling core so that Kubernetes pods are filtered by the same
+filter chain (:data:`~edgesched.core.plugins.FILTER_CHAIN`) and ranked by the same score
+plugins and policy weights central, the edge nodes and the simulator use:
 
 * :func:`pod_to_task` turns a ``v1.Pod`` into a core :class:`~edgesched.core.model.Task`;
 * :func:`filter_nodes` answers ``ExtenderArgs`` with an ``ExtenderFilterResult``;
@@ -49,7 +50,7 @@ from edgesched.core.model import (
     Task,
 )
 from edgesched.core.nodetable import BoolArray, FloatArray, NodeTable, resource_vector
-from edgesched.core.plugins import FILTERS, SCORES
+from edgesched.core.plugins import FILTER_CHAIN, SCORES, FilterPlugin, fits_when_empty
 from edgesched.core.policy import PolicyConfig
 from edgesched.rest.server import problem
 
@@ -611,8 +612,6 @@ def parse_extender_args(args: object) -> ExtenderArgs:
 # --- filter and prioritize ------------------------------------------------------------------
 
 NOT_EDGESCHED = "edgesched: not an edgesched node"
-#: Filters whose failure no preemption can fix (FailedAndUnresolvableNodes).
-_UNRESOLVABLE_FILTERS = frozenset({"node_ready", "arch_compatible", "server_class_allowed"})
 
 
 @dataclass(slots=True)
@@ -620,22 +619,22 @@ class _Evaluation:
     table: NodeTable
     task: Task
     demand: FloatArray
-    masks: list[tuple[str, str, BoolArray]]  # (plugin name, why, mask)
+    masks: list[tuple[FilterPlugin, BoolArray]]  # each stage of the chain, in order
     feasible: BoolArray
 
 
 def _evaluate(
     task: Task, fleet: Mapping[str, Node], policy: PolicyConfig, placements: Iterable[Placement]
 ) -> _Evaluation:
-    """Run the core's filters over the whole fleet, as a scheduling cycle would."""
+    """Run the core's filter chain over the whole fleet, as a scheduling cycle would."""
     running = [p for p in placements if p.task.id != task.id]  # a retried pod is not counted twice
     table = NodeTable.build(
         tuple(fleet.values()), running, (policy.accel_reserve_cpu, policy.accel_reserve_mem_gib)
     )
     demand = resource_vector(task.demand)
-    masks = [(p.name, p.why, p.fn(table, task, demand)) for p in FILTERS]
+    masks = FILTER_CHAIN.evaluate(table, task, demand)
     feasible = np.ones(len(table), dtype=np.bool_)
-    for _, _, mask in masks:
+    for _, mask in masks:
         feasible &= mask
     return _Evaluation(table, task, demand, masks, feasible)
 
@@ -652,10 +651,11 @@ def filter_nodes(
 
     ``fleet`` maps edgesched node ids (= Kubernetes node names) to nodes; ``placements`` is what
     central knows runs where, so free capacity is right. A candidate edgesched does not know is
-    unresolvable. The others go through the core's filter plugins in order, and a node is
-    reported under the first one it fails: in ``FailedAndUnresolvableNodes`` when no preemption
-    can help (parked or waking, wrong architecture, class not allowed, pod larger than the whole
-    node), else in ``FailedNodes``. Reasons are the same short phrase on every node, so
+    unresolvable. The others go through the core's filter chain in order, and a node is
+    reported under the first stage it fails: in ``FailedAndUnresolvableNodes`` when no
+    preemption can help (a stage the chain declares not resolvable: parked or waking, wrong
+    architecture, class not allowed; or a pod larger than the whole node), else in
+    ``FailedNodes``. Reasons are the same short phrase on every node, so
     kube-scheduler's "0/N nodes are available: ..." message counts them.
 
     With ``NodeNames`` in, the passing names come back in ``NodeNames`` and ``Nodes`` is null;
@@ -678,21 +678,21 @@ def filter_nodes(
     if known:
         ev = _evaluate(task, fleet, policy, placements)
         table = ev.table
-        fits_empty = np.all(ev.demand <= table.capacity + _EPS, axis=1)
+        fits_empty = fits_when_empty(table, ev.demand)
         for name in known:
             row = table.index[fleet[name].id]
             if ev.feasible[row]:
                 passing.add(name)
                 continue
-            for plugin, why, mask in ev.masks:
+            for stage, mask in ev.masks:
                 if mask[row]:
                     continue
-                if plugin == "resources_fit" and not fits_empty[row]:
+                if not stage.resolvable:
+                    unresolvable[name] = f"edgesched: {stage.why}"
+                elif not fits_empty[row]:
                     unresolvable[name] = "edgesched: pod is larger than the node"
-                elif plugin in _UNRESOLVABLE_FILTERS:
-                    unresolvable[name] = f"edgesched: {why}"
                 else:
-                    failed[name] = f"edgesched: {why}"
+                    failed[name] = f"edgesched: {stage.why}"
                 break
     result: dict[str, Any] = {
         "Nodes": None,

@@ -2,14 +2,18 @@
 
 A *filter* plugin returns a boolean mask over the node table: which nodes may take the task.
 A *score* plugin returns a float array in [0, 1] over the node table: how much it likes each
-node (higher is better). The scheduler runs every filter, then the weighted sum of the score
-plugins its policy mode names, then selects the best feasible node. Each plugin is one pure
-vectorized function of (table, task, demand vector).
+node (higher is better). Each plugin is one pure vectorized function of (table, task, demand
+vector).
+
+:data:`FILTER_CHAIN` is the one ordered declaration of the filter stages. The scheduler, the
+kube-scheduler extender and the "0/N nodes available" explanation all run it; nothing else
+lists the filters. The scheduler then takes the weighted sum of the score plugins its policy
+mode names and selects the best feasible node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +40,14 @@ class FilterPlugin:
     fn: FilterFn
     #: Phrase used in "0/N nodes available: 12 <phrase>" explanations.
     why: str
+    #: The stage reads only fixed node attributes (never node state or what is allocated)
+    #: and the task fields its chain's ``static_key`` covers: the scheduler computes it once
+    #: per key and cycle.
+    static: bool = False
+    #: Evicting running work can make a failing node pass (the stage reads what is
+    #: allocated). Preemption searches only nodes that pass every other stage, and the
+    #: extender reports failures of the other stages as unresolvable.
+    resolvable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,14 +174,6 @@ def class_fit(table: NodeTable, task: Task, demand: FloatArray) -> FloatArray:
     return score
 
 
-FILTERS: tuple[FilterPlugin, ...] = (
-    FilterPlugin("node_ready", node_ready, "not ready (parked or waking)"),
-    FilterPlugin("arch_compatible", arch_compatible, "wrong architecture or no image"),
-    FilterPlugin("server_class_allowed", server_class_allowed, "server class not allowed"),
-    FilterPlugin("resources_fit", resources_fit, "insufficient resources"),
-    FilterPlugin("accelerator_reserve", accelerator_reserve, "capacity kept for accelerators"),
-)
-
 SCORES: Mapping[str, ScorePlugin] = {
     p.name: p
     for p in (
@@ -183,19 +187,169 @@ SCORES: Mapping[str, ScorePlugin] = {
 }
 
 
-def static_mask(table: NodeTable, task: Task, demand: FloatArray) -> BoolArray:
-    """Filters that do not depend on free resources or node state (arch, image, class)."""
-    return arch_compatible(table, task, demand) & server_class_allowed(table, task, demand)
+def fits_when_empty(table: NodeTable, demand: FloatArray) -> BoolArray:
+    """Nodes whose whole capacity holds ``demand``: :func:`resources_fit` once every running
+    task is evicted, so where preemption may help and where nothing can."""
+    mask: BoolArray = np.all(demand <= table.capacity + _EPS, axis=1)
+    return mask
 
 
-def explain(table: NodeTable, task: Task, demand: FloatArray) -> str:
-    """'0/N nodes available: k <why>, ...' counting each node under the first filter it fails."""
-    remaining = np.ones(len(table), dtype=np.bool_)
-    parts: list[str] = []
-    for plugin in FILTERS:
-        passed = plugin.fn(table, task, demand)
-        failed = int(np.count_nonzero(remaining & ~passed))
-        if failed:
-            parts.append(f"{failed} {plugin.why}")
-        remaining &= passed
-    return f"{int(remaining.sum())}/{len(table)} nodes available: " + ", ".join(parts)
+# --- the filter chain ------------------------------------------------------------------------
+
+
+class FilterChain:
+    """An ordered sequence of filter stages, and the ways the core runs it.
+
+    A node is feasible when it passes every stage. Order matters for explanations only: a
+    node that fails is counted (and, in the extender, reported) under the *first* stage it
+    fails, so each stage's phrase describes the nodes the stages before it let through.
+    """
+
+    __slots__ = ("_dynamic", "_hard", "_static", "stages", "static_key")
+
+    def __init__(
+        self, stages: tuple[FilterPlugin, ...], static_key: Callable[[Task], Hashable]
+    ) -> None:
+        names = [s.name for s in stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"filter stage names must be unique: {names}")
+        for stage in stages:
+            if stage.static and stage.resolvable:
+                raise ValueError(f"{stage.name}: a static stage cannot read allocated resources")
+        self.stages = stages
+        #: The task's shape as the static stages see it: equal keys, equal static masks.
+        self.static_key = static_key
+        # Plain function tuples: these run once or twice per task in a cycle.
+        self._static = tuple(s.fn for s in stages if s.static)
+        self._dynamic = tuple(s.fn for s in stages if not s.static)
+        self._hard = tuple(s.fn for s in stages if not s.static and not s.resolvable)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.stages)
+
+    def static_mask(self, table: NodeTable, task: Task, demand: FloatArray) -> BoolArray:
+        """Nodes passing every static stage (cacheable per ``static_key`` for one table)."""
+        mask: BoolArray = np.ones(len(table), dtype=np.bool_)
+        for fn in self._static:
+            mask &= fn(table, task, demand)
+        return mask
+
+    def feasible(
+        self,
+        table: NodeTable,
+        task: Task,
+        demand: FloatArray,
+        static: BoolArray | None = None,
+    ) -> BoolArray:
+        """Nodes passing every stage. ``static``: :meth:`static_mask` already computed for
+        this table and task shape (it is not modified)."""
+        if static is None:
+            static = self.static_mask(table, task, demand)
+        mask = static
+        for fn in self._dynamic:  # inlined: this runs for every task of every cycle
+            mask = mask & fn(table, task, demand)  # new arrays: the cached static is kept
+        return static.copy() if mask is static else mask
+
+    def eligible(
+        self,
+        table: NodeTable,
+        task: Task,
+        demand: FloatArray,
+        static: BoolArray | None = None,
+    ) -> BoolArray:
+        """Nodes passing every stage that evictions cannot change (the non-resolvable ones):
+        where preemption and consolidation may look."""
+        return self._run(table, task, demand, static, self._hard)
+
+    def evaluate(
+        self, table: NodeTable, task: Task, demand: FloatArray
+    ) -> list[tuple[FilterPlugin, BoolArray]]:
+        """Every stage's own mask, in chain order (for per-node reasons)."""
+        return [(stage, stage.fn(table, task, demand)) for stage in self.stages]
+
+    def explain(self, table: NodeTable, task: Task, demand: FloatArray) -> str:
+        """'0/N nodes available: k <why>, ...' counting each node under the first stage it fails."""
+        remaining = np.ones(len(table), dtype=np.bool_)
+        parts: list[str] = []
+        for stage, passed in self.evaluate(table, task, demand):
+            failed = int(np.count_nonzero(remaining & ~passed))
+            if failed:
+                parts.append(f"{failed} {stage.why}")
+            remaining &= passed
+        return f"{int(remaining.sum())}/{len(table)} nodes available: " + ", ".join(parts)
+
+    def _run(
+        self,
+        table: NodeTable,
+        task: Task,
+        demand: FloatArray,
+        static: BoolArray | None,
+        fns: tuple[FilterFn, ...],
+    ) -> BoolArray:
+        if static is None:
+            static = self.static_mask(table, task, demand)
+        mask = static
+        for fn in fns:
+            mask = mask & fn(table, task, demand)  # new arrays: the cached static is kept
+        return static.copy() if mask is static else mask
+
+
+def _static_key(task: Task) -> Hashable:
+    """What the static stages read of a task: ``arch_compatible`` its architectures and the
+    architectures it has images for, ``server_class_allowed`` its server classes. A static
+    stage that reads more must add it here."""
+    images = tuple(sorted(task.images)) if task.images else ()  # per task, twice: keep it cheap
+    return (task.archs, images, task.server_classes)
+
+
+#: The placement filter chain, declared once. Every stage is a hard constraint (a node that
+#: fails one cannot take the task); soft preferences are score plugins, applied only to the
+#: nodes that pass the whole chain. Stages are vector masks over every node with no
+#: short-circuit, so the order does not change which nodes are feasible: it decides which
+#: stage a failing node is reported under (the first it fails), and it runs from what no
+#: eviction can fix to the capacity checks that depend on what the cycle has bound so far.
+#: Cost is handled by the static stages being computed once per task shape.
+FILTER_CHAIN = FilterChain(
+    (
+        # 1. Node state first: one comparison on one column, and the most basic refusal: a
+        #    parked or waking node takes nothing (energy mode may park much of the fleet), and
+        #    no preemption changes that, so later phrases count only nodes that are up. Not
+        #    static: nodes are parked and woken between cycles, and a cycle wakes nodes.
+        FilterPlugin("node_ready", node_ready, "not ready (parked or waking)"),
+        # 2. Architecture and image: a fixed node attribute against the task's shape, so the
+        #    scheduler computes it once per shape and cycle. The most selective hard
+        #    constraint on a mixed fleet (an arm64-only task loses every x86 node); before
+        #    capacity, so a node of the wrong architecture is reported as that, not as full.
+        FilterPlugin(
+            "arch_compatible",
+            arch_compatible,
+            "wrong architecture or no image",
+            static=True,
+        ),
+        # 3. Server class: static like the architecture and cached the same way; after it,
+        #    since most tasks name no class and it then passes every node.
+        FilterPlugin(
+            "server_class_allowed",
+            server_class_allowed,
+            "server class not allowed",
+            static=True,
+        ),
+        # 4. Free resources: reads what is allocated, which changes with every bind, so it
+        #    runs per task after the static stages. Evicting running work can fix it: the
+        #    first stage preemption relaxes.
+        FilterPlugin("resources_fit", resources_fit, "insufficient resources", resolvable=True),
+        # 5. Accelerator reserve: a stricter form of the fit (the room a policy keeps for the
+        #    accelerators' own CPU and memory). It comes after the raw fit so a node that is
+        #    simply full says "insufficient resources", and only nodes that fit but would eat
+        #    the reserve say "capacity kept for accelerators". Resolvable like the fit.
+        FilterPlugin(
+            "accelerator_reserve",
+            accelerator_reserve,
+            "capacity kept for accelerators",
+            resolvable=True,
+        ),
+    ),
+    # What stages 2 and 3 read of a task: the key the scheduler caches their mask under.
+    static_key=_static_key,
+)

@@ -3,9 +3,12 @@
 A cycle runs these stages, in order, over a columnar node table:
 
 1. **queue**: pending tasks sorted by the mode's order (priority then age, or age first);
-2. **filter → score → select** for each task (plugins in :mod:`edgesched.core.plugins`);
-3. **preempt** when nothing fits: evict tasks of lower *effective* priority on the node where
-   the fewest, least important victims free enough room;
+2. **filter → score → select** for each task: the filter stage is
+   :data:`~edgesched.core.plugins.FILTER_CHAIN` (the one declaration the extender runs too),
+   then the score plugins of :mod:`edgesched.core.plugins`;
+3. **preempt** when nothing fits: among the nodes passing the chain's stages no eviction can
+   change, evict tasks of lower *effective* priority where the fewest, least important
+   victims free enough room;
 4. **power** (energy mode): wake parked nodes for work that could not be placed and for the
    forecast demand, consolidate migratable work off lightly used nodes, and park idle nodes
    beyond the headroom the forecast asks for;
@@ -24,7 +27,7 @@ No I/O, no clock: ``view.now`` is the only time.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,13 +52,7 @@ from edgesched.core.nodetable import (
     NodeTable,
     resource_vector,
 )
-from edgesched.core.plugins import (
-    SCORES,
-    accelerator_reserve,
-    explain,
-    resources_fit,
-    static_mask,
-)
+from edgesched.core.plugins import FILTER_CHAIN, SCORES, fits_when_empty
 from edgesched.core.policy import PolicyConfig, PolicyMode
 
 #: Added to a task's priority while its class is within its tidal guarantee.
@@ -106,7 +103,7 @@ class _Cycle:
     touched: set[int] = field(default_factory=set)
     #: Bumped on every bind/unbind: a task shape that failed at this version fails again.
     version: int = 0
-    static_cache: dict[tuple[object, ...], BoolArray] = field(default_factory=dict)
+    static_cache: dict[Hashable, BoolArray] = field(default_factory=dict)
 
     # --- tidal -----------------------------------------------------------------------------
 
@@ -122,15 +119,21 @@ class _Cycle:
     # --- bookkeeping -----------------------------------------------------------------------
 
     def static(self, task: Task, demand: FloatArray) -> BoolArray:
-        key = self.static_key(task)
+        """The filter chain's static stages for ``task``, computed once per task shape."""
+        key = FILTER_CHAIN.static_key(task)
         mask = self.static_cache.get(key)
         if mask is None:
-            mask = static_mask(self.table, task, demand)
+            mask = FILTER_CHAIN.static_mask(self.table, task, demand)
             self.static_cache[key] = mask
         return mask
 
-    def static_key(self, task: Task) -> tuple[object, ...]:
-        return (task.archs, tuple(sorted(task.images)), task.server_classes)
+    def feasible(self, task: Task, demand: FloatArray) -> BoolArray:
+        """The filter stage: nodes passing the whole chain now."""
+        return FILTER_CHAIN.feasible(self.table, task, demand, self.static(task, demand))
+
+    def eligible(self, task: Task, demand: FloatArray) -> BoolArray:
+        """Nodes passing the chain's stages that no eviction changes (preempt, consolidate)."""
+        return FILTER_CHAIN.eligible(self.table, task, demand, self.static(task, demand))
 
     def bind(self, row: int, task: Task) -> None:
         self.version += 1
@@ -190,8 +193,7 @@ def _learned_score(
 def _place(cycle: _Cycle, task: Task) -> bool:
     table = cycle.table
     demand = resource_vector(task.demand)
-    feasible = table.active_mask() & cycle.static(task, demand) & resources_fit(table, task, demand)
-    feasible &= accelerator_reserve(table, task, demand)
+    feasible = cycle.feasible(task, demand)
     if not feasible.any():
         return False
     candidates = np.flatnonzero(feasible)
@@ -291,8 +293,7 @@ def _preempt(cycle: _Cycle, task: Task) -> bool:
         return False
     table = cycle.table
     demand = resource_vector(task.demand)
-    fits_empty: BoolArray = np.all(demand <= table.capacity + _EPS, axis=1)
-    candidates = np.flatnonzero(table.active_mask() & cycle.static(task, demand) & fits_empty)
+    candidates = np.flatnonzero(cycle.eligible(task, demand) & fits_when_empty(table, demand))
     best: tuple[tuple[int, int, float], int, list[Placement]] | None = None
     for candidate in candidates.tolist():
         found = _victims_on(cycle, candidate, task, demand, prio)
@@ -360,6 +361,8 @@ def _wake_for_waiting(cycle: _Cycle, waiting: Sequence[Task]) -> None:
     reserved = table.used.copy()  # capacity promised on waking nodes this cycle
     for task in waiting:
         demand = resource_vector(task.demand)
+        # The chain's static stages only: parked nodes fail node_ready until they wake, and
+        # capacity is counted against what this cycle already promised the waking ones.
         static = cycle.static(task, demand)
         fits = np.all(reserved + demand <= table.capacity + _EPS, axis=1)
         incoming = np.flatnonzero(waking & static & fits)
@@ -433,7 +436,7 @@ def _consolidate(cycle: _Cycle, target: float) -> None:
         extra = np.zeros_like(table.used)
         for placement in moves:
             demand = resource_vector(placement.task.demand)
-            ok = active & cycle.static(placement.task, demand)
+            ok = cycle.eligible(placement.task, demand)
             ok &= np.all(table.used + extra + demand <= table.capacity + _EPS, axis=1)
             ok[list(draining)] = False
             rows = np.flatnonzero(ok)
@@ -528,8 +531,8 @@ def _pin(cycle: _Cycle, pins: Mapping[str, frozenset[int]]) -> None:
 # --- entry point ----------------------------------------------------------------------------
 
 
-def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -> ScheduleResult:
-    """Decide for one cycle. Pure: the same arguments always give the same result."""
+def _start(view: ClusterView, policy: PolicyConfig) -> _Cycle:
+    """A cycle's working state as its first task sees it."""
     table = NodeTable.build(
         view.nodes, view.placements, (policy.accel_reserve_cpu, policy.accel_reserve_mem_gib)
     )
@@ -546,7 +549,21 @@ def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -
     if not policy.parks_nodes:
         for row in _wake_order(cycle):
             _wake(cycle, row, f"mode {policy.mode.value} keeps every node awake", {})
+    return cycle
 
+
+def feasible_nodes(view: ClusterView, task: Task, policy: PolicyConfig) -> frozenset[str]:
+    """Ids of the nodes the filter stage of a cycle over ``view`` lets ``task`` onto, as the
+    first task of that cycle (nothing placed yet)."""
+    cycle = _start(view, policy)
+    rows = np.flatnonzero(cycle.feasible(task, resource_vector(task.demand)))
+    return frozenset(cycle.table.nodes[int(r)].id for r in rows)
+
+
+def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -> ScheduleResult:
+    """Decide for one cycle. Pure: the same arguments always give the same result."""
+    cycle = _start(view, policy)
+    table = cycle.table
     waiting: dict[str, str] = {}
     waiting_tasks: list[Task] = []
     seen: set[str] = set()
@@ -557,7 +574,7 @@ def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -
         seen.add(task.id)
         d = task.demand
         shape = (
-            cycle.static_key(task),
+            FILTER_CHAIN.static_key(task),
             (d.cpu, d.mem_gib, d.accel, d.iops_k),
             cycle.effective_priority(task, adding=True),
             task.workload,
@@ -568,7 +585,7 @@ def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -
         elif _place(cycle, task) or _preempt(cycle, task):
             continue
         else:
-            waiting[task.id] = explain(table, task, resource_vector(task.demand))
+            waiting[task.id] = FILTER_CHAIN.explain(table, task, resource_vector(task.demand))
             failed[shape] = (cycle.version, waiting[task.id])
         waiting_tasks.append(task)
 
