@@ -244,6 +244,9 @@ class SyncedDoc:
 
     #: Whether only one peer ever writes this kind of document: only those may rotate.
     single_writer: ClassVar[bool] = False
+    #: Root maps whose decoded views follow the changed keys of each transaction (pycrdt's
+    #: map events) instead of decoding the whole map again: the large, hot ones.
+    incremental_roots: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -273,6 +276,10 @@ class SyncedDoc:
         self.refusals = Refusals(name)
         self._views: dict[str, tuple[int, Any]] = {}
         self._memos: dict[str, dict[str, Any]] = {}
+        self._root_subscriptions: list[tuple[Map[Any], Subscription]] = []
+        #: root -> keys changed since its view was last decoded (None: decode it all)
+        self._dirty: dict[str, set[str] | None] = {}
+        self._decoded: dict[str, dict[str, Any]] = {}
         self.doc: Doc[Any] = self._observed(Doc(client_id=self.client_id))
         self._callbacks: list[Callable[[bytes], None]] = []
         self._epoch_callbacks: list[Callable[[int], None]] = []
@@ -328,10 +335,56 @@ class SyncedDoc:
         """
         if self._subscription is not None:
             self.doc.unobserve(self._subscription)
+        for old_root, subscription in self._root_subscriptions:
+            old_root.unobserve(subscription)
         self.revision += 1
         epoch = self.epoch
         self._subscription = doc.observe(lambda event: self._on_transaction(event, epoch))
+        self._root_subscriptions = []
+        for name in self.incremental_roots:
+            root: Map[Any] = doc.get(name, type=Map)
+            self._root_subscriptions.append((root, root.observe(self._keys_changed(name))))
+            self._dirty[name] = None  # a new pycrdt document: decode it all once
         return doc
+
+    def _keys_changed(self, name: str) -> Callable[[Any], None]:
+        """The observer of root map ``name``: notes the keys each transaction changed (read
+        only: inside pycrdt's callback the document must not be touched)."""
+
+        def changed(event: Any) -> None:
+            dirty = self._dirty.get(name)
+            if dirty is not None:
+                dirty.update(str(k) for k in event.keys)
+
+        return changed
+
+    def _map_view(self, name: str, cls: type[_E]) -> Mapping[str, _E]:
+        """The decoded view of root map ``name``, maintained from the changed keys."""
+        return self.view(name, lambda: self._decode_changes(name, cls))
+
+    def _decode_changes(self, name: str, cls: type[_E]) -> Mapping[str, _E]:
+        dirty = self._dirty.get(name)
+        decoded: dict[str, _E] | None = self._decoded.get(name)
+        root = self.root(name)
+        if dirty is None or decoded is None:
+            decoded = decode_map(
+                cls, normalise(root.to_py()), self.refusals, where=name, memo=self.memo(name)
+            )
+            self._decoded[name] = decoded
+        else:
+            for key in dirty:
+                raw = normalise(root.get(key))
+                entry = (
+                    None
+                    if raw is None
+                    else decode_one(cls, raw, self.refusals, where=f"{name}[{key}]")
+                )
+                if entry is None:
+                    decoded.pop(key, None)
+                else:
+                    decoded[key] = entry
+        self._dirty[name] = set()
+        return MappingProxyType(dict(decoded))  # a snapshot: callers write while they read
 
     # ------------------------------------------------------------------ sync primitives
 
@@ -740,6 +793,7 @@ class NodeDoc(SyncedDoc):
     """
 
     single_writer = True
+    incremental_roots = ("tasks",)
 
     @property
     def writer(self) -> str | None:
@@ -814,18 +868,7 @@ class NodeDoc(SyncedDoc):
 
     def tasks(self) -> Mapping[str, TaskReport]:
         """task id -> the node's report of it (valid entries only)."""
-        return self.view(
-            "tasks",
-            lambda: MappingProxyType(
-                decode_map(
-                    TaskReport,
-                    normalise(self.root("tasks").to_py()),
-                    self.refusals,
-                    where="tasks",
-                    memo=self.memo("tasks"),
-                )
-            ),
-        )
+        return self._map_view("tasks", TaskReport)
 
 
 class PolicyDoc(SyncedDoc):
@@ -836,6 +879,8 @@ class PolicyDoc(SyncedDoc):
     central's placement: the spec, the node, the placement epoch) and ``stops`` (``<task>@<node>``
     → an order to stop that node's copy of a task placed twice, from the reconcile rule).
     Entries are typed (:mod:`edgesched.sync.schema`); one that does not decode is refused."""
+
+    incremental_roots = ("assignments", "stops", "power")
 
     def _map(self, root: str) -> object:
         return normalise(self.root(root).to_py())
@@ -851,18 +896,7 @@ class PolicyDoc(SyncedDoc):
 
     def assignments(self) -> Mapping[str, AssignmentEntry]:
         """task id -> central's assignment, decoded once per change of the document."""
-        return self.view(
-            "assignments",
-            lambda: MappingProxyType(
-                decode_map(
-                    AssignmentEntry,
-                    self._map("assignments"),
-                    self.refusals,
-                    where="assignments",
-                    memo=self.memo("assignments"),
-                )
-            ),
-        )
+        return self._map_view("assignments", AssignmentEntry)
 
     def drop_assignment(self, task_id: str) -> None:
         assignments = self.root("assignments")
@@ -877,18 +911,7 @@ class PolicyDoc(SyncedDoc):
 
     def stops(self) -> Mapping[str, StopOrder]:
         """``task@node`` -> the stop order."""
-        return self.view(
-            "stops",
-            lambda: MappingProxyType(
-                decode_map(
-                    StopOrder,
-                    self._map("stops"),
-                    self.refusals,
-                    where="stops",
-                    memo=self.memo("stops"),
-                )
-            ),
-        )
+        return self._map_view("stops", StopOrder)
 
     def drop_stop(self, task_id: str, node_id: str) -> None:
         stops = self.root("stops")
@@ -934,18 +957,7 @@ class PolicyDoc(SyncedDoc):
 
     def power(self) -> Mapping[str, PowerOrder]:
         """node id -> central's standing power order."""
-        return self.view(
-            "power",
-            lambda: MappingProxyType(
-                decode_map(
-                    PowerOrder,
-                    self._map("power"),
-                    self.refusals,
-                    where="power",
-                    memo=self.memo("power"),
-                )
-            ),
-        )
+        return self._map_view("power", PowerOrder)
 
     def set_model(self, kind: str, entry: ModelEntry) -> None:
         """Publish a model file for every node to swap in (each verifies it first)."""
