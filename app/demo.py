@@ -411,11 +411,10 @@ class Child:
                 return line[-300:]
         return lines[-1][-300:] if lines else "no output"
 
-    def token(self) -> str:
-        return (self.state / "api-token").read_text().strip()
-
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{int((self.state / 'api-port').read_text())}"
+    def api(self) -> ApiTarget:
+        """Its API's address and token, from the files it writes at start (OSError or
+        ValueError until it has)."""
+        return ApiTarget.from_state_dir(self.state)
 
 
 def kill_task_processes(run_dirs: Iterable[Path], marker: str) -> int:
@@ -448,7 +447,7 @@ class Api:
 
     def __init__(self, session: aiohttp.ClientSession, child: Child) -> None:
         self.child = child
-        self.client = AsyncApiClient(session, ApiTarget(child.base_url(), child.token()))
+        self.client = AsyncApiClient(session, child.api())
 
     async def call(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
         resp = await self.client.request(method, path, body)
@@ -609,7 +608,7 @@ async def _wait_ready(child: Child, session: aiohttp.ClientSession) -> None:
             code = None if child.proc is None else child.proc.returncode
             raise DemoError(f"{child.name} did not start (exit {code}): {child.last_error()}")
         with contextlib.suppress(OSError, ValueError, aiohttp.ClientError):
-            url = child.base_url() + "/v1/health"
+            url = child.api().base_url + "/v1/health"
             async with session.get(url) as resp:
                 if resp.status == 200:
                     return
@@ -733,7 +732,8 @@ async def _run_in(
         await asyncio.to_thread(central.start, workdir)
         await _wait_ready(central, session)
         fleet.capi = Api(session, central)
-        url = f"{central.base_url()}/dashboard/#token={central.token()}"
+        target = central.api()
+        url = f"{target.base_url}/dashboard/#token={target.token}"
         ui.info(f"dashboard: {url}")
         stack.push_async_callback(stop_nodes)
         for sim in sims:

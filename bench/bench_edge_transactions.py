@@ -64,6 +64,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_edge_latency import stamper, wait_stamp  # the same clock stamp and wait
+
 MARK = "EDGESCHED_BENCH_TX"  # in every task's environment, to find leftovers
 
 
@@ -133,7 +135,11 @@ async def _batch(tmp: Path, n: int, cycle_s: float, stamp: str) -> dict[str, Any
     acked: dict[str, float] = {}
     try:
         await asyncio.wait_for(engine.wait_ready(), 60)
-        await asyncio.sleep(1.0)  # startup writes (identity, registration) settle
+        # startup writes (identity, registration) and the first cycles' (the idle power
+        # report) settle and are logged, so the window counts the task path's commits only
+        await asyncio.sleep(max(1.0, 2.5 * cycle_s))
+        assert engine._journal is not None
+        await engine._journal.flushed()
         start = time.time()
 
         async def submit(spec: TaskSpec) -> None:
@@ -151,7 +157,7 @@ async def _batch(tmp: Path, n: int, cycle_s: float, stamp: str) -> dict[str, Any
                 raise TimeoutError(f"{len(running)}/{n} running after 120 s")
             await asyncio.sleep(0.01)
         end = time.time()
-        engine_lat = [_wait_stamp(tmp / "e" / s.id) - t0[s.id] for s in specs]
+        engine_lat = [wait_stamp(tmp / "e" / s.id, timeout=60.0) - t0[s.id] for s in specs]
         commits = [t for t in seen["COMMIT"] if start <= t <= end]
         begins = [t for t in seen["BEGIN"] if start <= t <= end]
     finally:
@@ -189,28 +195,11 @@ def _plain(tmp: Path, n: int, stamp: str) -> list[float]:
             )
         )
     for i, child in enumerate(children):
-        out.append(_wait_stamp(tmp / "b" / f"tx-{i:04d}") - t0[i])
+        out.append(wait_stamp(tmp / "b" / f"tx-{i:04d}", timeout=60.0) - t0[i])
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signal.SIGKILL)
         child.wait()
     return out
-
-
-def _wait_stamp(path: Path, timeout: float = 60.0) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            return float(path.read_text())
-        time.sleep(0.001)
-    raise TimeoutError(f"{path} not written in {timeout} s")
-
-
-def stamper() -> str:
-    """The shell command that writes the wall clock, ``{}`` standing for the file."""
-    probe = subprocess.run(["date", "+%s.%N"], capture_output=True, text=True, check=False)
-    if shutil.which("date") and "N" not in probe.stdout:
-        return "date +%s.%N > {}"
-    return "python3 -c 'import time; print(repr(time.time()))' > {}"
 
 
 def child_main(n: int, cycle_s: float, out: Path) -> None:
