@@ -25,7 +25,7 @@ from edgesched.core.model import DecisionKind, Node, NodeState, Task
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.scheduler import ClusterView, schedule
 from edgesched.sync import schema
-from edgesched.sync.schema import NodeView
+from edgesched.sync.schema import NodeView, PowerReport
 
 PARKED = "parked"
 ACTIVE = "active"
@@ -45,35 +45,27 @@ class PowerOrder:
         return schema.PowerOrder(state=self.state, reason=self.reason, at=self.at)
 
 
-@dataclass(frozen=True, slots=True)
-class NodePower:
-    """A node's own power report: its state, since when, and since when it is empty."""
-
-    state: str = ACTIVE
-    since: float = 0.0
-    idle_since: float | None = None
-
-
-def reported(view: NodeView) -> NodePower:
-    """A node document's power report; a node that reports nothing (an older engine, or a
-    report the schema refused) is active and never idle."""
+def reported(view: NodeView) -> PowerReport:
+    """A node document's power report, its state read as parked or active; a node that
+    reports nothing (an older engine, or a report the schema refused) is active and never
+    idle."""
     power = view.power
     if power is None:
-        return NodePower()
+        return PowerReport()
     state = PARKED if power.state == PARKED else ACTIVE
-    return NodePower(state, power.since, power.idle_since)
+    return power if state == power.state else replace(power, state=state)
 
 
 def with_power(
     view: FleetView,
-    reports: Mapping[str, NodePower],
+    reports: Mapping[str, PowerReport],
     orders: Mapping[str, schema.PowerOrder],
 ) -> FleetView:
     """``view`` with each node's power state: parked as it reports, *waking* when central
     ordered it active but it still reports parked, active otherwise; and its idle time."""
     nodes: list[Node] = []
     for node in view.nodes:
-        report = reports.get(node.id, NodePower())
+        report = reports.get(node.id, PowerReport())
         if report.state == PARKED:
             standing = orders.get(node.id)
             ordered = None if standing is None else standing.state
@@ -90,7 +82,7 @@ def power_orders(
     forecast_cpu: float | None,
     policy: PolicyConfig,
     orders: Mapping[str, schema.PowerOrder],
-    reports: Mapping[str, NodePower],
+    reports: Mapping[str, PowerReport],
 ) -> list[PowerOrder]:
     """The park and wake orders the core gives for ``view`` (already :func:`with_power`),
     leaving out orders already standing and parks of nodes that run anything. An order is
@@ -111,7 +103,7 @@ def power_orders(
         else:
             continue
         standing = orders.get(d.node_id)
-        report = reports.get(d.node_id, NodePower())
+        report = reports.get(d.node_id, PowerReport())
         since = max(report.since, report.idle_since or 0.0)
         if standing is not None and standing.state == state and standing.at >= since:
             continue

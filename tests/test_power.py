@@ -17,7 +17,6 @@ from edgesched.central.placement import fleet_view
 from edgesched.central.power import (
     ACTIVE,
     PARKED,
-    NodePower,
     power_orders,
     reported,
     with_power,
@@ -107,17 +106,17 @@ def test_a_node_that_woke_itself_gets_a_new_park_order_when_idle_again() -> None
 
 
 def test_reports_from_older_or_broken_nodes_read_as_active() -> None:
-    def read(node: dict[str, Any]) -> tuple[NodePower, int]:
+    def read(node: dict[str, Any]) -> tuple[PowerReport, int]:
         refusals = Refusals("test")
         view = NodeView.from_content({"node": {"registration": REG, **node}}, refusals)
         assert view.registration is not None
         return reported(view), refusals.total()
 
-    assert read({}) == (NodePower(), 0)  # an older engine reports nothing
+    assert read({}) == (PowerReport(), 0)  # an older engine reports nothing
     # A broken report is refused by the schema (counted) and reads as no report at all.
-    assert read({"power": "on"}) == (NodePower(), 1)
-    assert read({"power": {"state": "parked", "since": "x"}}) == (NodePower(), 1)
-    assert read({"power": {"state": "sideways", "since": 5}}) == (NodePower(ACTIVE, 5.0), 0)
+    assert read({"power": "on"}) == (PowerReport(), 1)
+    assert read({"power": {"state": "parked", "since": "x"}}) == (PowerReport(), 1)
+    assert read({"power": {"state": "sideways", "since": 5}}) == (PowerReport(ACTIVE, 5.0), 0)
     assert stage({"a": doc()}, {}, 1000.0) == []  # never idle: never parked
 
 
