@@ -187,9 +187,7 @@ class EdgeNode:
         auth: bool = True,
         raw: bytes | None = None,
     ) -> tuple[int, Any]:
-        token = (self.state / "api-token").read_text().strip() if auth else ""
-        port = int((self.state / "api-port").read_text())
-        client = ApiClient(ApiTarget(f"http://127.0.0.1:{port}", token))
+        client = ApiClient(ApiTarget.from_state_dir(self.state))
         resp = client.request(method, path, body, auth=auth, raw=raw)
         return resp.status, resp.body
 
