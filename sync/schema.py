@@ -116,21 +116,21 @@ def _decode_dataclass(cls: type[E], raw: object, kind: str) -> E:
     if not isinstance(raw, Mapping):
         raise SchemaError(kind, "", f"expected an object, got {_type_name(raw)}")
     hints = _hints(cls)
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in fields:
         if f.name in raw:
             values[f.name] = _decode_value(hints[f.name], raw[f.name], kind, f.name)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise SchemaError(kind, f.name, "missing")
-    extra = set(raw) - set(values) - {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     try:
         entry = cls(**values)
-    except (SchemaError, SpecError, ValueError, TypeError) as exc:
-        if isinstance(exc, SchemaError):
-            raise
+    except SchemaError:
+        raise
+    except (SpecError, ValueError, TypeError) as exc:  # a class's own checks
         raise SchemaError(kind, "", str(exc)[:200]) from None
-    if extra:
-        IGNORED_FIELDS[kind] += len(extra)
+    if len(values) < len(raw):
+        IGNORED_FIELDS[kind] += len(raw) - len(values)
     return entry
 
 
