@@ -1,0 +1,486 @@
+"""The clustered broker tier (issue 19): central and edge nodes on a three-server NATS cluster
+(its MQTT 3.1.1 gateway over JetStream), each peer connected to a *different* member.
+
+What is checked, as real processes: a task submitted at central runs on a node connected
+elsewhere and every replica converges; a node's last will reaches central through another
+member; a late subscriber sees the retained statuses; a member dies and its node reconnects
+through a surviving one (``MqttSession`` takes one broker address, so the node reaches the
+cluster through a proxy that is pointed at a surviving member, as a DNS name or a TCP load
+balancer in front of the cluster would be); and (root only) a member partitioned in its
+network namespace heals with every document converged. What NATS refuses (MQTT 5, QoS 2, a
+``.`` in a topic) and what it loses (the last will of a client whose member died) is pinned
+here as measured; docs/brokers.md has the table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import paho.mqtt.client as mqtt
+import pytest
+from conftest import (
+    EdgeNode,
+    kill_task_processes,
+    until,
+    write_central_config,
+    write_edge_config,
+)
+from natscluster import (
+    Member,
+    NatsCluster,
+    loopback_cluster,
+    nats_binary,
+    netns_cluster,
+    netns_unavailable,
+)
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edgesched.fieldtest.faultproxy import FaultProxy
+from edgesched.fieldtest.netns import socket_in
+from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.peer import DocPeer
+from edgesched.sync.session import Endpoint, MqttSession
+from edgesched.sync.topics import STATUS_FILTER
+
+pytestmark = pytest.mark.skipif(nats_binary() is None, reason="nats-server is not installed")
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "brokers.md"
+
+
+@pytest.fixture
+def nats() -> Iterator[NatsCluster]:
+    """Three NATS servers with MQTT on 127.0.0.1, JetStream cluster ready; stopped after."""
+    with loopback_cluster() as cluster:
+        yield cluster
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def nats_fleet(
+    tmp_path: Path,
+    central_port: int,
+    node_ports: Mapping[str, int],
+    **central: Any,
+) -> AsyncIterator[tuple[EdgeNode, dict[str, EdgeNode]]]:
+    """Central and edge nodes as processes speaking MQTT 3.1.1 (``protocol = "3.1.1"``):
+    central on ``central_port``, node ``n`` on ``node_ports[n]``; all stopped after.
+    The same as conftest's ``central_and_nodes`` but for the protocol key."""
+    config, state = write_central_config(tmp_path, central_port, **central)
+    with config.open("a") as out:  # [central.mqtt] is the file's last table
+        out.write('protocol = "3.1.1"\nreconnect_max_s = 1.0\n')
+    main = EdgeNode(config, state, tmp_path / "central.log", tier="central")
+    nodes: dict[str, EdgeNode] = {}
+    try:
+        await asyncio.to_thread(main.start)
+        for node_id, port in node_ports.items():
+            d = tmp_path / node_id
+            d.mkdir()
+            cfg, st = write_edge_config(
+                d,
+                port,
+                node_id=node_id,
+                lease_s=2.0,
+                mqtt={"reconnect_max_s": 1.0, "protocol": "3.1.1"},
+            )
+            nodes[node_id] = EdgeNode(cfg, st, d / "edge.log")
+            await asyncio.to_thread(nodes[node_id].start)
+        yield main, nodes
+    finally:
+        for proc in [main, *nodes.values()]:
+            if proc.proc is not None and proc.proc.poll() is None:
+                await asyncio.to_thread(proc.kill, signal.SIGTERM)
+        for node in nodes.values():
+            kill_task_processes(node.state)
+
+
+def central_nodes(central: EdgeNode) -> dict[str, dict[str, Any]]:
+    status, body = central.get("/v1/nodes")
+    assert status == 200, body
+    return {n["id"]: n for n in body["nodes"]}
+
+
+def converged(central: EdgeNode, nodes: dict[str, EdgeNode]) -> dict[str, str] | None:
+    """Every node's replica at central has the node's own content hash."""
+    seen = central_nodes(central)
+    hashes = {}
+    for node_id, node in nodes.items():
+        status, body = node.get("/v1/status")
+        assert status == 200, body
+        hashes[node_id] = str(body["document"]["content_hash"])
+        replica = seen.get(node_id)
+        if replica is None or replica["document"]["content_hash"] != hashes[node_id]:
+            return None
+    return hashes
+
+
+def status_of(central: EdgeNode, node_id: str) -> str | None:
+    node = central_nodes(central).get(node_id)
+    return None if node is None else str(node["status"])
+
+
+def submit_at_central(central: EdgeNode, task_id: str, node_id: str) -> None:
+    body = {"id": task_id, "command": ["sleep", "120"], "cpu": 0.05, "mem_gib": 0.05}
+    body["node"] = node_id
+    status, reply = central.request("POST", "/v1/tasks", body)
+    assert status == 201, reply
+    assert reply["node"] == node_id and reply["state"] == "active", reply
+
+
+def submit_at_node(node: EdgeNode, task_id: str) -> None:
+    body = {"id": task_id, "command": ["sleep", "120"], "cpu": 0.05, "mem_gib": 0.05}
+    status, reply = node.request("POST", "/v1/tasks", body)
+    assert status == 201, reply
+
+
+def runs(node: EdgeNode, *task_ids: str) -> bool:
+    tasks = node.tasks()
+    return all(tasks.get(t, {}).get("state") == "running" for t in task_ids)
+
+
+def retained(
+    host: str, port: int, topic_filter: str, *, wait: float = 3.0, namespace: str | None = None
+) -> dict[str, bytes]:
+    """What a late subscriber hears at once on ``topic_filter``: the retained messages
+    (a fresh clean MQTT 3.1.1 session, ``wait`` seconds)."""
+    got: dict[str, bytes] = {}
+    subscribed = threading.Event()
+
+    def run() -> mqtt.Client:
+        c = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=f"late-{time.monotonic_ns()}",
+            protocol=mqtt.MQTTv311,
+            reconnect_on_failure=False,
+        )
+        c.on_message = lambda _c, _u, m: (
+            got.__setitem__(m.topic, bytes(m.payload)) if m.retain else None
+        )
+        c.on_connect = lambda cl, _u, _f, rc, _p: cl.subscribe(topic_filter, qos=1)
+        c.on_subscribe = lambda *_a: subscribed.set()
+        c.connect(host, port, keepalive=5)
+        c.loop_start()
+        return c
+
+    if namespace is None:
+        client = run()
+    else:
+        from edgesched.fieldtest.netns import in_namespace
+
+        client = in_namespace(namespace, run)
+    try:
+        subscribed.wait(wait)
+        time.sleep(wait / 2)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return got
+
+
+# --- what NATS refuses -----------------------------------------------------------------------
+
+
+async def test_nats_mqtt_refuses_v5_qos2_and_dots(nats: NatsCluster) -> None:
+    """MQTT 5 is refused at CONNECT; a QoS 2 subscription is granted QoS 1; a QoS 2 publish
+    and a topic with a ``.`` or a space close the connection. edgesched's own topics pass:
+    node ids and central ids are ``[A-Za-z0-9][A-Za-z0-9_-]*`` (config-checked)."""
+    m = nats.members[0]
+    v5 = aiomqtt.Client(
+        m.mqtt_host, m.mqtt_port, identifier="v5", protocol=aiomqtt.ProtocolVersion.V5
+    )
+    with pytest.raises(aiomqtt.MqttError):
+        async with v5:
+            pass
+
+    def client(name: str) -> aiomqtt.Client:
+        return aiomqtt.Client(
+            m.mqtt_host, m.mqtt_port, identifier=name, protocol=aiomqtt.ProtocolVersion.V311,
+            timeout=3,
+        )  # fmt: skip
+
+    async with client("qos2-sub") as c:
+        granted = await c.subscribe("edgesched/v1/x/#", qos=2)
+        assert list(granted) == [1], granted
+        await c.publish("edgesched/v1/doc/node-gw-1/sync/gw-1", b"ok", qos=1)  # ours: fine
+    for topic, qos in (
+        ("edgesched/v1/node/gw.1/status", 1),
+        ("edgesched/v1/a b", 1),
+        ("edgesched/v1/q2", 2),
+    ):
+        with pytest.raises(aiomqtt.MqttError):
+            async with client(f"bad-{qos}-{len(topic)}") as c:
+                await c.publish(topic, b"x", qos=qos)
+                await c.publish("edgesched/v1/after", b"x", qos=1)  # never acked
+    assert "not supported for MQTT topics" in m.output()
+    assert "QoS=2 not supported" in m.output()
+
+
+def test_docs_config_is_valid() -> None:
+    """The three member configs in docs/brokers.md pass ``nats-server -t`` (with the
+    documented host names replaced by loopback and store dirs by temporary ones)."""
+    text = DOCS.read_text()
+    blocks = re.findall(r"```conf\n# (nats\d)\.conf\n(.*?)```", text, re.S)
+    assert [name for name, _ in blocks] == ["nats1", "nats2", "nats3"], "docs/brokers.md blocks"
+    binary = nats_binary()
+    assert binary is not None
+    for name, body in blocks:
+        with contextlib.ExitStack() as stack:
+            import tempfile
+
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            conf = tmp / f"{name}.conf"
+            body = re.sub(r"nats\d\.example\.net", "127.0.0.1", body)
+            body = body.replace("/var/lib/nats", str(tmp))
+            conf.write_text(body)
+            done = subprocess.run([binary, "-t", "-c", str(conf)], capture_output=True, text=True)
+            assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
+
+
+# --- the fleet on the cluster ----------------------------------------------------------------
+
+
+async def test_fleet_on_three_members_converges_wills_and_retained(
+    nats: NatsCluster, tmp_path: Path
+) -> None:
+    """Central on nats1, gw-a on nats2, gw-b on nats3 (through a fault proxy): (a) a task
+    submitted at central runs on each node, replicas converge; (c) a late subscriber on
+    another member sees both retained ``online``; (b) gw-b's link dies silently: nats3
+    publishes its retained last will and central (on nats1) reads it offline; healed, it is
+    online and converged again."""
+    n1, n2, n3 = nats.members
+    async with FaultProxy("127.0.0.1", 0, n3.mqtt_host, n3.mqtt_port) as proxy:
+        ports = {"gw-a": n2.mqtt_port, "gw-b": proxy.port}
+        async with nats_fleet(tmp_path, n1.mqtt_port, ports) as (central, nodes):
+            await until(lambda: converged(central, nodes), 30, "central holding both documents")
+            await until(
+                lambda: all(status_of(central, n) == "online" for n in nodes), 20, "both online"
+            )
+            for node_id in nodes:
+                await asyncio.to_thread(submit_at_central, central, f"{node_id}-c1", node_id)
+            for node_id, node in nodes.items():
+                await until(lambda n=node, i=node_id: runs(n, f"{i}-c1"), 20, f"{node_id} runs it")
+                assert (await asyncio.to_thread(node.tasks))[f"{node_id}-c1"][
+                    "decided_by"
+                ] == "central"
+            await until(lambda: converged(central, nodes), 20, "replicas converged")
+
+            late = await asyncio.to_thread(retained, n3.mqtt_host, n3.mqtt_port, STATUS_FILTER)
+            assert {t.split("/")[3]: b'"online"' in p for t, p in late.items()} == {
+                "gw-a": True,
+                "gw-b": True,
+            }, late
+
+            t_cut = time.monotonic()
+            proxy.blackhole()
+            await until(lambda: status_of(central, "gw-b") == "offline", 20, "gw-b's last will")
+            will_after = time.monotonic() - t_cut
+            late = await asyncio.to_thread(retained, n2.mqtt_host, n2.mqtt_port, STATUS_FILTER)
+            assert b'"offline"' in late["edgesched/v1/node/gw-b/status"], late
+            await asyncio.to_thread(submit_at_node, nodes["gw-b"], "gw-b-offline")
+            await asyncio.to_thread(submit_at_central, central, "gw-a-during", "gw-a")
+
+            proxy.heal()
+            await until(lambda: status_of(central, "gw-b") == "online", 20, "gw-b online again")
+            await until(lambda: converged(central, nodes), 30, "converged after the heal")
+            status, detail = await asyncio.to_thread(central.get, "/v1/nodes/gw-b")
+            assert detail["content"]["tasks"]["gw-b-offline"]["state"] == "running"
+            status, body = await asyncio.to_thread(central.get, "/v1/status")
+            assert body["rejected"]["rejected_senders"] == 0
+            print(
+                f"gw-b's will read at central {will_after:.1f}s after its link died (keepalive 2 s)"
+            )
+
+
+async def test_member_dies_node_moves_to_a_survivor(nats: NatsCluster, tmp_path: Path) -> None:
+    """(d) gw-b reaches the cluster through a proxy pointed at nats3; nats3 is killed
+    (SIGKILL) and the proxy pointed at nats2, as a DNS name or load balancer would be: gw-b
+    reconnects there, its persistent session (held in JetStream, R3) is found, a task
+    submitted at central meanwhile runs on it, every replica converges. nats3's death takes
+    gw-b's last will with it: central never reads gw-b offline (measured, docs/brokers.md)."""
+    n1, n2, n3 = nats.members
+    async with FaultProxy("127.0.0.1", 0, n3.mqtt_host, n3.mqtt_port) as proxy:
+        ports = {"gw-a": n2.mqtt_port, "gw-b": proxy.port}
+        async with nats_fleet(tmp_path, n1.mqtt_port, ports) as (central, nodes):
+            await until(lambda: converged(central, nodes), 30, "central holding both documents")
+            await until(
+                lambda: all(status_of(central, n) == "online" for n in nodes), 20, "both online"
+            )
+            gw_b = nodes["gw-b"]
+            status, before = await asyncio.to_thread(gw_b.get, "/v1/status")
+
+            t_kill = time.monotonic()
+            await asyncio.to_thread(n3.stop, signal.SIGKILL)
+            proxy.target_port = n2.mqtt_port
+            proxy.reset()  # the member's death: its connections end (a dead host: RST)
+            await asyncio.to_thread(submit_at_central, central, "after-kill", "gw-b")
+            seen: set[str] = set()
+
+            def runs_and_watch() -> bool:
+                seen.add(str(status_of(central, "gw-b")))
+                return runs(gw_b, "after-kill")
+
+            await until(runs_and_watch, 40, "gw-b running central's task via nats2")
+            moved_in = time.monotonic() - t_kill
+            await until(lambda: converged(central, nodes), 30, "converged after the move")
+            assert "offline" not in seen, "a will of a client whose member died is lost"
+            log = gw_b.log.read_text()
+            assert log.count("connected to broker") >= 2, log[-2000:]
+            print(f"gw-b ran central's task {moved_in:.1f}s after its member was killed")
+
+            # The member comes back and rejoins; the fleet is undisturbed.
+            await asyncio.to_thread(n3.start)
+            await asyncio.to_thread(nats.wait_ready, 40)
+            await asyncio.to_thread(submit_at_central, central, "after-rejoin", "gw-a")
+            await until(lambda: runs(nodes["gw-a"], "after-rejoin"), 20, "gw-a after the rejoin")
+            await until(lambda: converged(central, nodes), 30, "converged after the rejoin")
+            del before
+
+
+# --- a partition in network namespaces (root only) ------------------------------------------
+
+
+@pytest.mark.skipif(netns_unavailable() is not None, reason=f"{netns_unavailable()}")
+async def test_partitioned_member_heals_with_documents_converged(tmp_path: Path) -> None:
+    """(e) Each member in its own namespace; central reaches nats1, gw-a nats2, gw-b nats3
+    (proxies in the root namespace connecting from the clients' namespace). nats3's links go
+    down (the kernel's partition): gw-b turns autonomous and decides alone, central goes on
+    with gw-a through the majority; after the heal nats3 rejoins and every replica is
+    byte-equal, gw-b's offline decisions at central."""
+    with netns_cluster() as cluster:
+        assert cluster.fabric is not None and cluster.clients is not None
+        ns = cluster.clients.ns
+        async with contextlib.AsyncExitStack() as stack:
+            proxies: dict[str, FaultProxy] = {}
+            for member in cluster.members:
+                proxies[member.name] = await stack.enter_async_context(
+                    FaultProxy(
+                        "127.0.0.1",
+                        0,
+                        member.mqtt_host,
+                        member.mqtt_port,
+                        upstream_sock=lambda: socket_in(ns),
+                    )
+                )
+            ports = {"gw-a": proxies["nats2"].port, "gw-b": proxies["nats3"].port}
+            fleet = nats_fleet(tmp_path, proxies["nats1"].port, ports)
+            central, nodes = await stack.enter_async_context(fleet)
+            await until(lambda: converged(central, nodes), 30, "central holding both documents")
+            gw_b = nodes["gw-b"]
+
+            await asyncio.to_thread(cluster.fabric.isolate, "nats3")
+            await until(
+                lambda: gw_b.get("/v1/status")[1]["mode"] == "autonomous", 20, "gw-b autonomous"
+            )
+            offline = [f"gw-b-offline-{i}" for i in range(3)]
+            for task_id in offline:
+                await asyncio.to_thread(submit_at_node, gw_b, task_id)
+            await asyncio.to_thread(submit_at_central, central, "gw-a-during", "gw-a")
+            await until(lambda: runs(nodes["gw-a"], "gw-a-during"), 20, "the majority goes on")
+            await until(lambda: runs(gw_b, *offline), 20, "gw-b deciding alone")
+            during = await asyncio.to_thread(status_of, central, "gw-b")
+
+            t_heal = time.monotonic()
+            await asyncio.to_thread(cluster.fabric.heal, "nats3")
+            hashes = await until(lambda: converged(central, nodes), 60, "converged after heal")
+            healed_in = time.monotonic() - t_heal
+            status, detail = await asyncio.to_thread(central.get, "/v1/nodes/gw-b")
+            for task_id in offline:
+                assert detail["content"]["tasks"][task_id]["decided_by"] == "edge-autonomous"
+            await until(lambda: status_of(central, "gw-b") == "online", 20, "gw-b online")
+            await asyncio.to_thread(cluster.wait_ready, 40)
+            assert len(set(hashes.values())) == 2
+            print(f"gw-b read {during!r} at central during the partition; converged "
+                  f"{healed_in:.1f}s after the heal")  # fmt: skip
+
+
+# --- the session on the cluster, in process --------------------------------------------------
+
+
+async def test_doc_peers_on_different_members_converge(nats: NatsCluster) -> None:
+    """Two DocPeers of one document on one MqttSession each, 3.1.1, on nats1 and nats3:
+    updates flow both ways, and with nats3 killed the node's session moves to nats2 (given
+    that address) and the document converges again; QoS 1 frames sent while it was away are
+    not needed (the y-sync resync on connect settles it)."""
+    n1, n2, n3 = nats.members
+    node_doc = NodeDoc("node-gw-x", client_id_for("gw-x"))
+    central_doc = NodeDoc("node-gw-x", client_id_for("central"))
+    address: dict[str, Member] = {"node": n3}
+
+    def session(
+        peer_id: str, member: Callable[[], Member], doc: NodeDoc
+    ) -> tuple[MqttSession, DocPeer]:
+        m = member()
+        s = MqttSession(
+            Endpoint(m.mqtt_host, m.mqtt_port, f"{peer_id}-x", keepalive_s=2, protocol="3.1.1"),
+            backoff_initial_s=0.05,
+            backoff_max_s=0.2,
+        )
+        peer = DocPeer(doc, peer_id, subscribe=True)
+        s.add(peer)
+        return s, peer
+
+    central_s, _ = session("central", lambda: n1, central_doc)
+    node_s, node_peer = session("gw-x", lambda: address["node"], node_doc)
+
+    async def node_loop() -> None:
+        while True:  # the session is rebuilt on the next member when its own one is gone
+            m = address["node"]
+            node_s.endpoint = Endpoint(
+                m.mqtt_host, m.mqtt_port, "gw-x-x", keepalive_s=2, protocol="3.1.1"
+            )
+            try:
+                async with asyncio.timeout(None) as scope:
+                    watch = asyncio.create_task(_until_moved(address, m, scope))
+                    try:
+                        await node_s.run()
+                    finally:
+                        watch.cancel()
+            except TimeoutError:
+                continue
+
+    tasks = [asyncio.create_task(central_s.run()), asyncio.create_task(node_loop())]
+    try:
+        from edgesched.core.task import TaskState
+        from edgesched.sync.schema import TaskReport
+
+        def same() -> bool:
+            return node_doc.content_hash() == central_doc.content_hash()
+
+        node_doc.put_task("t1", TaskReport(state=TaskState.RUNNING, updated_at=1.0))
+        await _until(same, 15, "converged on two members")
+        await asyncio.to_thread(n3.stop, signal.SIGKILL)
+        address["node"] = n2
+        for i in range(20):
+            node_doc.put_task(f"t{i + 2}", TaskReport(state=TaskState.RUNNING, updated_at=2.0 + i))
+        await _until(same, 30, "converged after the node's member died")
+        assert node_s.stats["connects"] >= 2 and node_peer.stats["connects"] >= 2
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _until_moved(address: dict[str, Member], current: Member, scope: asyncio.Timeout) -> None:
+    while address["node"] is current:
+        await asyncio.sleep(0.05)
+    scope.reschedule(asyncio.get_running_loop().time())
+
+
+async def _until(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        await asyncio.sleep(0.05)
