@@ -139,12 +139,17 @@ class Endpoint:
     #: ``edgesched demo``): a persistent session by ``clean_session=False`` then, and no
     #: no-local subscriptions (peers drop their own messages by topic anyway).
     protocol: str = "5"
+    #: More ``(host, port)`` of the same broker tier (the members of a clustered broker, see
+    #: docs/brokers.md): after a failed connect or a lost connection the session tries the
+    #: next address, round robin, starting from ``host``/``port``.
+    alternates: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.protocol not in ("5", "3.1.1"):
             raise ValueError(f"MQTT protocol must be '5' or '3.1.1', got {self.protocol!r}")
-        if not 0 < self.port < 65536:
-            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        for _, port in ((self.host, self.port), *self.alternates):
+            if not 0 < port < 65536:
+                raise ValueError(f"port must be in 1..65535, got {port}")
         if not self.identifier or any(c in self.identifier for c in "/+#\0"):
             raise ValueError(f"invalid MQTT client id {self.identifier!r}")
 
@@ -193,7 +198,9 @@ class MqttSession:
     A persistent MQTT v5 session (``clean_start=False`` and a session expiry) so QoS 1
     messages sent while we were away are queued by the broker; reconnect with exponential
     backoff, full jitter (a fleet that lost its broker together does not come back together)
-    and a cap. Channels may be added at any time (:meth:`add`): a connected session subscribes
+    and a cap. An endpoint with ``alternates`` (the members of a clustered broker) fails over:
+    a lost or refused connection moves on to the next address at once, and the backoff sleeps
+    only after every address was tried. Channels may be added at any time (:meth:`add`): a connected session subscribes
     for them and starts their :meth:`Channel.serve` at once. Messages whose topic no channel
     routes are counted in ``stats["unrouted"]`` and dropped.
     """
@@ -218,6 +225,13 @@ class MqttSession:
         self.connected = False
         self.stats: dict[str, int] = {"connects": 0, "messages_in": 0, "unrouted": 0}
         self._added: asyncio.Queue[Channel] = asyncio.Queue()
+        self._addresses = ((endpoint.host, endpoint.port), *endpoint.alternates)
+        self._at = 0  # index into _addresses of the one to connect to next
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The broker address the session is connected to, or will try next."""
+        return self._addresses[self._at]
 
     def add(self, channel: Channel) -> None:
         """Register ``channel``; a connected session starts serving it right away."""
@@ -236,8 +250,7 @@ class MqttSession:
         }
         if self.endpoint.protocol == "3.1.1":
             client = aiomqtt.Client(
-                self.endpoint.host,
-                self.endpoint.port,
+                *self.address,
                 protocol=aiomqtt.ProtocolVersion.V311,
                 clean_session=False,
                 **common,
@@ -246,8 +259,7 @@ class MqttSession:
             props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = self.endpoint.session_expiry_s
             client = aiomqtt.Client(
-                self.endpoint.host,
-                self.endpoint.port,
+                *self.address,
                 protocol=aiomqtt.ProtocolVersion.V5,
                 clean_start=False,
                 properties=props,
@@ -259,8 +271,8 @@ class MqttSession:
     async def run(self) -> None:
         """Forever: connect, serve every channel, and on any MQTT error back off and retry."""
         delay = self.backoff_initial_s
-        where = f"{self.endpoint.host}:{self.endpoint.port}"
         while True:
+            where = "{}:{}".format(*self.address)
             try:
                 async with self._client() as client:
                     self.connected = True
@@ -279,6 +291,10 @@ class MqttSession:
                     for channel in self.channels:
                         channel.disconnected()
                 self.connected = False
+            if len(self._addresses) > 1:  # the next member of the tier, at once
+                self._at = (self._at + 1) % len(self._addresses)
+                if self._at != 0:
+                    continue
             await asyncio.sleep(random.uniform(0, delay))
             delay = min(delay * 2, self.backoff_max_s)
 

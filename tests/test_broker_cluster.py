@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import signal
 import subprocess
@@ -46,10 +47,12 @@ from natscluster import (
 )
 from paho.mqtt.enums import CallbackAPIVersion
 
+from edgesched.core.task import TaskState
 from edgesched.fieldtest.faultproxy import FaultProxy
 from edgesched.fieldtest.netns import socket_in
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
+from edgesched.sync.schema import TaskReport
 from edgesched.sync.session import Endpoint, MqttSession
 from edgesched.sync.topics import STATUS_FILTER
 
@@ -270,10 +273,10 @@ async def test_fleet_on_three_members_converges_wills_and_retained(
             for node_id in nodes:
                 await asyncio.to_thread(submit_at_central, central, f"{node_id}-c1", node_id)
             for node_id, node in nodes.items():
-                await until(lambda n=node, i=node_id: runs(n, f"{i}-c1"), 20, f"{node_id} runs it")
-                assert (await asyncio.to_thread(node.tasks))[f"{node_id}-c1"][
-                    "decided_by"
-                ] == "central"
+                task_id = f"{node_id}-c1"
+                await until(functools.partial(runs, node, task_id), 20, f"{node_id} runs it")
+                ran = await asyncio.to_thread(node.tasks)
+                assert ran[task_id]["decided_by"] == "central"
             await until(lambda: converged(central, nodes), 20, "replicas converged")
 
             late = await asyncio.to_thread(retained, n3.mqtt_host, n3.mqtt_port, STATUS_FILTER)
@@ -294,9 +297,9 @@ async def test_fleet_on_three_members_converges_wills_and_retained(
             proxy.heal()
             await until(lambda: status_of(central, "gw-b") == "online", 20, "gw-b online again")
             await until(lambda: converged(central, nodes), 30, "converged after the heal")
-            status, detail = await asyncio.to_thread(central.get, "/v1/nodes/gw-b")
+            _, detail = await asyncio.to_thread(central.get, "/v1/nodes/gw-b")
             assert detail["content"]["tasks"]["gw-b-offline"]["state"] == "running"
-            status, body = await asyncio.to_thread(central.get, "/v1/status")
+            _, body = await asyncio.to_thread(central.get, "/v1/status")
             assert body["rejected"]["rejected_senders"] == 0
             print(
                 f"gw-b's will read at central {will_after:.1f}s after its link died (keepalive 2 s)"
@@ -318,8 +321,6 @@ async def test_member_dies_node_moves_to_a_survivor(nats: NatsCluster, tmp_path:
                 lambda: all(status_of(central, n) == "online" for n in nodes), 20, "both online"
             )
             gw_b = nodes["gw-b"]
-            status, before = await asyncio.to_thread(gw_b.get, "/v1/status")
-
             t_kill = time.monotonic()
             await asyncio.to_thread(n3.stop, signal.SIGKILL)
             proxy.target_port = n2.mqtt_port
@@ -345,7 +346,6 @@ async def test_member_dies_node_moves_to_a_survivor(nats: NatsCluster, tmp_path:
             await asyncio.to_thread(submit_at_central, central, "after-rejoin", "gw-a")
             await until(lambda: runs(nodes["gw-a"], "after-rejoin"), 20, "gw-a after the rejoin")
             await until(lambda: converged(central, nodes), 30, "converged after the rejoin")
-            del before
 
 
 # --- a partition in network namespaces (root only) ------------------------------------------
@@ -395,7 +395,7 @@ async def test_partitioned_member_heals_with_documents_converged(tmp_path: Path)
             await asyncio.to_thread(cluster.fabric.heal, "nats3")
             hashes = await until(lambda: converged(central, nodes), 60, "converged after heal")
             healed_in = time.monotonic() - t_heal
-            status, detail = await asyncio.to_thread(central.get, "/v1/nodes/gw-b")
+            _, detail = await asyncio.to_thread(central.get, "/v1/nodes/gw-b")
             for task_id in offline:
                 assert detail["content"]["tasks"][task_id]["decided_by"] == "edge-autonomous"
             await until(lambda: status_of(central, "gw-b") == "online", 20, "gw-b online")
@@ -408,74 +408,53 @@ async def test_partitioned_member_heals_with_documents_converged(tmp_path: Path)
 # --- the session on the cluster, in process --------------------------------------------------
 
 
-async def test_doc_peers_on_different_members_converge(nats: NatsCluster) -> None:
-    """Two DocPeers of one document on one MqttSession each, 3.1.1, on nats1 and nats3:
-    updates flow both ways, and with nats3 killed the node's session moves to nats2 (given
-    that address) and the document converges again; QoS 1 frames sent while it was away are
-    not needed (the y-sync resync on connect settles it)."""
+async def test_session_fails_over_to_the_next_member(nats: NatsCluster) -> None:
+    """An ``Endpoint`` with ``alternates`` (sync/session.py): a node's session on nats3 with
+    nats1 and nats2 as alternates, central's on nats1; one document syncs; nats3 is killed:
+    the node's session moves to the next member by itself and the document converges again,
+    with what the node wrote meanwhile."""
     n1, n2, n3 = nats.members
     node_doc = NodeDoc("node-gw-x", client_id_for("gw-x"))
     central_doc = NodeDoc("node-gw-x", client_id_for("central"))
-    address: dict[str, Member] = {"node": n3}
 
-    def session(
-        peer_id: str, member: Callable[[], Member], doc: NodeDoc
-    ) -> tuple[MqttSession, DocPeer]:
-        m = member()
-        s = MqttSession(
-            Endpoint(m.mqtt_host, m.mqtt_port, f"{peer_id}-x", keepalive_s=2, protocol="3.1.1"),
-            backoff_initial_s=0.05,
-            backoff_max_s=0.2,
+    def session(peer_id: str, first: Member, *more: Member) -> MqttSession:
+        endpoint = Endpoint(
+            first.mqtt_host,
+            first.mqtt_port,
+            f"{peer_id}-x",
+            keepalive_s=2,
+            protocol="3.1.1",
+            alternates=tuple((m.mqtt_host, m.mqtt_port) for m in more),
         )
-        peer = DocPeer(doc, peer_id, subscribe=True)
-        s.add(peer)
-        return s, peer
+        s = MqttSession(endpoint, backoff_initial_s=0.05, backoff_max_s=0.5)
+        s.add(DocPeer(doc := node_doc if peer_id == "gw-x" else central_doc, peer_id))
+        assert s.channels[0].doc is doc  # type: ignore[attr-defined]
+        return s
 
-    central_s, _ = session("central", lambda: n1, central_doc)
-    node_s, node_peer = session("gw-x", lambda: address["node"], node_doc)
+    central_s = session("central", n1)
+    node_s = session("gw-x", n3, n1, n2)
+    tasks = [asyncio.create_task(central_s.run()), asyncio.create_task(node_s.run())]
 
-    async def node_loop() -> None:
-        while True:  # the session is rebuilt on the next member when its own one is gone
-            m = address["node"]
-            node_s.endpoint = Endpoint(
-                m.mqtt_host, m.mqtt_port, "gw-x-x", keepalive_s=2, protocol="3.1.1"
-            )
-            try:
-                async with asyncio.timeout(None) as scope:
-                    watch = asyncio.create_task(_until_moved(address, m, scope))
-                    try:
-                        await node_s.run()
-                    finally:
-                        watch.cancel()
-            except TimeoutError:
-                continue
+    def same() -> bool:
+        return node_doc.content_hash() == central_doc.content_hash()
 
-    tasks = [asyncio.create_task(central_s.run()), asyncio.create_task(node_loop())]
     try:
-        from edgesched.core.task import TaskState
-        from edgesched.sync.schema import TaskReport
-
-        def same() -> bool:
-            return node_doc.content_hash() == central_doc.content_hash()
-
         node_doc.put_task("t1", TaskReport(state=TaskState.RUNNING, updated_at=1.0))
         await _until(same, 15, "converged on two members")
+        assert node_s.address == (n3.mqtt_host, n3.mqtt_port)
         await asyncio.to_thread(n3.stop, signal.SIGKILL)
-        address["node"] = n2
+        t_kill = time.monotonic()
         for i in range(20):
             node_doc.put_task(f"t{i + 2}", TaskReport(state=TaskState.RUNNING, updated_at=2.0 + i))
         await _until(same, 30, "converged after the node's member died")
-        assert node_s.stats["connects"] >= 2 and node_peer.stats["connects"] >= 2
+        moved_in = time.monotonic() - t_kill
+        assert node_s.address in ((n1.mqtt_host, n1.mqtt_port), (n2.mqtt_host, n2.mqtt_port))
+        assert node_s.stats["connects"] >= 2
+        print(f"node's session moved to {node_s.address[1]} and converged in {moved_in:.1f}s")
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _until_moved(address: dict[str, Member], current: Member, scope: asyncio.Timeout) -> None:
-    while address["node"] is current:
-        await asyncio.sleep(0.05)
-    scope.reschedule(asyncio.get_running_loop().time())
 
 
 async def _until(pred: Callable[[], bool], timeout: float, what: str) -> None:
