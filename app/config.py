@@ -87,6 +87,8 @@ class SimConfig:
 
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
+#: An etcd client endpoint: host:port, [v6]:port
+_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}")
 
 
 def _check_positive(config: object, *names: str) -> None:
@@ -289,6 +291,10 @@ class CentralConfig:
     and wake them ahead of a peak (``edgesched.central.power``); off by default.
     ``assignment_retention_s``: a finished (or cancelled) task submitted at central leaves the
     policy document this long after its node reported it finished (default a day).
+    ``etcd_endpoints`` (``"host:port"``): the etcd cluster that grants central replicas the
+    ownership of ``shards`` shards of the fleet by leases of ``lease_ttl_s`` seconds
+    (``edgesched.central.leases``, [scaling.md](docs/scaling.md)); empty: no etcd, the
+    replicas elect a leader among their peers as before.
     """
 
     central_id: str = "central"
@@ -309,9 +315,28 @@ class CentralConfig:
     assignment_retention_s: float = 86_400.0
     nodes: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()
+    etcd_endpoints: tuple[str, ...] = ()
+    shards: int = 64
+    lease_ttl_s: float = 5.0
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
+        for endpoint in self.etcd_endpoints:
+            if (
+                not _ENDPOINT.fullmatch(endpoint)
+                or not 0 < int(endpoint.rpartition(":")[2]) < 65536
+            ):
+                raise ValueError(
+                    f"etcd_endpoints: expected host:port (port 1-65535), got {endpoint!r}"
+                )
+        if len(set(self.etcd_endpoints)) != len(self.etcd_endpoints):
+            raise ValueError("etcd_endpoints: an endpoint is listed twice")
+        if not 1 <= self.shards <= 65536:
+            raise ValueError(f"shards must be in 1..65536, got {self.shards}")
+        if not (math.isfinite(self.lease_ttl_s) and self.lease_ttl_s >= 2):
+            raise ValueError(
+                f"lease_ttl_s must be >= 2 (etcd's shortest lease), got {self.lease_ttl_s}"
+            )
         for name in (self.central_id, *self.nodes, *self.peers):
             _check_id(name, "ids")
         _check_api(self.api_host, self.api_port, self.allow_remote_api)
@@ -553,6 +578,9 @@ def _parse_central(t: _Table) -> CentralConfig:
             reconcile=t.string("reconcile", d.reconcile),
             nodes=t.strings("nodes"),
             peers=t.strings("peers"),
+            etcd_endpoints=t.strings("etcd_endpoints"),
+            shards=t.integer("shards", d.shards, low=1),
+            lease_ttl_s=t.number("lease_ttl_s", d.lease_ttl_s, low=2),
             mqtt=mqtt,
         )
     )

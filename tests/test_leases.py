@@ -502,3 +502,52 @@ async def test_in_namespaces_a_kill_and_a_partition_never_leave_a_shard_doubly_o
         f"\nnetns: {decisions} fenced decisions checked, worst acting gap {worst_gap:.2f}s, "
         f"worst owner-key gap {max(etcd_gaps, default=0):.3f}s"
     )
+
+
+# --- [central] etcd_endpoints, shards, lease_ttl_s ---------------------------------------------
+
+
+def test_central_config_defaults_to_no_etcd_and_reads_the_lease_keys() -> None:
+    from edgesched.config import CentralConfig, parse_config
+
+    d = CentralConfig()
+    assert (d.etcd_endpoints, d.shards, d.lease_ttl_s) == ((), 64, 5.0)
+    c = parse_config(
+        {
+            "central": {
+                "etcd_endpoints": ["10.0.0.1:2379", "etcd-b.example:2379", "[::1]:2379"],
+                "shards": 128,
+                "lease_ttl_s": 3,
+            }
+        }
+    ).central
+    assert c.etcd_endpoints == ("10.0.0.1:2379", "etcd-b.example:2379", "[::1]:2379")
+    assert (c.shards, c.lease_ttl_s) == (128, 3.0)
+    for endpoint in c.etcd_endpoints:
+        parse_endpoint(endpoint)  # what the config accepts, the client can dial
+
+
+@pytest.mark.parametrize(
+    ("central", "needle"),
+    [
+        ({"etcd_endpoints": ["10.0.0.1"]}, "central: etcd_endpoints: expected host:port"),
+        ({"etcd_endpoints": ["h:0"]}, "expected host:port"),
+        ({"etcd_endpoints": ["h:70000"]}, "expected host:port"),
+        ({"etcd_endpoints": ["h:1", "h:1"]}, "listed twice"),
+        ({"etcd_endpoints": "h:1"}, "central.etcd_endpoints: expected an array of strings"),
+        ({"etcd_endpoints": [""]}, r"central.etcd_endpoints\[0\]: expected a non-empty string"),
+        ({"shards": 0}, "central.shards: must be >= 1"),
+        ({"shards": 1.5}, "central.shards: expected an integer"),
+        ({"shards": 100_000}, "shards must be in 1..65536"),
+        ({"lease_ttl_s": 1}, "central.lease_ttl_s: must be >= 2"),
+        ({"lease_ttl_s": "5"}, "central.lease_ttl_s: expected a number"),
+        ({"lease_tll_s": 5}, "did you mean 'lease_ttl_s'"),
+    ],
+)
+def test_central_lease_keys_are_validated_with_the_key_named(
+    central: dict[str, object], needle: str
+) -> None:
+    from edgesched.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=needle):
+        parse_config({"central": central})
