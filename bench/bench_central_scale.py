@@ -1,0 +1,1247 @@
+"""Central at fleet scale: the real engine against thousands of simulated nodes over Mosquitto.
+
+Central is the real :class:`~edgesched.central.engine.CentralEngine` (no API), in a process of
+its own per size (the harness's measuring code runs there too). The nodes are simulated in
+separate processes (``--procs``), each multiplexing its share of the fleet over one MQTT
+connection, speaking the real protocol with the project's own classes: each node holds its
+own :class:`~edgesched.sync.doc.NodeDoc` (registration, power and model reports, 100 task
+entries, ~70% carrying central's assignment) synced by its own
+:class:`~edgesched.sync.peer.DocPeer` on ``edgesched/v1/doc/node-<id>/sync/<id>``, announces
+itself with the retained status of :class:`~edgesched.edge.link.CentralLink` (and, when it is
+cut off, the retained ``offline`` its last will would make the broker publish), publishes
+telemetry, hears central's heartbeat, and follows central's assignments: a new assignment is
+started (a running ``TaskReport`` with its assignment) and exits ``--run-s`` later. The policy
+document is held once per simulator process (every node holds the same replica of it; one
+copy stands for all of them), and each node sends its own step 1 of it when it connects.
+
+Per size: seed central's policy document with the assignments the nodes already run, bring
+the fleet up (every node fresh at central), then the measured window: submissions at central
+(``engine.submit``) at ``--rate`` per second for ``--steady-s``, then a heal of 10% of the fleet
+(offline ``--offline-s``, then back, resyncing), then a drain. Printed, for each size and as a
+ratio of the largest size to the smallest (100 nodes by default): control-step p50/p99 (the
+engine instance's ``control_step`` wrapped and timed), submit -> assignment seen by its node,
+heal -> converged (central's replica fresh and byte-equal to the node's document), node updates
+merged per second at central and how many the simulators published that central never applied,
+central's RSS and CPU, and payload bytes to and from each node scaled to an hour. Each size has
+a wall-clock budget; a size that overruns it is killed and printed as "did not finish within
+budget" with what it measured so far.
+
+    .venv/bin/python bench/bench_central_scale.py [--nodes 100,1000] [--budget-s 900]
+        [--rate 10] [--steady-s 30] [--offline-s 10] [--procs N] [--peer-answers]
+
+``make bench`` runs the defaults. 10,000 nodes (``--nodes 100,10000``) needs about 15 GB and
+does not finish against the current (quadratic) central within a reasonable budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import heapq
+import json
+import logging
+import multiprocessing as mp
+import random
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import psutil
+from paho.mqtt.subscribeoptions import SubscribeOptions
+from pycrdt import Map, YSyncMessageType
+
+from edgesched.central.engine import CentralEngine
+from edgesched.central.placement import assignment_entry
+from edgesched.config import CentralConfig, EdgeschedConfig, MqttConfig
+from edgesched.core.model import Arch, ServerClass
+from edgesched.core.task import TaskSpec, TaskState
+from edgesched.edge.link import CentralLink
+from edgesched.localbroker import mosquitto_path
+from edgesched.ports import free_port, wait_for_port
+from edgesched.sync import wire
+from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
+from edgesched.sync.peer import DocPeer
+from edgesched.sync.schema import (
+    AssignmentEntry,
+    AssignmentRef,
+    ModelReport,
+    PowerModel,
+    PowerReport,
+    Registration,
+    TaskReport,
+)
+from edgesched.sync.telemetry import Telemetry, telemetry_topic
+from edgesched.sync.topics import HEARTBEAT_TOPIC
+
+log = logging.getLogger("bench.central_scale")
+
+CENTRAL_ID = "central"
+SUBMISSION_PREFIX = "sub"
+#: Mosquitto publishes its $SYS counters every this many seconds (the dropped-message count).
+SYS_DROPPED = "$SYS/broker/publish/messages/dropped"
+#: Submissions awaiting engine.submit at once; beyond it the schedule's tick is skipped.
+MAX_SUBMITS_IN_FLIGHT = 50
+
+
+@dataclass(frozen=True)
+class Scale:
+    """One size's workload and limits."""
+
+    nodes: int
+    tasks_per_node: int = 100
+    assigned_share: float = 0.7  # task entries carrying central's assignment
+    running_share: float = 0.4  # task entries still running (the rest exited)
+    rate: float = 10.0  # submissions per second at central
+    run_s: float = 5.0  # a task central assigned runs this long on its node, then exits
+    churn_s: float = 30.0  # mean seconds between two exits of a node's own running tasks
+    telemetry_s: float = 5.0  # the edge's default sample_s
+    steady_s: float = 30.0
+    heal_share: float = 0.1
+    offline_s: float = 10.0
+    converge_s: float = 120.0  # longest wait for the healed nodes to converge
+    drain_s: float = 15.0  # longest wait, after the last submission, for it to be seen
+    up_s: float = 600.0  # longest wait for the whole fleet to be fresh at central
+    budget_s: float = 900.0
+    procs: int = 1
+    peer_answers: bool = False  # nodes answer each other's policy step 1 (as real ones do)
+    seed: int = 1
+
+
+# --- the fleet: ids, node documents and the assignments central holds of them ---------------
+
+
+def node_ids(n: int) -> list[str]:
+    return [f"sim{i:05d}" for i in range(n)]
+
+
+def healed_nodes(ids: list[str], share: float) -> list[str]:
+    """Every 1/share-th node: spread over the simulator processes and over central's order."""
+    step = max(1, round(1 / share)) if share > 0 else len(ids) + 1
+    return ids[::step]
+
+
+def seeded_spec(task_id: str) -> TaskSpec:
+    return TaskSpec(id=task_id, command=("sleep", "3600"), cpu=0.25, mem_gib=0.25)
+
+
+def seeded_tasks(node_id: str, scale: Scale, now: float) -> list[tuple[str, TaskReport]]:
+    """The task entries a node already holds: ``assigned_share`` of them central's."""
+    out = []
+    assigned = round(scale.assigned_share * scale.tasks_per_node)
+    running_per_10 = round(scale.running_share * 10)
+    for i in range(scale.tasks_per_node):
+        task_id = f"{node_id}-t{i:03d}"
+        spec = seeded_spec(task_id)
+        running = i % 10 < running_per_10
+        report = TaskReport(
+            state=TaskState.RUNNING if running else TaskState.EXITED,
+            updated_at=now - 600 + i,
+            node=node_id,
+            decided_by="central" if i < assigned else "local",
+            workload=spec.workload,
+            priority=spec.priority,
+            cpu=spec.cpu,
+            mem_gib=spec.mem_gib,
+            exit_code=None if running else 0,
+            accepted_at=now - 900,
+            started_at=now - 890,
+            assignment=AssignmentRef(CENTRAL_ID, 1) if i < assigned else None,
+        )
+        out.append((task_id, report))
+    return out
+
+
+def seed_central_assignments(policy: PolicyDoc, ids: list[str], scale: Scale, now: float) -> int:
+    """Central's assignments of the tasks the nodes report as its own (one transaction).
+
+    Written through central's PolicyDoc, where ``engine.submit`` writes them today; if the
+    assignments move to per-node or shard documents, this and :class:`AssignmentFeed` change."""
+    count = 0
+    with policy.doc.transaction():
+        for node_id in ids:
+            for task_id, report in seeded_tasks(node_id, scale, now):
+                if report.assignment is None:
+                    continue
+                policy.assign(
+                    task_id,
+                    assignment_entry(
+                        seeded_spec(task_id), node_id, central=CENTRAL_ID, epoch=1,
+                        replacement=False, score=0.0, at=now - 900, reason="seeded",
+                    ),
+                )  # fmt: skip
+                count += 1
+    return count
+
+
+class AssignmentFeed:
+    """Where a simulated node reads its assignments: the one place that knows where they are.
+
+    Today every assignment is an entry of central's single ``policy`` document
+    (``assignments[task id]``), which every node replicates; the feed watches that map's
+    changed keys and decodes only those (``PolicyDoc.assignment``). If assignments move to
+    per-node or per-shard documents, :data:`DOCS`, this class and
+    :func:`seed_central_assignments` are what change."""
+
+    DOCS: tuple[str, ...] = ("policy",)
+
+    def __init__(self, policy: PolicyDoc) -> None:
+        self.policy = policy
+        self._changed: set[str] = set()
+        root: Map[Any] = policy.doc.get("assignments", type=Map)
+        self._subscription = root.observe(self._on_change)
+
+    def _on_change(self, event: Any) -> None:  # a pycrdt MapEvent: its changed keys
+        self._changed.update(str(k) for k in event.keys)
+
+    def changed(self) -> list[tuple[str, AssignmentEntry]]:
+        """(task id, assignment) of every assignment new or changed since the last call."""
+        keys, self._changed = self._changed, set()
+        out = []
+        for task_id in sorted(keys):
+            entry = self.policy.assignment(task_id)
+            if entry is not None:
+                out.append((task_id, entry))
+        return out
+
+
+# --- the broker -------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchBroker:
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_broker(workdir: Path) -> BenchBroker:
+    """Mosquitto on 127.0.0.1 on a free port, anonymous, no persistence, its queue and
+    in-flight limits at their defaults (1,000 queued and 20 in flight per client: what the
+    project's ``broker_config`` deploys); ``$SYS`` every second for the dropped count."""
+    exe = mosquitto_path()
+    if exe is None:
+        raise SystemExit("Mosquitto is not installed: run `make setup`")
+    port = free_port()
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+        "log_dest none\nsys_interval 1\n"
+    )
+    proc = subprocess.Popen(
+        [exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_for_port(port)
+    return BenchBroker(port, proc)
+
+
+# --- the simulated nodes (one process multiplexes many) ---------------------------------------
+
+
+def status_payload(node_id: str, state: str) -> bytes:
+    """What :class:`CentralLink` publishes (for counting the bytes it sends)."""
+    return json.dumps({"node": node_id, "state": state}).encode()
+
+
+class SimNode:
+    """One simulated edge node: its own document and peer, its link's status messages."""
+
+    def __init__(self, node_id: str, scale: Scale, now: float) -> None:
+        self.id = node_id
+        self.doc = NodeDoc(f"node-{node_id}", client_id_for(node_id))
+        number = int(node_id[3:])
+        arch = Arch.X86_64 if number % 2 else Arch.ARM64
+        with self.doc.doc.transaction():
+            self.doc.set_registration(
+                Registration(
+                    arch=arch, server_class=ServerClass.GENERAL, cpu=32.0, mem_gib=128.0,
+                    perf=1.0, site=f"site{number % 10}", cpu_model="simulated",
+                    power=PowerModel(idle_w=120.0, peak_w=400.0, parked_w=10.0,
+                                     wake_latency_s=60.0),
+                )
+            )  # fmt: skip
+            self.doc.set_power_report(PowerReport(state="active", since=now - 900))
+            self.doc.set_model_reports(
+                {
+                    k: ModelReport(sha256="0" * 64, source="shipped")
+                    for k in ("forecast", "placement")
+                }
+            )
+            self.running: list[str] = []  # its own running tasks, for the background exits
+            for task_id, report in seeded_tasks(node_id, scale, now):
+                self.doc.put_task(task_id, report)
+                if report.active:
+                    self.running.append(task_id)
+        self.peer = DocPeer(self.doc, node_id, subscribe=False)
+        self.link = CentralLink(node_id, MqttConfig())
+        self.online = False
+        self.serving: asyncio.Task[None] | None = None
+        self.held: list[tuple[str, AssignmentEntry]] = []  # heard while cut off
+        self.bytes_in = 0  # central's frames on our document's topic
+        self.bytes_out = 0  # status, telemetry, our policy step 1s and answers
+        self.shared_in = 0  # broadcast bytes (policy, heartbeat) while we were online
+        self.shared_mark = 0
+        self.online_s = 0.0
+        self.online_since = 0.0
+
+    def totals(self, shared_now: int, now: float) -> tuple[int, int, float]:
+        """(bytes in, bytes out, seconds online) so far."""
+        shared = self.shared_in + (shared_now - self.shared_mark if self.online else 0)
+        online = self.online_s + (now - self.online_since if self.online else 0.0)
+        return self.bytes_in + shared, self.bytes_out + self.peer.stats["bytes_out"], online
+
+
+@dataclass(frozen=True)
+class SimPlan:
+    index: int
+    ids: tuple[str, ...]
+    port: int
+    policy_snapshot: str
+    scale: Scale
+
+
+class Simulator:
+    """The nodes of one process over one MQTT connection, driven by the harness's pipe."""
+
+    def __init__(self, plan: SimPlan, conn: Connection) -> None:
+        self.plan = plan
+        self.scale = plan.scale
+        self.conn = conn
+        self.rng = random.Random(plan.scale.seed * 1000 + plan.index)
+        now = time.time()
+        self.nodes = {i: SimNode(i, plan.scale, now) for i in plan.ids}
+        snapshot = Path(plan.policy_snapshot).read_bytes()
+        # Every node holds this same replica of central's policy document (one stands for all).
+        self.policy = PolicyDoc.restore(
+            "policy", client_id_for(f"bench-sim-{plan.index}"), snapshot, []
+        )
+        self.feed = AssignmentFeed(self.policy)
+        self.reassembler = wire.Reassembler()
+        self.shared = 0  # bytes every online node receives (policy frames, heartbeats)
+        self.exits: list[tuple[float, str, str]] = []  # (when, node, task): a heap
+        self.seen: list[tuple[str, str, float]] = []
+        self.client: aiomqtt.Client | None = None
+        self.stop = asyncio.Event()
+        self.policy_resync_at = 0.0
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("policy_step1_sent", "policy_step1_heard", "policy_answers",
+             "frames_from_central", "dropped_while_offline", "telemetry", "bad_policy_frames"),
+            0,
+        )  # fmt: skip
+        self.broker_dropped = 0
+        self.marks: dict[str, tuple[int, int, float]] = {}
+        self.doc_marks: dict[str, int] = {}
+
+    # -- pipe --------------------------------------------------------------------------------
+
+    def send(self, *message: object) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self.conn.send(message)
+
+    async def control(self) -> None:
+        while not self.stop.is_set():
+            try:
+                while self.conn.poll():
+                    await self.command(self.conn.recv())
+            except (EOFError, OSError):  # the harness is gone
+                self.stop.set()
+                return
+            if self.seen:
+                seen, self.seen = self.seen, []
+                self.send("seen", seen)
+            await asyncio.sleep(0.05)
+
+    async def command(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "mark":
+            now = time.time()
+            self.marks = {i: n.totals(self.shared, now) for i, n in self.nodes.items()}
+            self.doc_marks = self.doc_counts()
+            self.send("marked")
+        elif kind == "heal_start":
+            for node_id in message[1]:
+                if node_id in self.nodes:
+                    await self.go_offline(self.nodes[node_id])
+            self.send("offline", time.time())
+        elif kind == "heal_end":
+            healed = {}
+            for node_id in message[1]:
+                if node_id in self.nodes:
+                    healed[node_id] = await self.go_online(self.nodes[node_id])
+            self.send("healed", healed)
+        elif kind == "states":
+            states = {}
+            for node_id in message[1]:
+                node = self.nodes.get(node_id)
+                if node is not None:
+                    states[node_id] = (node.doc.epoch, node.doc.state_vector(),
+                                       node.doc.content_hash())  # fmt: skip
+            self.send("states", states)
+        elif kind == "stop":
+            self.send("final", self.final())
+            self.stop.set()
+
+    def doc_counts(self) -> dict[str, int]:
+        keys = ("frames_out", "updates_out", "step2_out", "step1_out", "bytes_out")
+        return {k: sum(n.peer.stats[k] for n in self.nodes.values()) for k in keys}
+
+    def final(self) -> dict[str, Any]:
+        now = time.time()
+        rows = []
+        for node_id, node in self.nodes.items():
+            b_in, b_out, online = node.totals(self.shared, now)
+            m_in, m_out, m_online = self.marks.get(node_id, (0, 0, 0.0))
+            rows.append((b_in - m_in, b_out - m_out, online - m_online))
+        docs = self.doc_counts()
+        return {
+            "per_node": rows,
+            "doc": {k: v - self.doc_marks.get(k, 0) for k, v in docs.items()},
+            "counts": dict(self.counts),
+            "broker_dropped": self.broker_dropped,
+            "cpu_s": sum(psutil.Process().cpu_times()[:2]),
+            "rss_mb": psutil.Process().memory_info().rss / 1e6,
+        }
+
+    # -- MQTT --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        client = aiomqtt.Client(
+            "127.0.0.1", self.plan.port, identifier=f"edgesched-bench-sim-{self.plan.index}",
+            protocol=aiomqtt.ProtocolVersion.V5, keepalive=60, timeout=120.0,
+        )  # fmt: skip
+        async with client:
+            self.client = client
+            subs = [(wire.sync_filter(d), SubscribeOptions(qos=1, noLocal=True))
+                    for d in AssignmentFeed.DOCS]  # fmt: skip
+            subs.append((HEARTBEAT_TOPIC, SubscribeOptions(qos=0)))
+            if self.plan.index == 0:
+                subs.append((SYS_DROPPED, SubscribeOptions(qos=0)))
+            subs += [
+                (wire.sync_filter(n.doc.name), SubscribeOptions(qos=1, noLocal=True))
+                for n in self.nodes.values()
+            ]
+            for start in range(0, len(subs), 500):
+                await client.subscribe(subs[start : start + 500])
+            loops = [
+                asyncio.create_task(self.dispatch(client)),
+                asyncio.create_task(self.control()),
+                asyncio.create_task(self.exit_loop()),
+                asyncio.create_task(self.telemetry_loop(client)),
+            ]
+            for node in self.nodes.values():
+                await self.go_online(node)
+                self.schedule_churn(node.id, time.time())
+            self.send("ready", len(self.nodes))
+            await self.stop.wait()
+            for task in loops:
+                task.cancel()
+            for node in self.nodes.values():
+                if node.serving is not None:
+                    node.serving.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+
+    async def go_online(self, node: SimNode) -> float:
+        """What a node does on (re)connect: retained online status, its peer's step 1 and
+        queued updates, its policy step 1; assignments heard while away are followed."""
+        assert self.client is not None
+        await node.link.serve(self.client)
+        now = time.time()
+        node.bytes_out += len(status_payload(node.id, "online"))
+        node.online = True
+        node.online_since = now
+        node.shared_mark = self.shared
+        node.serving = asyncio.create_task(node.peer.serve(self.client))
+        await self.policy_step1(node)
+        held, node.held = node.held, []
+        for task_id, entry in held:
+            self.follow(node, task_id, entry)
+        return now
+
+    async def go_offline(self, node: SimNode) -> None:
+        """Cut off: the peer stops (local changes queue in it), and the broker publishes the
+        node's last will (retained offline), as when its connection dies."""
+        assert self.client is not None
+        if node.serving is not None:
+            node.serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await node.serving
+            node.serving = None
+        node.peer.disconnected()
+        now = time.time()
+        node.shared_in += self.shared - node.shared_mark
+        node.online_s += now - node.online_since
+        node.online = False
+        will = node.link.will()
+        await self.client.publish(will.topic, will.payload, qos=1, retain=True)
+
+    async def policy_step1(self, node: SimNode) -> None:
+        """The node's policy peer's step 1 (on every connect). Every other node's policy peer
+        answers it: those of this process only with ``peer_answers`` (the broker's no-local
+        keeps it from this connection), counted either way."""
+        for name in AssignmentFeed.DOCS:
+            sv = self.policy.state_vector()
+            await self.publish_as(node, name, wire.Kind.SYNC, wire.step1_payload(sv))
+            self.counts["policy_step1_sent"] += 1
+            if self.scale.peer_answers:
+                answer = wire.step2_payload(self.policy.diff(sv))
+                for other in self.nodes.values():
+                    if other.online and other is not node:
+                        await self.publish_as(other, name, wire.Kind.SYNC, answer)
+                        self.counts["policy_answers"] += 1
+
+    async def publish_as(self, node: SimNode, doc: str, kind: wire.Kind, payload: bytes) -> None:
+        """A frame of a shared document (the policy) as ``node`` sends it; every other node
+        hears it (the broker's no-local hides it from this connection, so it is counted)."""
+        assert self.client is not None
+        for frame in wire.encode(kind, doc, node.doc.client_id, payload, epoch=0):
+            await self.client.publish(wire.sync_topic(doc, node.id), frame, qos=1)
+            node.bytes_out += len(frame)
+            self.shared += len(frame)
+            node.shared_mark += len(frame)  # not to itself
+
+    async def dispatch(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            topic = message.topic.value
+            payload = bytes(message.payload)
+            if topic == HEARTBEAT_TOPIC:
+                self.shared += len(payload)
+                continue
+            if topic == SYS_DROPPED:
+                with contextlib.suppress(ValueError):
+                    self.broker_dropped = int(payload)
+                continue
+            parts = topic.split("/")
+            if len(parts) != 6:
+                continue
+            doc, sender = parts[3], parts[5]
+            if doc in AssignmentFeed.DOCS:
+                self.shared += len(payload)
+                await self.on_policy(sender, payload)
+                continue
+            target = self.nodes.get(doc[len("node-") :]) if doc.startswith("node-") else None
+            if target is None:
+                continue
+            if not target.online:
+                self.counts["dropped_while_offline"] += 1
+                continue
+            self.counts["frames_from_central"] += 1
+            target.bytes_in += len(payload)
+            target.peer.handle(topic, payload)
+
+    async def on_policy(self, sender: str, payload: bytes) -> None:
+        try:
+            message = self.reassembler.feed(payload)
+            if message is None:
+                return
+            sync = wire.decode_sync(message.kind, message.payload)
+        except wire.FrameError:
+            self.counts["bad_policy_frames"] += 1
+            return
+        online = [n for n in self.nodes.values() if n.online and n.id != sender]
+        if sync.step == YSyncMessageType.SYNC_STEP1:
+            self.counts["policy_step1_heard"] += 1
+            if sender != CENTRAL_ID and not self.scale.peer_answers:
+                return
+            answer = wire.step2_payload(self.policy.diff(sync.data))
+            for node in online:  # every node's policy peer answers every step 1
+                await self.publish_as(node, "policy", wire.Kind.SYNC, answer)
+                self.counts["policy_answers"] += 1
+            return
+        if sync.data != b"\x00\x00":
+            self.policy.apply_remote(sync.data, sender=sender)
+        if sync.state_vector is not None and self.policy.missing_from(sync.state_vector):
+            now = time.monotonic()
+            if now - self.policy_resync_at > 0.2 and online:
+                self.policy_resync_at = now
+                await self.policy_step1(online[0])
+        for task_id, entry in self.feed.changed():
+            owner = self.nodes.get(entry.node)
+            if owner is not None:
+                self.follow(owner, task_id, entry)
+
+    def follow(self, node: SimNode, task_id: str, entry: AssignmentEntry) -> None:
+        """A new assignment of ours: start it (a running report with the assignment)."""
+        if not entry.active:
+            return
+        if not node.online:
+            node.held.append((task_id, entry))
+            return
+        held = node.doc.task(task_id)
+        if (
+            held is not None
+            and held.assignment is not None
+            and held.assignment.epoch >= entry.epoch
+        ):
+            return
+        now = time.time()
+        spec = entry.task_spec
+        node.doc.put_task(
+            task_id,
+            TaskReport(
+                state=TaskState.RUNNING, updated_at=now, node=node.id, decided_by="central",
+                workload=spec.workload, priority=spec.priority, cpu=spec.cpu,
+                mem_gib=spec.mem_gib, accel=spec.accel, accepted_at=now, started_at=now,
+                assignment=AssignmentRef.of(entry.to_assignment()),
+            ),
+        )  # fmt: skip
+        if task_id.startswith(SUBMISSION_PREFIX):
+            self.seen.append((task_id, node.id, now))
+        heapq.heappush(self.exits, (now + self.scale.run_s, node.id, task_id))
+
+    def schedule_churn(self, node_id: str, now: float) -> None:
+        when = now + self.rng.expovariate(1 / self.scale.churn_s)
+        heapq.heappush(self.exits, (when, node_id, ""))  # "": one of its own tasks
+
+    async def exit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            now = time.time()
+            while self.exits and self.exits[0][0] <= now:
+                _, node_id, task_id = heapq.heappop(self.exits)
+                node = self.nodes[node_id]
+                if not task_id:
+                    self.schedule_churn(node_id, now)
+                    if not node.running:
+                        continue
+                    task_id = node.running.pop(self.rng.randrange(len(node.running)))
+                report = node.doc.task(task_id)
+                if report is not None and report.active:
+                    done = replace(report, state=TaskState.EXITED, exit_code=0, updated_at=now)
+                    node.doc.put_task(task_id, done)
+
+    async def telemetry_loop(self, client: aiomqtt.Client) -> None:
+        """Each online node publishes a sample every ``telemetry_s`` (QoS 0), spread out."""
+        ids = list(self.nodes)
+        slices = max(1, round(self.scale.telemetry_s / 0.1))
+        per = max(1, -(-len(ids) // slices))
+        while True:
+            for start in range(0, len(ids), per):
+                for node_id in ids[start : start + per]:
+                    node = self.nodes[node_id]
+                    if not node.online:
+                        continue
+                    running = sum(1 for r in node.doc.tasks().values() if r.active)
+                    sample = Telemetry(time.time(), 0.3, 0.4, 180.0, running)
+                    payload = json.dumps(sample.to_json()).encode()
+                    await client.publish(telemetry_topic(node_id), payload, qos=0)
+                    node.bytes_out += len(payload)
+                    self.counts["telemetry"] += 1
+                await asyncio.sleep(self.scale.telemetry_s / slices)
+
+
+def simulator_main(plan: SimPlan, conn: Connection) -> None:
+    """Entry point of a simulator process (spawned)."""
+    logging.basicConfig(level=logging.ERROR)
+    sim = Simulator(plan, conn)
+    asyncio.run(sim.run())
+
+
+# --- central's side: the engine, the measurements ---------------------------------------------
+
+
+def pct(values: Iterable[float], q: float) -> float | None:
+    """The q-th percentile (nearest rank); None without values."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+class Measure:
+    """Everything one size measures, summarised on demand (also from a reporter thread)."""
+
+    def __init__(self, scale: Scale) -> None:
+        self.scale = scale
+        self.phase = "starting"
+        self.finished = False
+        self.started = time.time()
+        self.steps: list[tuple[float, float]] = []  # (start, seconds)
+        self.submits: dict[str, tuple[float, float, str | None]] = {}  # id: (call, back, node)
+        self.refused = 0
+        self.skipped = 0
+        self.seen: dict[str, tuple[str, float]] = {}
+        self.healed_at: dict[str, float] = {}
+        self.converged_at: dict[str, float] = {}
+        self.fleet_up_s: float | None = None
+        self.window: list[float] = []  # [start] or [start, end]
+        self.cpu0 = 0.0
+        self.cpu_s: float | None = None
+        self.status0: dict[str, Any] = {}
+        self.status1: dict[str, Any] = {}
+        self.sims: list[dict[str, Any]] = []
+        self.rss_max = 0.0
+        self.notes: list[str] = []
+        self.seeded = 0
+
+    def sample(self) -> None:
+        self.rss_max = max(self.rss_max, psutil.Process().memory_info().rss / 1e6)
+
+    def summary(self) -> dict[str, Any]:
+        proc = psutil.Process()
+        now = time.time()
+        start = self.window[0] if self.window else None
+        end = self.window[1] if len(self.window) > 1 else now
+        steps = [d for t, d in list(self.steps) if start is not None and t >= start]
+        all_steps = [d for _, d in list(self.steps)]
+        submits = dict(self.submits)
+        seen = dict(self.seen)
+        placed = {t: s for t, s in submits.items() if s[2] is not None}
+        latency = [seen[t][1] - s[0] for t, s in placed.items() if t in seen]
+        wrong = sum(1 for t, s in placed.items() if t in seen and seen[t][0] != s[2])
+        heal = [self.converged_at[n] - at for n, at in dict(self.healed_at).items()
+                if n in self.converged_at]  # fmt: skip
+        window_s = (end - start) if start is not None else None
+        out: dict[str, Any] = {
+            "nodes": self.scale.nodes,
+            "phase": self.phase,
+            "finished": self.finished,
+            "elapsed_s": now - self.started,
+            "seeded_assignments": self.seeded,
+            "fleet_up_s": self.fleet_up_s,
+            "window_s": window_s,
+            "steps": len(steps),
+            "steps_all": len(all_steps),
+            "step_p50_ms": _ms(pct(steps, 50)),
+            "step_p99_ms": _ms(pct(steps, 99)),
+            "step_max_ms": _ms(max(all_steps, default=None)),
+            "step_busy": (sum(steps) / window_s) if window_s else None,
+            "submitted": len(submits),
+            "placed": len(placed),
+            "refused": self.refused,
+            "skipped": self.skipped,
+            "seen": sum(1 for t in placed if t in seen),
+            "seen_wrong_node": wrong,
+            "submit_call_p50_ms": _ms(pct((s[1] - s[0] for s in submits.values()), 50)),
+            "submit_call_p99_ms": _ms(pct((s[1] - s[0] for s in submits.values()), 99)),
+            "seen_p50_ms": _ms(pct(latency, 50)),
+            "seen_p99_ms": _ms(pct(latency, 99)),
+            "healed": len(self.healed_at),
+            "converged": len(heal),
+            "heal_p50_s": pct(heal, 50),
+            "heal_p99_s": pct(heal, 99),
+            "rss_mb": proc.memory_info().rss / 1e6,
+            "rss_max_mb": max(self.rss_max, proc.memory_info().rss / 1e6),
+            "cpu_s": self.cpu_s
+            if self.cpu_s is not None
+            else (sum(proc.cpu_times()[:2]) - self.cpu0 if start is not None else None),
+            "notes": list(self.notes),
+        }
+        if window_s and self.status0 and self.status1:
+            merged = self.status1["updates_in"] - self.status0["updates_in"]
+            out["merged"] = merged
+            out["merged_per_s"] = merged / window_s
+            out["rejected"] = sum(self.status1["rejected"].values()) - sum(
+                self.status0["rejected"].values()
+            )
+        if self.sims:
+            published = sum(s["doc"]["updates_out"] + s["doc"]["step2_out"] for s in self.sims)
+            out["published"] = published
+            if "merged" in out:
+                out["not_applied"] = published - out["merged"]
+            out["broker_dropped"] = max(s["broker_dropped"] for s in self.sims)
+            rows = [r for s in self.sims for r in s["per_node"]]
+            if window_s:
+                ins = [r[0] / window_s * 3600 for r in rows]
+                outs = [r[1] / window_s * 3600 for r in rows]
+                out["in_mb_h"] = sum(ins) / len(ins) / 1e6
+                out["out_mb_h"] = sum(outs) / len(outs) / 1e6
+                out["in_mb_h_max"] = max(ins) / 1e6
+            out["sim_cpu_s"] = sum(s["cpu_s"] for s in self.sims)
+            counts: dict[str, int] = {}
+            for s in self.sims:
+                for k, v in s["counts"].items():
+                    counts[k] = counts.get(k, 0) + v
+            out["sim_counts"] = counts
+        return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+class Sims:
+    """The simulator processes and their pipes, read by one polling task."""
+
+    def __init__(self, measure: Measure) -> None:
+        self.measure = measure
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        self.replies: list[asyncio.Queue[tuple[Any, ...]]] = []
+
+    def start(self, plans: list[SimPlan]) -> None:
+        ctx = mp.get_context("spawn")
+        for plan in plans:
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=simulator_main, args=(plan, theirs), daemon=True)
+            proc.start()
+            theirs.close()
+            self.procs.append(proc)
+            self.conns.append(ours)
+            self.replies.append(asyncio.Queue())
+
+    async def poll(self) -> None:
+        while True:
+            for conn, replies in zip(self.conns, self.replies, strict=True):
+                with contextlib.suppress(EOFError, OSError):
+                    while conn.poll():
+                        message = conn.recv()
+                        if message[0] == "seen":
+                            for task_id, node, at in message[1]:
+                                self.measure.seen.setdefault(task_id, (node, at))
+                        else:
+                            replies.put_nowait(message)
+            await asyncio.sleep(0.02)
+
+    def check(self) -> None:
+        """RuntimeError if a simulator process died."""
+        for proc in self.procs:
+            if not proc.is_alive():
+                raise RuntimeError(f"simulator process {proc.name} exited {proc.exitcode}")
+
+    async def replies_of_all(self) -> list[tuple[Any, ...]]:
+        out = []
+        for q in self.replies:
+            while q.empty():
+                self.check()
+                await asyncio.sleep(0.05)
+            out.append(q.get_nowait())
+        return out
+
+    async def ask(self, *message: object) -> list[tuple[Any, ...]]:
+        """Send ``message`` to every simulator; one reply of each."""
+        for conn in self.conns:
+            conn.send(message)
+        return await self.replies_of_all()
+
+    def stop(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def wrap_control_step(engine: CentralEngine, measure: Measure) -> None:
+    """Time every call of this engine's ``control_step`` (its control loop calls it)."""
+    original = engine.control_step
+
+    def timed() -> None:
+        start, t0 = time.time(), time.perf_counter()
+        try:
+            original()
+        finally:
+            measure.steps.append((start, time.perf_counter() - t0))
+
+    engine.control_step = timed  # type: ignore[method-assign]
+
+
+async def submit_loop(engine: CentralEngine, measure: Measure, stop: asyncio.Event) -> None:
+    """Submissions at central at ``rate``, each awaited in its own task (at most
+    :data:`MAX_SUBMITS_IN_FLIGHT`; a tick beyond it, or one the loop fell behind on, is
+    skipped and counted)."""
+    interval = 1 / measure.scale.rate
+    in_flight: set[asyncio.Task[None]] = set()
+    count = 0
+    due = time.monotonic()
+
+    async def one(task_id: str) -> None:
+        spec = TaskSpec(id=task_id, command=("sleep", str(measure.scale.run_s)), cpu=0.1,
+                        mem_gib=0.1, duration_s=measure.scale.run_s)  # fmt: skip
+        called = time.time()
+        try:
+            view = await engine.submit(spec)
+        except Exception as exc:  # a refusal is a figure, not a crash
+            measure.refused += 1
+            log.warning("submit %s refused: %s", task_id, exc)
+            return
+        node = view["node"] if view["state"] == "active" else None
+        measure.submits[task_id] = (called, time.time(), node)
+
+    while not stop.is_set():
+        now = time.monotonic()
+        if now < due:
+            await asyncio.sleep(due - now)
+            continue
+        due += interval
+        if now - due > 1.0 or len(in_flight) >= MAX_SUBMITS_IN_FLIGHT:
+            measure.skipped += 1
+            continue
+        count += 1
+        task = asyncio.create_task(one(f"{SUBMISSION_PREFIX}{count:06d}"))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    if in_flight:
+        await asyncio.wait(in_flight, timeout=30)
+
+
+class OverBudget(Exception):
+    pass
+
+
+async def run_size(
+    scale: Scale,
+    port: int,
+    workdir: Path,
+    measure: Measure | None = None,
+    report: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """One size, start to end; the summary. Phases past the deadline are cut short."""
+    measure = measure or Measure(scale)
+    deadline = time.monotonic() + scale.budget_s
+    ids = node_ids(scale.nodes)
+    config = EdgeschedConfig(
+        central=CentralConfig(
+            central_id=CENTRAL_ID, state_dir=str(workdir / "central"), api_port=0,
+            mqtt=MqttConfig(port=port, reconnect_max_s=1.0),
+        )
+    )  # fmt: skip
+    engine = CentralEngine(config)
+    wrap_control_step(engine, measure)
+    engine_task = asyncio.create_task(engine.run(), name="central")
+    sims = Sims(measure)
+    background: list[asyncio.Task[None]] = []
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise OverBudget(measure.phase)
+        return remaining
+
+    async def until(pred: Callable[[], bool], timeout: float, interval: float = 0.25) -> bool:
+        end = time.monotonic() + min(timeout, left())
+        while not pred():
+            if time.monotonic() > end:
+                return False
+            await asyncio.sleep(interval)
+            measure.sample()
+        return True
+
+    try:
+        measure.phase = "central start"
+        async with asyncio.timeout(min(120.0, left())):
+            await engine.wait_ready()
+        await until(lambda: engine.session.connected, 30)
+        policy = engine.policy
+        assert policy is not None
+        measure.phase = "seeding"
+        measure.seeded = seed_central_assignments(policy, ids, scale, time.time())
+        snapshot = workdir / "policy.snapshot"
+        snapshot.write_bytes(policy.snapshot())
+        measure.phase = "simulators start"
+        procs = max(1, min(scale.procs, scale.nodes))
+        plans = [SimPlan(k, tuple(ids[k::procs]), port, str(snapshot), scale) for k in range(procs)]
+        sims.start(plans)
+        background.append(asyncio.create_task(sims.poll()))
+        if report is not None:
+            background.append(asyncio.create_task(_report_loop(measure, report)))
+        started = time.time()
+        async with asyncio.timeout(left()):
+            ready = await sims.replies_of_all()
+        assert all(r[0] == "ready" for r in ready), ready
+        measure.phase = "fleet up"
+        up = await until(lambda: all(engine.is_fresh(n) for n in ids), scale.up_s, 0.5)
+        if not up:
+            count = sum(1 for n in ids if engine.is_fresh(n))
+            measure.notes.append(f"fleet never fully fresh: {count}/{len(ids)} nodes")
+        measure.fleet_up_s = time.time() - started
+
+        measure.phase = "steady"
+        await sims.ask("mark")
+        measure.status0 = engine.status()
+        measure.cpu0 = sum(psutil.Process().cpu_times()[:2])
+        measure.window = [time.time()]
+        stop_submitting = asyncio.Event()
+        submitter = asyncio.create_task(submit_loop(engine, measure, stop_submitting))
+        await until(lambda: False, scale.steady_s)
+
+        measure.phase = "heal: offline"
+        healed = healed_nodes(ids, scale.heal_share)
+        await sims.ask("heal_start", healed)
+        await until(lambda: False, scale.offline_s)
+        measure.phase = "heal: converging"
+        for reply in await sims.ask("heal_end", healed):
+            measure.healed_at.update(reply[1])
+        pending = set(healed)
+        end = time.monotonic() + scale.converge_s
+        while pending and time.monotonic() < min(end, deadline):
+            fresh = [n for n in pending if engine.is_fresh(n)]
+            if fresh:
+                checked = time.time()
+                states: dict[str, tuple[int, bytes, str]] = {}
+                for reply in await sims.ask("states", fresh):
+                    states.update(reply[1])
+                for node_id, (epoch, sv, digest) in states.items():
+                    doc = engine.replicas.replicas[node_id].doc
+                    same = doc.epoch == epoch and doc.state_vector() == sv
+                    if same and doc.content_hash() == digest:
+                        measure.converged_at[node_id] = checked
+                        pending.discard(node_id)
+            await asyncio.sleep(0.1)
+            measure.sample()
+        if pending:
+            measure.notes.append(f"{len(pending)} healed nodes not converged")
+        left()
+
+        measure.phase = "drain"
+        stop_submitting.set()
+        await submitter
+
+        def drained() -> bool:
+            placed = [t for t, s in measure.submits.items() if s[2] is not None]
+            return all(t in measure.seen for t in placed)
+
+        await until(drained, scale.drain_s, 0.2)
+        measure.window.append(time.time())
+        measure.cpu_s = sum(psutil.Process().cpu_times()[:2]) - measure.cpu0
+        measure.status1 = engine.status()
+        measure.phase = "collecting"
+        finals = await sims.ask("stop")
+        measure.sims = [f[1] for f in finals]
+        measure.finished = True
+        measure.phase = "done"
+    except (OverBudget, TimeoutError):
+        measure.notes.append(f"budget of {scale.budget_s:.0f}s ran out in phase {measure.phase}")
+    except RuntimeError as exc:
+        measure.notes.append(f"{exc} (phase {measure.phase})")
+    finally:
+        for task in background:
+            task.cancel()
+        sims.stop()
+        engine.stop()
+        try:
+            async with asyncio.timeout(60):
+                await engine_task
+        except TimeoutError:
+            engine_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await engine_task
+    return measure.summary()
+
+
+async def _report_loop(measure: Measure, report: Callable[[dict[str, Any]], None]) -> None:
+    while True:
+        await asyncio.sleep(2.0)
+        report(measure.summary())
+
+
+def size_worker(scale: Scale, port: int, workdir: str, conn: Connection) -> None:
+    """Entry point of one size's central process: runs it, streams summaries to the parent
+    (also from a thread, so a control step that holds the loop for long is still seen)."""
+    logging.basicConfig(level=logging.ERROR)
+    measure = Measure(scale)
+    lock = threading.Lock()
+
+    def report(summary: dict[str, Any]) -> None:
+        with lock, contextlib.suppress(OSError):
+            conn.send(("partial", summary))
+
+    def reporter() -> None:
+        while not measure.finished:
+            time.sleep(5.0)
+            with contextlib.suppress(RuntimeError):  # a dict resized under us: next time
+                report(measure.summary())
+
+    threading.Thread(target=reporter, daemon=True).start()
+    summary = asyncio.run(run_size(scale, port, Path(workdir), measure, report))
+    with lock:
+        conn.send(("final", summary))
+
+
+def measure_size(scale: Scale) -> dict[str, Any]:
+    """One size in a process of its own, killed if it overruns its budget (plus a grace)."""
+    with tempfile.TemporaryDirectory(prefix="edgesched-central-scale-") as tmp:
+        broker = start_broker(Path(tmp))
+        ctx = mp.get_context("spawn")
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(target=size_worker, args=(scale, broker.port, tmp, theirs))
+        proc.start()
+        theirs.close()
+        last: dict[str, Any] = {"nodes": scale.nodes, "finished": False, "phase": "starting",
+                                "notes": []}  # fmt: skip
+        deadline = time.monotonic() + scale.budget_s + 90  # the worker stops itself first
+        try:
+            while time.monotonic() < deadline:
+                if not ours.poll(1.0):
+                    if not proc.is_alive():
+                        last["notes"].append(f"central process exited {proc.exitcode}")
+                        break
+                    continue
+                try:
+                    kind, summary = ours.recv()
+                except EOFError:
+                    last["notes"].append(f"central process exited {proc.exitcode}")
+                    break
+                last = summary
+                if kind == "final":
+                    break
+            else:
+                last["notes"] = [*last.get("notes", []), "killed: over budget"]
+        finally:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(10)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+            broker.stop()
+        return last
+
+
+# --- the table --------------------------------------------------------------------------------
+
+ROWS: list[tuple[str, str, str]] = [
+    # (label, key, format)
+    ("fleet up, every node fresh (s)", "fleet_up_s", "{:.1f}"),
+    ("control steps in the window", "steps", "{:d}"),
+    ("control step p50 (ms)", "step_p50_ms", "{:.1f}"),
+    ("control step p99 (ms)", "step_p99_ms", "{:.1f}"),
+    ("control step max, whole run (ms)", "step_max_ms", "{:.0f}"),
+    ("share of the window in control steps", "step_busy", "{:.0%}"),
+    ("submitted / placed", "submitted_placed", "{}"),
+    ("seen by their node (wrong node)", "seen_wrong", "{}"),
+    ("engine.submit p50 (ms)", "submit_call_p50_ms", "{:.1f}"),
+    ("engine.submit p99 (ms)", "submit_call_p99_ms", "{:.1f}"),
+    ("submit -> seen by node p50 (ms)", "seen_p50_ms", "{:.0f}"),
+    ("submit -> seen by node p99 (ms)", "seen_p99_ms", "{:.0f}"),
+    ("healed nodes converged", "converged_of", "{}"),
+    ("heal -> converged p50 (s)", "heal_p50_s", "{:.2f}"),
+    ("heal -> converged p99 (s)", "heal_p99_s", "{:.2f}"),
+    ("node updates merged at central /s", "merged_per_s", "{:.0f}"),
+    ("node updates published / not applied", "published_lost", "{}"),
+    ("broker: messages dropped", "broker_dropped", "{:d}"),
+    ("central RSS at end (MB)", "rss_mb", "{:.0f}"),
+    ("central CPU in the window (s)", "cpu_s", "{:.1f}"),
+    ("central CPU, share of one core", "cpu_share", "{:.0%}"),
+    ("bytes to each node (MB/h, mean)", "in_mb_h", "{:.2f}"),
+    ("bytes from each node (MB/h, mean)", "out_mb_h", "{:.2f}"),
+    ("measured window (s)", "window_s", "{:.0f}"),
+]
+RATIO_KEYS = {
+    "fleet_up_s", "step_p50_ms", "step_p99_ms", "step_max_ms", "submit_call_p50_ms",
+    "submit_call_p99_ms", "seen_p50_ms", "seen_p99_ms", "heal_p50_s", "heal_p99_s",
+    "merged_per_s", "rss_mb", "cpu_s", "cpu_share", "in_mb_h", "out_mb_h",
+}  # fmt: skip
+
+
+def derived(s: dict[str, Any]) -> dict[str, Any]:
+    out = dict(s)
+    if "submitted" in s:
+        out["submitted_placed"] = f"{s['submitted']} / {s['placed']}"
+        out["seen_wrong"] = f"{s['seen']} ({s['seen_wrong_node']})"
+        out["converged_of"] = f"{s['converged']} / {s['healed']}"
+    if "published" in s and "not_applied" in s:
+        out["published_lost"] = f"{s['published']} / {s['not_applied']}"
+    if s.get("cpu_s") is not None and s.get("window_s"):
+        out["cpu_share"] = s["cpu_s"] / s["window_s"]
+    return out
+
+
+def cell(s: dict[str, Any], key: str, fmt: str) -> str:
+    value = s.get(key)
+    if value is None:
+        return "-"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    rows = [derived(r) for r in results]
+    heads = ["figure"] + [f"{r['nodes']:,} nodes" for r in rows]
+    ratio = len(rows) > 1
+    if ratio:
+        heads.append(f"{rows[-1]['nodes']:,} / {rows[0]['nodes']:,}")
+    lines = [heads]
+    for label, key, fmt in ROWS:
+        line = [label] + [cell(r, key, fmt) for r in rows]
+        if ratio:
+            a, b = rows[0].get(key), rows[-1].get(key)
+            ok = key in RATIO_KEYS and isinstance(a, int | float) and isinstance(b, int | float)
+            line.append(f"x{b / a:.1f}" if ok and a else "")
+        lines.append(line)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(heads))]
+    text = []
+    for n, line in enumerate(lines):
+        first = line[0].ljust(widths[0])
+        text.append(
+            "  ".join([first] + [c.rjust(w) for c, w in zip(line[1:], widths[1:], strict=True)])
+        )
+        if n == 0:
+            text.append("-" * len(text[0]))
+    for r in rows:
+        status = "finished" if r.get("finished") else "DID NOT FINISH WITHIN BUDGET"
+        notes = "; ".join(r.get("notes", []))
+        text.append(f"{r['nodes']:,} nodes: {status} (phase {r.get('phase')})"
+                    + (f": {notes}" if notes else ""))  # fmt: skip
+        counts = r.get("sim_counts")
+        if counts:
+            sent = counts["policy_step1_sent"]
+            text.append(
+                f"  simulators: {sent} policy step 1s sent by nodes, {counts['policy_answers']} "
+                f"answered by other nodes (a real fleet: about {sent * (r['nodes'] - 1):,}, "
+                f"every other node's policy peer answers each; --peer-answers), "
+                f"{counts['frames_from_central']} frames from central, "
+                f"{counts['telemetry']} telemetry samples, CPU {r.get('sim_cpu_s', 0):.0f}s"
+            )
+    return "\n".join(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", default="100,1000", help="comma-separated fleet sizes")
+    parser.add_argument("--budget-s", type=float, default=900.0, help="wall clock per size")
+    parser.add_argument("--rate", type=float, default=10.0, help="submissions/s at central")
+    parser.add_argument("--steady-s", type=float, default=30.0)
+    parser.add_argument("--offline-s", type=float, default=10.0)
+    parser.add_argument("--tasks", type=int, default=100, help="task entries per node")
+    parser.add_argument("--procs", type=int, default=0, help="simulator processes (0: auto)")
+    parser.add_argument(
+        "--peer-answers",
+        action="store_true",
+        help="nodes answer each other's policy step 1, as real ones do",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summaries as JSON too")
+    args = parser.parse_args()
+    sizes = sorted(int(n.replace(",", "").replace("_", "")) for n in args.nodes.split(","))
+    results = []
+    for n in sizes:
+        scale = Scale(
+            nodes=n, tasks_per_node=args.tasks, rate=args.rate, steady_s=args.steady_s,
+            offline_s=args.offline_s, budget_s=args.budget_s,
+            procs=args.procs or (1 if n <= 2000 else 2), peer_answers=args.peer_answers,
+        )  # fmt: skip
+        print(f"{n:,} nodes: running (budget {scale.budget_s:.0f}s) ...", flush=True)
+        results.append(measure_size(scale))
+        r = results[-1]
+        print(f"{n:,} nodes: {'finished' if r.get('finished') else 'did not finish within budget'}"
+              f" after {r.get('elapsed_s', 0):.0f}s", flush=True)  # fmt: skip
+    print()
+    print(f"central scale: {args.rate:g} submissions/s, {args.tasks} task entries per node, "
+          f"heal of 10% after {args.steady_s:g}s (offline {args.offline_s:g}s)")  # fmt: skip
+    print(table(results))
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items()} for r in results], indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
