@@ -33,6 +33,7 @@ from edgesched.sync.schema import (
     AssignmentEntry,
     AssignmentState,
     NodeView,
+    Registration,
     SchemaError,
     StopOrder,
     TaskReport,
@@ -44,15 +45,20 @@ NodeViews = Mapping[str, NodeView]
 
 def node_of(node_id: str, view: NodeView) -> Node:
     """The core's :class:`Node` of a node's registration; ValueError if it has none."""
-    if view.registration is None:
+    return registered_node(node_id, view.registration)
+
+
+def registered_node(node_id: str, registration: Registration | None) -> Node:
+    """The core's :class:`Node` of a registration; ValueError if None or unusable."""
+    if registration is None:
         raise ValueError(f"node {node_id}: no registration")
     try:
-        return view.registration.to_node(node_id)
+        return registration.to_node(node_id)
     except SchemaError as exc:
         raise ValueError(f"node {node_id}: bad registration: {exc}") from None
 
 
-def _report_task(task_id: str, report: TaskReport) -> Task:
+def report_task(task_id: str, report: TaskReport) -> Task:
     """What a node reports of a task, as the core sees its footprint."""
     return Task(
         id=task_id,
@@ -92,7 +98,7 @@ def fleet_view(node_docs: NodeViews, status: Mapping[str, str], now: float) -> F
         nodes.append(node)
         for task_id, report in sorted(content.tasks.items()):
             if report.active:
-                task = _report_task(task_id, report)
+                task = report_task(task_id, report)
                 placements.append(Placement(task, node_id, task.submitted_at))
     return FleetView(tuple(nodes), tuple(placements), now, unusable)
 
@@ -185,36 +191,71 @@ def prunable(
     now: float,
     retention_s: float,
 ) -> list[str]:
-    """Assignments central can forget (the policy document would otherwise only grow): no
-    node reports a copy still active, and either the assigned node reports the task finished
-    more than ``retention_s`` ago, or it was cancelled more than ``retention_s`` ago. A task
-    whose node never said it finished stays: that node may be cut off and still running it."""
+    """Assignments central can forget (the policy document would otherwise only grow): see
+    :func:`can_forget`. Walks every node for every assignment: the fleet index's oracle."""
     out = []
-    horizon = now - retention_s
     for task_id, entry in sorted(assignments.items()):
-        if entry.state is AssignmentState.PENDING or entry.at > horizon:
-            continue  # (a pending task has no copy anywhere yet: forgetting it loses it)
         copies = {
             node_id: copy
             for node_id, doc in node_docs.items()
             if (copy := doc.tasks.get(task_id)) is not None
         }
-        if any(c.active for c in copies.values()):
-            continue
-        mine = copies.get(entry.node)
-        if entry.active and not (mine is not None and mine.updated_at <= horizon):
-            continue  # (mine, if present, is finished: no copy is active)
-        out.append(task_id)
+        if can_forget(entry, copies, now, retention_s):
+            out.append(task_id)
     return out
+
+
+def can_forget(
+    entry: AssignmentEntry, copies: Mapping[str, TaskReport], now: float, retention_s: float
+) -> bool:
+    """Whether central can forget an assignment, given every node's copy of its task: no
+    node reports a copy still active, and either the assigned node reports the task finished
+    more than ``retention_s`` ago, or it was cancelled more than ``retention_s`` ago. A task
+    whose node never said it finished stays: that node may be cut off and still running it.
+    A pending task has no copy anywhere yet: forgetting it would lose it."""
+    horizon = now - retention_s
+    if entry.state is AssignmentState.PENDING or entry.at > horizon:
+        return False
+    if any(c.active for c in copies.values()):
+        return False
+    mine = copies.get(entry.node)
+    # (mine, if present, is finished: no copy is active)
+    return not (entry.active and not (mine is not None and mine.updated_at <= horizon))
+
+
+def forget_at(
+    entry: AssignmentEntry, copies: Mapping[str, TaskReport], retention_s: float
+) -> float | None:
+    """The earliest time :func:`can_forget` may hold if nothing changes (None: not until
+    something changes)."""
+    if entry.state is AssignmentState.PENDING or any(c.active for c in copies.values()):
+        return None
+    due = entry.at + retention_s
+    if entry.active:
+        mine = copies.get(entry.node)
+        if mine is None:
+            return None
+        due = max(due, mine.updated_at + retention_s)
+    return due
 
 
 def claims_of(task_id: str, node_docs: NodeViews) -> list[Claim]:
     """Every node's active copy of a central task, as a :class:`Claim`: what the nodes report
     in their documents, not what central intended."""
+    copies = {
+        node_id: report
+        for node_id in node_docs
+        if (report := node_docs[node_id].tasks.get(task_id)) is not None
+    }
+    return claims_from(task_id, copies)
+
+
+def claims_from(task_id: str, copies: Mapping[str, TaskReport]) -> list[Claim]:
+    """The claims of ``copies`` (node id -> its report of the task), by node id."""
     claims = []
-    for node_id in sorted(node_docs):
-        report = node_docs[node_id].tasks.get(task_id)
-        if report is None or not report.active or report.assignment is None:
+    for node_id in sorted(copies):
+        report = copies[node_id]
+        if not report.active or report.assignment is None:
             continue  # (no assignment: a local task sharing the id, not central's to settle)
         a = report.assignment
         claims.append(
@@ -268,12 +309,24 @@ def reconcile(
     live = {n: d for n, d in node_docs.items() if n in fresh}
     out = []
     for task_id in sorted(assignments):
-        claims = claims_of(task_id, live)
-        if len({c.node_id for c in claims}) < 2:
-            continue
-        rule = task_policy(assignments[task_id], policy)
-        best = winner(claims, rule)
-        lost = tuple(c for c in losers(claims, rule) if f"{task_id}@{c.node_id}" not in stops)
-        if lost:
-            out.append(Settlement(task_id, best, lost, rule))
+        settled = settle(task_id, assignments[task_id], claims_of(task_id, live), stops, policy)
+        if settled is not None:
+            out.append(settled)
     return out
+
+
+def settle(
+    task_id: str,
+    entry: AssignmentEntry,
+    claims: list[Claim],
+    stops: Mapping[str, StopOrder],
+    policy: ReconcilePolicy,
+) -> Settlement | None:
+    """One task's settlement from its fresh claims: None unless it runs on two nodes or more
+    and some loser has no stop order out yet."""
+    if len({c.node_id for c in claims}) < 2:
+        return None
+    rule = task_policy(entry, policy)
+    best = winner(claims, rule)
+    lost = tuple(c for c in losers(claims, rule) if f"{task_id}@{c.node_id}" not in stops)
+    return Settlement(task_id, best, lost, rule) if lost else None

@@ -3,6 +3,12 @@
 The scheduler builds one :class:`NodeTable` from the cluster view at the start of a cycle and
 updates its ``used`` matrix as it decides, so filter and score plugins run as vector
 operations over every node at once instead of a Python loop per node.
+
+A caller that keeps a table up to date itself (central's fleet index, over thousands of
+nodes and a million placements) hands it in ready-made; each cycle works on a
+:meth:`NodeTable.fork` (the mutable columns copied, the rest shared), so building a cycle
+costs O(nodes), not O(placements). Rows of ``on_node`` are never mutated in place, only
+replaced, which is what lets a fork share them.
 """
 
 from __future__ import annotations
@@ -114,6 +120,56 @@ class NodeTable:
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    def fork(self, reserve_per_accel: tuple[float, float] | None = None) -> NodeTable:
+        """A table for one cycle: ``used``, ``state``, ``usage`` and the list of ``on_node``
+        rows copied (the rows themselves shared: cycles replace a row, never mutate it), the
+        fixed columns shared. O(nodes)."""
+        return NodeTable(
+            nodes=self.nodes,
+            index=self.index,
+            capacity=self.capacity,
+            used=self.used.copy(order="F"),
+            arch=self.arch,
+            server_class=self.server_class,
+            state=self.state.copy(),
+            efficiency=self.efficiency,
+            perf=self.perf,
+            idle_w=self.idle_w,
+            peak_w=self.peak_w,
+            on_node=list(self.on_node),
+            usage=dict(self.usage),
+            reserve_per_accel=(
+                self.reserve_per_accel if reserve_per_accel is None else reserve_per_accel
+            ),
+        )
+
+    def subset(self, rows: Sequence[int]) -> NodeTable:
+        """A table of ``rows`` only (ascending), what runs on them and their usage: the table
+        :meth:`build` would give for those nodes and their placements."""
+        picked = np.array(sorted(rows), dtype=np.int64)
+        nodes = tuple(self.nodes[int(r)] for r in picked)
+        on_node = [self.on_node[int(r)] for r in picked]
+        usage: dict[str, float] = {}
+        for placements in on_node:
+            for p in placements:
+                usage[p.task.workload] = usage.get(p.task.workload, 0.0) + p.task.demand.cpu
+        return NodeTable(
+            nodes=nodes,
+            index={node.id: i for i, node in enumerate(nodes)},
+            capacity=np.asfortranarray(self.capacity[picked]),
+            used=np.asfortranarray(self.used[picked]),
+            arch=self.arch[picked],
+            server_class=self.server_class[picked],
+            state=self.state[picked],
+            efficiency=self.efficiency[picked],
+            perf=self.perf[picked],
+            idle_w=self.idle_w[picked],
+            peak_w=self.peak_w[picked],
+            on_node=on_node,
+            usage=usage,
+            reserve_per_accel=self.reserve_per_accel,
+        )
 
     def active_mask(self) -> BoolArray:
         mask: BoolArray = self.state == STATE_CODES[NodeState.ACTIVE]

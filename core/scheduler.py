@@ -76,6 +76,12 @@ class ClusterView:
     pin_cores: bool = False
     #: Current pins (task id -> cores), so re-planning keeps them unless clearly better.
     pins: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    #: A table kept up to date by the caller for exactly ``nodes`` and ``placements``
+    #: (central's fleet index): the cycle forks it instead of building one, O(nodes).
+    table: NodeTable | None = None
+    #: Run the power stage (energy mode). Central's placement of one task reads only the
+    #: placement and turns it off: the power stage runs after placement and cannot change it.
+    plan_power: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,14 +144,18 @@ class _Cycle:
     def bind(self, row: int, task: Task) -> None:
         self.version += 1
         self.table.add(row, task.demand)
-        self.on_node[row].append(Placement(task, self.table.nodes[row].id, self.now))
+        # Replaced, not appended to: a forked table shares its rows (NodeTable.fork).
+        placed = Placement(task, self.table.nodes[row].id, self.now)
+        self.on_node[row] = [*self.on_node[row], placed]
         self.usage[task.workload] = self.usage.get(task.workload, 0.0) + task.demand.cpu
         self.touched.add(row)
 
     def unbind(self, row: int, placement: Placement) -> None:
         self.version += 1
         self.table.remove(row, placement.task.demand)
-        self.on_node[row].remove(placement)
+        kept = list(self.on_node[row])
+        kept.remove(placement)
+        self.on_node[row] = kept
         task = placement.task
         self.usage[task.workload] = max(self.usage.get(task.workload, 0.0) - task.demand.cpu, 0)
         self.touched.add(row)
@@ -533,9 +543,11 @@ def _pin(cycle: _Cycle, pins: Mapping[str, frozenset[int]]) -> None:
 
 def _start(view: ClusterView, policy: PolicyConfig) -> _Cycle:
     """A cycle's working state as its first task sees it."""
-    table = NodeTable.build(
-        view.nodes, view.placements, (policy.accel_reserve_cpu, policy.accel_reserve_mem_gib)
-    )
+    reserve = (policy.accel_reserve_cpu, policy.accel_reserve_mem_gib)
+    if view.table is not None:
+        table = view.table.fork(reserve)
+    else:
+        table = NodeTable.build(view.nodes, view.placements, reserve)
     fleet_cpu = float(table.capacity[:, 0].sum())
     shares = policy.tidal.shares_at(view.now)
     cycle = _Cycle(
@@ -589,7 +601,7 @@ def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -
             failed[shape] = (cycle.version, waiting[task.id])
         waiting_tasks.append(task)
 
-    if policy.parks_nodes:
+    if policy.parks_nodes and view.plan_power:
         _wake_for_waiting(cycle, waiting_tasks)
         target = _headroom_target(cycle, view.forecast_cpu)
         _wake_for_forecast(cycle, target)

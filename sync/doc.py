@@ -280,6 +280,9 @@ class SyncedDoc:
         #: root -> keys changed since its view was last decoded (None: decode it all)
         self._dirty: dict[str, set[str] | None] = {}
         self._decoded: dict[str, dict[str, Any]] = {}
+        #: root -> keys changed since :meth:`drain_changes` last ran (None: all of them);
+        #: only for the roots a consumer asked :meth:`track_changes` for.
+        self._tracked: dict[str, set[str] | None] = {}
         self.doc: Doc[Any] = self._observed(Doc(client_id=self.client_id))
         self._callbacks: list[Callable[[bytes], None]] = []
         self._epoch_callbacks: list[Callable[[int], None]] = []
@@ -345,6 +348,8 @@ class SyncedDoc:
             root: Map[Any] = doc.get(name, type=Map)
             self._root_subscriptions.append((root, root.observe(self._keys_changed(name))))
             self._dirty[name] = None  # a new pycrdt document: decode it all once
+        for name in self._tracked:
+            self._tracked[name] = None  # ... and its consumer reads it all once
         return doc
 
     def _keys_changed(self, name: str) -> Callable[[Any], None]:
@@ -352,11 +357,34 @@ class SyncedDoc:
         only: inside pycrdt's callback the document must not be touched)."""
 
         def changed(event: Any) -> None:
+            keys = [str(k) for k in event.keys]
             dirty = self._dirty.get(name)
             if dirty is not None:
-                dirty.update(str(k) for k in event.keys)
+                dirty.update(keys)
+            tracked = self._tracked.get(name)
+            if tracked is not None:
+                tracked.update(keys)
 
         return changed
+
+    def track_changes(self, *roots: str) -> None:
+        """Keep, for :meth:`drain_changes`, the keys of each root map in ``roots`` that local
+        and remote transactions change (one consumer per document: central's fleet index).
+        Only :attr:`incremental_roots` can be tracked; the first drain returns None (read
+        it all)."""
+        for name in roots:
+            if name not in self.incremental_roots:
+                raise ValueError(f"{type(self).__name__}: root {name!r} is not tracked by key")
+            self._tracked.setdefault(name, None)
+
+    def drain_changes(self, root: str) -> set[str] | None:
+        """The keys of ``root`` changed since the last drain (None: the whole map may have
+        changed, as after a new epoch or a restore); empties the record."""
+        if root not in self._tracked:
+            raise ValueError(f"{self.name}: changes of {root!r} are not tracked")
+        keys = self._tracked[root]
+        self._tracked[root] = set()
+        return keys
 
     def _map_view(self, name: str, cls: type[_E]) -> Mapping[str, _E]:
         """The decoded view of root map ``name``, maintained from the changed keys."""

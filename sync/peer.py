@@ -106,6 +106,9 @@ class DocPeer:
         self.synced_at: dict[str, float] = {}
         #: sender → when (``clock``) any message of it last arrived.
         self.heard_at: dict[str, float] = {}
+        #: Called with the sender after each full answer (step 2) was applied: whoever
+        #: tracks freshness (central's fleet index) learns of it without polling.
+        self.on_synced: Callable[[str], None] | None = None
         self.peer_id = peer_id
         self.topic = wire.sync_topic(doc.name, peer_id)  # validates both names
         self.filter = wire.sync_filter(doc.name)
@@ -323,6 +326,8 @@ class DocPeer:
             self.doc.apply_remote(sync.data, sender=sender)
         if sync.step == YSyncMessageType.SYNC_STEP2:
             self.synced_at[sender] = self.clock()
+            if self.on_synced is not None:
+                self.on_synced(sender)
         if sync.state_vector is not None and self.doc.missing_from(sync.state_vector):
             self.stats["resync_requests"] += 1
             self._request_step1()

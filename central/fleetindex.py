@@ -1,0 +1,470 @@
+"""Central's fleet index: what the control loop reads, kept up to date from each change.
+
+A control step used to rebuild the fleet from every replica and walk every node's tasks for
+every assignment (reconcile, prune: O(assignments × nodes)); at 1,000 nodes one step took a
+minute. The index holds the same facts keyed the way the step asks for them, and is told
+what changed: the keys of each node document's ``tasks`` map and of the policy document's
+``assignments``, ``stops`` and ``power`` maps (pycrdt's map events, drained through
+:meth:`edgesched.sync.doc.SyncedDoc.drain_changes`), a node's registration and power report,
+its liveness and its freshness. Each fact change costs O(that node's tasks) at most, and a
+step asks only for what is due:
+
+* :attr:`pending`: tasks waiting at central;
+* :meth:`failover_candidates`: service assignments on nodes offline past the grace (a heap
+  of offline nodes by when their grace ends);
+* :meth:`settlements`: tasks whose claims, assignment, stops or claimants' freshness changed
+  since the last call, settled by the pure rule (:func:`edgesched.central.placement.settle`);
+* :meth:`stops_done`: stop orders whose loser now reports its copy inactive;
+* :meth:`forgettable`: assignments central may forget (a heap by when they may);
+* :meth:`table`: the core's :class:`~edgesched.core.nodetable.NodeTable` of the usable
+  nodes and what counts on them (reported active copies, and active assignments their node
+  has not reported yet), rebuilt only when the set of usable nodes or their attributes
+  change, patched row by row otherwise; placement forks it (O(nodes), not O(placements)).
+
+Pure bookkeeping: no I/O, no clock (callers pass ``now``). The slow path it replaces stays
+in :mod:`edgesched.central.placement` (``fleet_view``, ``failovers``, ``reconcile``,
+``prunable``) as the oracle the tests compare it with on random event sequences.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from edgesched.central.placement import (
+    Settlement,
+    can_forget,
+    claims_from,
+    forget_at,
+    registered_node,
+    report_task,
+    settle,
+)
+from edgesched.central.power import ACTIVE, PARKED, reported
+from edgesched.core.model import Node, NodeState, Placement, Task
+from edgesched.core.nodetable import NodeTable, resource_vector
+from edgesched.core.task import RestartPolicy
+from edgesched.sync.reconcile import ReconcilePolicy
+from edgesched.sync.schema import (
+    AssignmentEntry,
+    AssignmentState,
+    NodeView,
+    PowerOrder,
+    PowerReport,
+    Registration,
+    StopOrder,
+    TaskReport,
+)
+
+
+@dataclass
+class _Member:
+    """One node document's facts as the index keeps them."""
+
+    registration: Registration | None = None
+    power: PowerReport = field(default_factory=PowerReport)
+    reports: dict[str, TaskReport] = field(default_factory=dict)
+    #: The core's node (registration, power state applied), or None with ``why``.
+    node: Node | None = None
+    why: str = "no registration"
+    #: task id -> what counts on this node for placement.
+    footprint: dict[str, Task] = field(default_factory=dict)
+    placements: list[Placement] = field(default_factory=list)  # replaced, never mutated
+    used: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    usage: dict[str, float] = field(default_factory=dict)
+
+
+def _spec_task(entry: AssignmentEntry) -> Task:
+    """An assignment not reported by its node yet, as the core sees its footprint there."""
+    return entry.task_spec.to_task(entry.at)
+
+
+class FleetIndex:
+    """The fleet's tasks, assignments and nodes, indexed for an incremental control step."""
+
+    def __init__(self, *, grace_s: float, retention_s: float) -> None:
+        """``grace_s``: how long a node is offline before its services fail over
+        (``failover_after_s``); ``retention_s``: how long finished assignments are kept."""
+        self.grace_s = grace_s
+        self.retention_s = retention_s
+        self.members: dict[str, _Member] = {}
+        self.status: dict[str, tuple[str, float]] = {}  # node -> (online/offline, since)
+        self.fresh: set[str] = set()
+        #: task id -> node id -> that node's report of the task (any state).
+        self.copies: dict[str, dict[str, TaskReport]] = {}
+        self.assignments: dict[str, AssignmentEntry] = {}
+        self.pending: set[str] = set()
+        #: node id -> the task ids actively assigned to it.
+        self.assigned: dict[str, set[str]] = {}
+        self.stops: dict[str, StopOrder] = {}
+        self.orders: dict[str, PowerOrder] = {}
+        self.parked: set[str] = set()  # nodes that report themselves parked
+        self._reconcile_due: set[str] = set()
+        self._stops_due: set[str] = set()
+        self._prune_heap: list[tuple[float, str]] = []
+        self._prune_at: dict[str, float] = {}
+        self._offline_heap: list[tuple[float, float, str]] = []  # (since + grace, since, node)
+        self._overdue: set[str] = set()
+        self._table: NodeTable | None = None
+        self._rows: dict[str, int] = {}
+        #: Bumped whenever what a placement would see changes.
+        self.version = 0
+
+    # --- node documents -------------------------------------------------------------------
+
+    def update_node(self, node_id: str, view: NodeView, changed: Iterable[str] | None) -> None:
+        """A node document changed: ``changed`` are the task ids whose entries changed (None:
+        any may have, e.g. a new replica or a new epoch)."""
+        member = self.members.get(node_id)
+        new = member is None
+        footprint_changed = False
+        if member is None:
+            member = self.members[node_id] = _Member()
+            changed = None
+            for task_id in self.assigned.get(node_id, ()):
+                footprint_changed |= self._refresh_pair(task_id, node_id, rebuild=False)
+            self._stops_due.update(k for k in self.stops if k.endswith(f"@{node_id}"))
+        tasks = view.tasks
+        keys = set(member.reports) | set(tasks) if changed is None else set(changed)
+        for task_id in keys:
+            report = tasks.get(task_id)
+            old = member.reports.get(task_id)
+            if report == old:
+                continue
+            if report is None:
+                del member.reports[task_id]
+                held = self.copies.get(task_id)
+                if held is not None:
+                    held.pop(node_id, None)
+                    if not held:
+                        del self.copies[task_id]
+            else:
+                member.reports[task_id] = report
+                self.copies.setdefault(task_id, {})[node_id] = report
+            footprint_changed |= self._refresh_pair(task_id, node_id, rebuild=False)
+            self._reconcile_due.add(task_id)
+            key = f"{task_id}@{node_id}"
+            if key in self.stops:
+                self._stops_due.add(key)
+            self._schedule_prune(task_id)
+        if footprint_changed:
+            self._footprint_changed(node_id)
+        power = reported(view)
+        if new or view.registration != member.registration or power != member.power:
+            member.registration = view.registration
+            member.power = power
+            if power.state == PARKED:
+                self.parked.add(node_id)
+            else:
+                self.parked.discard(node_id)
+            self._recompute_node(node_id)
+
+    def set_status(self, node_id: str, state: str, since: float) -> None:
+        """A node's liveness (``online``/``offline``) since ``since``."""
+        if self.status.get(node_id) == (state, since):
+            return
+        was = self.status.get(node_id, ("unknown", 0.0))[0]
+        self.status[node_id] = (state, since)
+        self._overdue.discard(node_id)  # a new spell, whatever the old one was
+        if state == "offline":
+            heapq.heappush(self._offline_heap, (since + self.grace_s, since, node_id))
+        if (was == "online") != (state == "online") and node_id in self.members:
+            self._recompute_node(node_id)
+
+    def set_fresh(self, node_id: str, fresh: bool) -> None:
+        """Whether the node's replica is current (online, resynced since): only fresh nodes'
+        claims are settled."""
+        if fresh == (node_id in self.fresh):
+            return
+        if fresh:
+            self.fresh.add(node_id)
+        else:
+            self.fresh.discard(node_id)
+        member = self.members.get(node_id)
+        if member is not None:
+            self._reconcile_due.update(
+                t for t, r in member.reports.items() if r.active and r.assignment is not None
+            )
+
+    # --- the policy document --------------------------------------------------------------
+
+    def set_assignment(self, task_id: str, entry: AssignmentEntry | None) -> None:
+        old = self.assignments.get(task_id)
+        if entry == old:
+            return
+        if entry is None:
+            del self.assignments[task_id]
+        else:
+            self.assignments[task_id] = entry
+        if entry is not None and entry.state is AssignmentState.PENDING:
+            self.pending.add(task_id)
+        else:
+            self.pending.discard(task_id)
+        nodes = set()
+        for e in (old, entry):
+            if e is not None and e.node:
+                nodes.add(e.node)
+        if old is not None and old.active and old.node:
+            held = self.assigned.get(old.node)
+            if held is not None:
+                held.discard(task_id)
+                if not held:
+                    del self.assigned[old.node]
+        if entry is not None and entry.active and entry.node:
+            self.assigned.setdefault(entry.node, set()).add(task_id)
+        for node_id in sorted(nodes):
+            self._refresh_pair(task_id, node_id)
+        self._reconcile_due.add(task_id)
+        self._schedule_prune(task_id)
+        self.version += 1
+
+    def set_stop(self, key: str, order: StopOrder | None) -> None:
+        if order is None:
+            self.stops.pop(key, None)
+        else:
+            self.stops[key] = order
+            self._stops_due.add(key)
+        self._reconcile_due.add(key.rpartition("@")[0])
+
+    def set_order(self, node_id: str, order: PowerOrder | None) -> None:
+        if order == self.orders.get(node_id):
+            return
+        if order is None:
+            self.orders.pop(node_id, None)
+        else:
+            self.orders[node_id] = order
+        if node_id in self.members:
+            self._recompute_node(node_id)
+
+    # --- what a step asks -----------------------------------------------------------------
+
+    def failover_candidates(self, now: float) -> list[str]:
+        """Active service assignments whose node has been offline more than the grace (the
+        same list :func:`edgesched.central.placement.failovers` gives)."""
+        heap = self._offline_heap
+        while heap:
+            _due, since, node_id = heap[0]
+            if self.status.get(node_id) != ("offline", since):
+                heapq.heappop(heap)  # it came back (or went offline again since)
+                continue
+            if not now - since > self.grace_s:
+                break
+            heapq.heappop(heap)
+            self._overdue.add(node_id)
+        out = []
+        for node_id in self._overdue:
+            for task_id in self.assigned.get(node_id, ()):
+                if self.assignments[task_id].task_spec.restart is RestartPolicy.ALWAYS:
+                    out.append(task_id)
+        return sorted(out)
+
+    def settlements(self, policy: ReconcilePolicy) -> list[Settlement]:
+        """Tasks due a look settled by the pure rule (those needing stop orders), draining
+        the due set: the same settlements :func:`~edgesched.central.placement.reconcile`
+        gives over every task, for the tasks whose inputs changed."""
+        due, self._reconcile_due = self._reconcile_due, set()
+        out = []
+        for task_id in sorted(due):
+            entry = self.assignments.get(task_id)
+            copies = self.copies.get(task_id)
+            if entry is None or not copies:
+                continue
+            live = {n: r for n, r in copies.items() if n in self.fresh}
+            settled = settle(task_id, entry, claims_from(task_id, live), self.stops, policy)
+            if settled is not None:
+                out.append(settled)
+        return out
+
+    def recheck_all(self) -> None:
+        """Look at every task and stop order again at the next step (leadership changed)."""
+        self._reconcile_due.update(self.assignments)
+        self._stops_due.update(self.stops)
+
+    def stops_done(self) -> list[str]:
+        """Stop orders (``task@node``) whose loser reports no active copy any more."""
+        due, self._stops_due = self._stops_due, set()
+        out = []
+        for key in sorted(due):
+            if key not in self.stops:
+                continue
+            task_id, _, node_id = key.rpartition("@")
+            member = self.members.get(node_id)
+            if member is None:
+                continue
+            report = member.reports.get(task_id)
+            if report is None or not report.active:
+                out.append(key)
+        return out
+
+    def forgettable(self, now: float) -> list[str]:
+        """Assignments central may forget now (what
+        :func:`~edgesched.central.placement.prunable` gives)."""
+        out = []
+        heap = self._prune_heap
+        while heap and heap[0][0] <= now:
+            due, task_id = heapq.heappop(heap)
+            if self._prune_at.get(task_id) != due:
+                continue  # superseded by a later change
+            del self._prune_at[task_id]
+            entry = self.assignments.get(task_id)
+            if entry is None:
+                continue
+            copies = self.copies.get(task_id, {})
+            if can_forget(entry, copies, now, self.retention_s):
+                out.append(task_id)
+            else:  # (a rounding hair short of its time): look again later
+                again = forget_at(entry, copies, self.retention_s)
+                if again is not None:
+                    self._push_prune(task_id, max(again, now) + 1e-6)
+        return sorted(out)
+
+    def table(self) -> NodeTable:
+        """The usable nodes (online, registered) and what counts on them, as the core's
+        table. Shared: fork it before changing it (the core's cycles do)."""
+        if self._table is None:
+            self._table = self._build_table()
+        return self._table
+
+    def usable(self) -> dict[str, Node]:
+        return {n.id: n for n in self.table().nodes}
+
+    def unusable(self) -> dict[str, str]:
+        """node id -> why it is no placement target (the nodes with a document)."""
+        table = self.table()
+        return {n: m.why for n, m in sorted(self.members.items()) if n not in table.index}
+
+    def placements(self) -> tuple[Placement, ...]:
+        """Everything the table counts, node by node (O(placements): for the extender)."""
+        return tuple(p for row in self.table().on_node for p in row)
+
+    # --- upkeep ---------------------------------------------------------------------------
+
+    def _refresh_pair(self, task_id: str, node_id: str, *, rebuild: bool = True) -> bool:
+        """Recompute what task ``task_id`` counts for on node ``node_id``; True if it moved."""
+        member = self.members.get(node_id)
+        if member is None:
+            return False
+        report = member.reports.get(task_id)
+        task: Task | None = None
+        if report is not None:
+            task = report_task(task_id, report) if report.active else None
+        else:
+            entry = self.assignments.get(task_id)
+            if entry is not None and entry.active and entry.node == node_id:
+                task = _spec_task(entry)
+        old = member.footprint.get(task_id)
+        if task == old:
+            return False
+        if task is None:
+            del member.footprint[task_id]
+        else:
+            member.footprint[task_id] = task
+        if rebuild:
+            self._footprint_changed(node_id)
+        return True
+
+    def _footprint_changed(self, node_id: str) -> None:
+        member = self.members[node_id]
+        tasks = [member.footprint[t] for t in sorted(member.footprint)]
+        member.placements = [Placement(t, node_id, t.submitted_at) for t in tasks]
+        used = np.zeros(4)
+        usage: dict[str, float] = {}
+        for t in tasks:
+            used += resource_vector(t.demand)
+            usage[t.workload] = usage.get(t.workload, 0.0) + t.demand.cpu
+        old_usage = member.usage
+        member.used = used
+        member.usage = usage
+        self.version += 1
+        table = self._table
+        row = self._rows.get(node_id)
+        if table is None or row is None:
+            return
+        table.used[row] = used
+        table.on_node[row] = member.placements
+        for workload, cpu in old_usage.items():
+            table.usage[workload] = table.usage.get(workload, 0.0) - cpu
+        for workload, cpu in usage.items():
+            table.usage[workload] = table.usage.get(workload, 0.0) + cpu
+        for workload in [w for w, cpu in table.usage.items() if abs(cpu) < 1e-9]:
+            del table.usage[workload]
+
+    def _recompute_node(self, node_id: str) -> None:
+        """The core's node of a member (registration, liveness, power): the table's rows
+        change, so it is rebuilt when next asked for."""
+        member = self.members[node_id]
+        state = self.status.get(node_id, ("unknown", 0.0))[0]
+        node: Node | None = None
+        if state != "online":
+            why = f"node is {state}"
+        elif member.registration is None:
+            why = f"node {node_id}: no registration"
+        else:
+            try:
+                node = registered_node(node_id, member.registration)
+                why = ""
+            except ValueError as exc:
+                why = str(exc)
+        if node is not None:
+            node = self._powered(node_id, node, member.power)
+        if node != member.node:
+            member.node = node
+            self._table = None
+            self.version += 1
+        member.why = why
+
+    def _powered(self, node_id: str, node: Node, report: PowerReport) -> Node:
+        """``node`` with its power state (as :func:`edgesched.central.power.with_power`)."""
+        if report.state == PARKED:
+            standing = self.orders.get(node_id)
+            ordered = None if standing is None else standing.state
+            state = NodeState.WAKING if ordered == ACTIVE else NodeState.PARKED
+            return replace(node, state=state, idle_since=None)
+        return replace(node, state=NodeState.ACTIVE, idle_since=report.idle_since)
+
+    def _build_table(self) -> NodeTable:
+        ids = sorted(n for n, m in self.members.items() if m.node is not None)
+        nodes = [self.members[n].node for n in ids]
+        table = NodeTable.build([n for n in nodes if n is not None], ())
+        self._rows = dict(table.index)
+        usage: dict[str, float] = {}
+        if ids:
+            table.used[:] = np.array([self.members[n].used for n in ids])
+        for row, node_id in enumerate(ids):
+            member = self.members[node_id]
+            table.on_node[row] = member.placements
+            for workload, cpu in member.usage.items():
+                usage[workload] = usage.get(workload, 0.0) + cpu
+        table.usage.clear()
+        table.usage.update(usage)
+        return table
+
+    def _schedule_prune(self, task_id: str) -> None:
+        entry = self.assignments.get(task_id)
+        due = (
+            None
+            if entry is None
+            else forget_at(entry, self.copies.get(task_id, {}), self.retention_s)
+        )
+        if due is None:
+            self._prune_at.pop(task_id, None)
+        elif self._prune_at.get(task_id) != due:
+            self._push_prune(task_id, due)
+
+    def _push_prune(self, task_id: str, due: float) -> None:
+        self._prune_at[task_id] = due
+        heapq.heappush(self._prune_heap, (due, task_id))
+
+    def stats(self) -> Mapping[str, int]:
+        return {
+            "nodes": len(self.members),
+            "usable": len(self.table().nodes),
+            "assignments": len(self.assignments),
+            "pending": len(self.pending),
+            "copies": sum(len(c) for c in self.copies.values()),
+            "stops": len(self.stops),
+            "prune_queue": len(self._prune_at),
+        }

@@ -1,0 +1,336 @@
+"""Central's fleet index against the slow path it replaces, on random event sequences.
+
+Each example drives one :class:`~edgesched.central.fleetindex.FleetIndex` and a plain copy of
+the same facts (node documents, liveness, freshness, assignments, stops, power orders)
+through a random sequence of changes, and after each check compares what the index says
+with what the from-scratch functions of :mod:`edgesched.central.placement` compute over the
+whole state (``fleet_view`` + ``with_power``, ``failovers``, ``reconcile``, ``prunable``, the
+stop orders done). Like the engine, the test then acts on what it was told (stop orders for
+the losers, the winner's assignment, forgotten assignments, dropped stop orders), so the
+index's "what changed since" and the oracle's "everything" must keep agreeing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from edgesched.central.fleetindex import FleetIndex
+from edgesched.central.placement import (
+    failovers,
+    fleet_view,
+    prunable,
+    reconcile,
+)
+from edgesched.central.power import reported, with_power
+from edgesched.core.model import Arch, Placement, ServerClass
+from edgesched.core.nodetable import NodeTable
+from edgesched.core.task import TaskState
+from edgesched.sync.reconcile import ReconcilePolicy
+from edgesched.sync.schema import (
+    AssignmentEntry,
+    AssignmentRef,
+    AssignmentState,
+    NodeView,
+    PowerOrder,
+    PowerReport,
+    Registration,
+    StopOrder,
+    TaskReport,
+)
+
+NODES = ("a", "b", "c")
+TASKS = ("t0", "t1", "t2")  # few of each: copies collide, nodes heal
+GRACE = 30.0
+RETENTION = 50.0
+REGISTRATIONS = (
+    None,
+    Registration(arch=Arch.X86_64, server_class=ServerClass.GENERAL, cpu=8, mem_gib=16),
+    Registration(arch=Arch.ARM64, server_class=ServerClass.GENERAL, cpu=4, mem_gib=8),
+    Registration(arch=Arch.X86_64, server_class=ServerClass.AI_ACCELERATOR, cpu=16, accel=2),
+)
+
+
+def spec(task_id: str, restart: str, cpu: float) -> dict[str, Any]:
+    return {"id": task_id, "command": ["true"], "restart": restart, "cpu": cpu}
+
+
+@dataclass
+class World:
+    """The facts, held plainly: what the oracle functions read."""
+
+    registration: dict[str, Registration | None] = field(default_factory=dict)
+    power: dict[str, PowerReport | None] = field(default_factory=dict)
+    tasks: dict[str, dict[str, TaskReport]] = field(default_factory=dict)
+    status: dict[str, tuple[str, float]] = field(default_factory=dict)
+    fresh: set[str] = field(default_factory=set)
+    assignments: dict[str, AssignmentEntry] = field(default_factory=dict)
+    stops: dict[str, StopOrder] = field(default_factory=dict)
+    orders: dict[str, PowerOrder] = field(default_factory=dict)
+    now: float = 100.0
+
+    def views(self) -> dict[str, NodeView]:
+        return {
+            n: NodeView(self.registration.get(n), dict(t), self.power.get(n))
+            for n, t in self.tasks.items()
+        }
+
+
+# --- events -------------------------------------------------------------------------------
+
+report_st = st.builds(
+    lambda state, epoch, repl, dt, cpu, assigned: (state, epoch, repl, dt, cpu, assigned),
+    st.sampled_from([TaskState.RUNNING, TaskState.RUNNING, *TaskState]),
+    st.integers(1, 3),
+    st.booleans(),
+    st.floats(0, 80),
+    st.sampled_from([0.5, 1.0, 2.0]),
+    st.sampled_from([True, True, False]),
+)
+
+
+def weighted(*choices: tuple[int, st.SearchStrategy[tuple[Any, ...]]]) -> st.SearchStrategy[Any]:
+    """One of ``choices``, drawn in proportion to its weight."""
+    table = [strategy for weight, strategy in choices for _ in range(weight)]
+    return st.integers(0, len(table) - 1).flatmap(lambda i: table[i])
+
+
+event_st = weighted(
+    (8, st.tuples(st.just("report"), st.sampled_from(NODES), st.sampled_from(TASKS), report_st)),
+    (2, st.tuples(st.just("unreport"), st.sampled_from(NODES), st.sampled_from(TASKS))),
+    (2, st.tuples(st.just("register"), st.sampled_from(NODES), st.integers(0, 3))),
+    (
+        1,
+        st.tuples(
+            st.just("power"), st.sampled_from(NODES), st.sampled_from(["active", "parked", "none"])
+        ),
+    ),
+    (
+        2,
+        st.tuples(
+            st.just("status"), st.sampled_from(NODES), st.sampled_from(["online", "offline"])
+        ),
+    ),
+    (1, st.tuples(st.just("fresh"), st.sampled_from(NODES), st.booleans())),
+    (3, st.tuples(st.just("heal"), st.sampled_from(NODES))),
+    (
+        4,
+        st.tuples(
+            st.just("assign"),
+            st.sampled_from(TASKS),
+            st.sampled_from(NODES),
+            st.sampled_from(list(AssignmentState)),
+            st.sampled_from(["always", "never"]),
+            st.integers(1, 3),
+        ),
+    ),
+    (1, st.tuples(st.just("unassign"), st.sampled_from(TASKS))),
+    (1, st.tuples(st.just("stop"), st.sampled_from(TASKS), st.sampled_from(NODES))),
+    (1, st.tuples(st.just("order"), st.sampled_from(NODES), st.sampled_from(["active", "parked"]))),
+    (2, st.tuples(st.just("tick"), st.floats(0.5, 40))),
+    (3, st.tuples(st.just("check"))),
+)
+
+
+def apply(world: World, index: FleetIndex, event: tuple[Any, ...]) -> None:
+    kind = event[0]
+    now = world.now
+    if kind == "report":
+        _, node, task, (state, epoch, repl, dt, cpu, assigned) = event
+        report = TaskReport(
+            state=state,
+            updated_at=now - dt,
+            cpu=cpu,
+            workload="batch" if cpu < 1 else "svc",
+            assignment=AssignmentRef("central", epoch, repl, float(epoch)) if assigned else None,
+        )
+        world.tasks.setdefault(node, {})[task] = report
+        touch_node(world, index, node, {task})
+    elif kind == "unreport":
+        _, node, task = event
+        if task in world.tasks.get(node, {}):
+            del world.tasks[node][task]
+            touch_node(world, index, node, {task})
+    elif kind == "register":
+        _, node, which = event
+        world.registration[node] = REGISTRATIONS[which]
+        world.tasks.setdefault(node, {})
+        touch_node(world, index, node, set())
+    elif kind == "power":
+        _, node, state = event
+        world.power[node] = None if state == "none" else PowerReport(state, now - 5, now - 60)
+        world.tasks.setdefault(node, {})
+        touch_node(world, index, node, set())
+    elif kind == "status":
+        _, node, state = event
+        world.status[node] = (state, now)
+        index.set_status(node, state, now)
+        if state == "offline":
+            world.fresh.discard(node)
+            index.set_fresh(node, False)
+    elif kind == "fresh":
+        _, node, fresh = event
+        fresh = fresh and world.status.get(node, ("unknown", 0))[0] == "online"
+        (world.fresh.add if fresh else world.fresh.discard)(node)
+        index.set_fresh(node, fresh)
+    elif kind == "heal":  # back online, resynced: its copies count again
+        _, node = event
+        world.status[node] = ("online", now)
+        index.set_status(node, "online", now)
+        world.fresh.add(node)
+        index.set_fresh(node, True)
+    elif kind == "assign":
+        _, task, node, state, restart, epoch = event
+        entry = AssignmentEntry(
+            spec=spec(task, restart, 1.0),
+            node="" if state is AssignmentState.PENDING else node,
+            epoch=epoch,
+            central="central",
+            at=now,
+            state=state,
+        )
+        world.assignments[task] = entry
+        index.set_assignment(task, entry)
+    elif kind == "unassign":
+        _, task = event
+        world.assignments.pop(task, None)
+        index.set_assignment(task, None)
+    elif kind == "stop":
+        _, task, node = event
+        order = StopOrder(epoch=1, winner="x", at=now, reason="test")
+        world.stops[f"{task}@{node}"] = order
+        index.set_stop(f"{task}@{node}", order)
+    elif kind == "order":
+        _, node, state = event
+        world.orders[node] = PowerOrder(state=state, reason="test", at=now)
+        index.set_order(node, world.orders[node])
+    elif kind == "tick":
+        world.now += event[1]
+    elif kind == "check":
+        check(world, index)
+
+
+def touch_node(world: World, index: FleetIndex, node: str, changed: set[str]) -> None:
+    index.update_node(node, world.views()[node], changed)
+
+
+def table_facts(table: NodeTable) -> dict[str, Any]:
+    return {
+        "nodes": [(n.id, n.state, n.idle_since, n.capacity) for n in table.nodes],
+        "on_node": [
+            sorted((p.task.id, p.task.demand, p.task.workload) for p in row)
+            for row in table.on_node
+        ],
+    }
+
+
+def check(world: World, index: FleetIndex) -> None:
+    now = world.now
+    views = world.views()
+    status = {n: world.status.get(n, ("unknown", 0.0))[0] for n in views}
+    # The oracle's view: every replica, plus active assignments their node has not reported
+    # (counted on that node, as the engine's _view does).
+    view = fleet_view(views, status, now)
+    view = with_power(view, {n: reported(v) for n, v in views.items()}, world.orders)
+    placements = list(view.placements) + [
+        Placement(e.task_spec.to_task(now), e.node, now)
+        for t, e in world.assignments.items()
+        if e.active and not (views.get(e.node) is not None and t in views[e.node].tasks)
+    ]
+    want = NodeTable.build(view.nodes, placements)
+    got = index.table()
+    assert table_facts(got) == table_facts(want)
+    np.testing.assert_allclose(got.used, want.used, atol=1e-9)
+    assert {k: v for k, v in got.usage.items() if abs(v) > 1e-9} == {
+        k: v for k, v in want.usage.items() if abs(v) > 1e-9
+    }
+    assert set(index.unusable()) == set(view.unusable)
+    # Failovers.
+    offline = {n: s for n, (state, s) in world.status.items() if state == "offline"}
+    assert index.failover_candidates(now) == failovers(world.assignments, offline, now, GRACE)
+    # Reconcile, then act on it as the engine does.
+    policy = ReconcilePolicy.KEEP_ORIGINAL
+    settled = reconcile(world.assignments, views, world.stops, policy, world.fresh)
+    got_settled = index.settlements(policy)
+    assert got_settled == settled
+    event(f"settled {min(len(settled), 2)}")
+    for s in settled:
+        entry = world.assignments[s.task_id]
+        if entry.node != s.winner.node_id:
+            moved = replace(entry, node=s.winner.node_id, epoch=entry.epoch + 1, at=now)
+            world.assignments[s.task_id] = moved
+            index.set_assignment(s.task_id, moved)
+        for loser in s.losers:
+            key = f"{s.task_id}@{loser.node_id}"
+            world.stops[key] = StopOrder(epoch=loser.epoch, winner=s.winner.node_id, at=now)
+            index.set_stop(key, world.stops[key])
+    # Stop orders done.
+    done = sorted(
+        key
+        for key in world.stops
+        if (doc := views.get(key.rpartition("@")[2])) is not None
+        and ((r := doc.tasks.get(key.rpartition("@")[0])) is None or not r.active)
+    )
+    assert index.stops_done() == done
+    for key in done:
+        del world.stops[key]
+        index.set_stop(key, None)
+    # Forgetting finished assignments.
+    forget = prunable(world.assignments, views, now, RETENTION)
+    event(f"forgot {min(len(forget), 2)}")
+    event(f"failovers {min(len(index._overdue), 1)}")
+    assert index.forgettable(now) == forget
+    for task_id in forget:
+        del world.assignments[task_id]
+        index.set_assignment(task_id, None)
+
+
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(st.lists(event_st, min_size=30, max_size=150))
+def test_the_index_agrees_with_the_full_recomputation(events: list[tuple[Any, ...]]) -> None:
+    world = World()
+    index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
+    for step in [*events, ("check",), ("tick", 100.0), ("check",)]:
+        apply(world, index, step)
+
+
+def test_a_step_touches_only_what_changed() -> None:
+    """After a settled state, one changed report puts one task up for reconcile and one
+    node's row in the table: the index does not look at the rest."""
+    index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
+    reg = REGISTRATIONS[1]
+    assert reg is not None
+    nodes = [f"n{i:03d}" for i in range(200)]
+    for n in nodes:
+        index.set_status(n, "online", 0.0)
+        index.set_fresh(n, True)
+        index.update_node(n, NodeView(reg, {}), None)
+    for i in range(1000):
+        task, node = f"t{i:04d}", nodes[i % len(nodes)]
+        entry = AssignmentEntry(spec(task, "always", 0.5), node, 1, "central", 1.0)
+        index.set_assignment(task, entry)
+    table = index.table()
+    assert index.settlements(ReconcilePolicy.KEEP_ORIGINAL) == []
+    assert index.stops_done() == [] and index.forgettable(10.0) == []
+    # Two nodes now claim t0001: only it is due, and the table is patched, not rebuilt.
+    ref = AssignmentRef("central", 1)
+    report = TaskReport(state=TaskState.RUNNING, updated_at=2.0, cpu=0.5, assignment=ref)
+    index.update_node(nodes[1], NodeView(reg, {"t0001": report}), {"t0001"})
+    index.update_node(nodes[7], NodeView(reg, {"t0001": report}), {"t0001"})
+    assert index.table() is table
+    assert len(index._reconcile_due) == 1
+    settled = index.settlements(ReconcilePolicy.KEEP_ORIGINAL)
+    assert [(s.task_id, s.winner.node_id, [c.node_id for c in s.losers]) for s in settled] == [
+        ("t0001", nodes[1], [nodes[7]])
+    ]
+    # A node going offline rebuilds the table once, without it.
+    index.set_status(nodes[3], "offline", 5.0)
+    assert nodes[3] not in index.table().index and index.table() is not table
