@@ -74,6 +74,7 @@ bench: setup
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_transactions.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_edge_history.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_sync.py
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_broker_cluster.py
 	$(BIN)/python bench/bench_schema.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_policies.py
 

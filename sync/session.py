@@ -200,9 +200,9 @@ class MqttSession:
     backoff, full jitter (a fleet that lost its broker together does not come back together)
     and a cap. An endpoint with ``alternates`` (the members of a clustered broker) fails over:
     a lost or refused connection moves on to the next address at once, and the backoff sleeps
-    only after every address was tried. Channels may be added at any time (:meth:`add`): a connected session subscribes
-    for them and starts their :meth:`Channel.serve` at once. Messages whose topic no channel
-    routes are counted in ``stats["unrouted"]`` and dropped.
+    only after every address was tried. Channels may be added at any time (:meth:`add`): a
+    connected session subscribes for them and starts their :meth:`Channel.serve` at once.
+    Messages whose topic no channel routes are counted in ``stats["unrouted"]`` and dropped.
     """
 
     def __init__(

@@ -20,6 +20,7 @@ import functools
 import re
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -232,19 +233,17 @@ async def test_nats_mqtt_refuses_v5_qos2_and_dots(nats: NatsCluster) -> None:
 
 def test_docs_config_is_valid() -> None:
     """The three member configs in docs/brokers.md pass ``nats-server -t`` (with the
-    documented host names replaced by loopback and store dirs by temporary ones)."""
+    documented host names replaced by loopback addresses and store dirs by temporary ones)."""
     text = DOCS.read_text()
     blocks = re.findall(r"```conf\n# (nats\d)\.conf\n(.*?)```", text, re.S)
     assert [name for name, _ in blocks] == ["nats1", "nats2", "nats3"], "docs/brokers.md blocks"
     binary = nats_binary()
     assert binary is not None
     for name, body in blocks:
-        with contextlib.ExitStack() as stack:
-            import tempfile
-
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        with tempfile.TemporaryDirectory() as tmpdir:
+            tmp = Path(tmpdir)
             conf = tmp / f"{name}.conf"
-            body = re.sub(r"nats\d\.example\.net", "127.0.0.1", body)
+            body = re.sub(r"nats(\d)\.example\.net", r"127.0.0.\1", body)
             body = body.replace("/var/lib/nats", str(tmp))
             conf.write_text(body)
             done = subprocess.run([binary, "-t", "-c", str(conf)], capture_output=True, text=True)
