@@ -77,6 +77,7 @@ bench: setup
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_broker_cluster.py
 	$(BIN)/python bench/bench_schema.py
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_policies.py
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_central_scale.py
 
 clean:
 	rm -rf $(VENV) build out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -99,7 +99,7 @@ class Scale:
     tasks_per_node: int = 100
     assigned_share: float = 0.7  # task entries carrying central's assignment
     running_share: float = 0.4  # task entries still running (the rest exited)
-    rate: float = 10.0  # submissions per second at central
+    rate: float = 2.0  # submissions per second at central
     run_s: float = 5.0  # a task central assigned runs this long on its node, then exits
     churn_s: float = 30.0  # mean seconds between two exits of a node's own running tasks
     telemetry_s: float = 5.0  # the edge's default sample_s
@@ -338,6 +338,7 @@ class Simulator:
         self.client: aiomqtt.Client | None = None
         self.stop = asyncio.Event()
         self.policy_resync_at = 0.0
+        self.frozen = False
         self.counts: dict[str, int] = dict.fromkeys(
             ("policy_step1_sent", "policy_step1_heard", "policy_answers",
              "frames_from_central", "dropped_while_offline", "telemetry", "bad_policy_frames"),
@@ -392,6 +393,9 @@ class Simulator:
                     states[node_id] = (node.doc.epoch, node.doc.state_vector(),
                                        node.doc.content_hash())  # fmt: skip
             self.send("states", states)
+        elif kind == "freeze":  # no more changes of our own: central can catch up
+            self.frozen = True
+            self.send("frozen", self.doc_counts())  # since the start: central's are too
         elif kind == "stop":
             self.send("final", self.final())
             self.stop.set()
@@ -611,7 +615,7 @@ class Simulator:
         while True:
             await asyncio.sleep(0.1)
             now = time.time()
-            while self.exits and self.exits[0][0] <= now:
+            while self.exits and self.exits[0][0] <= now and not self.frozen:
                 _, node_id, task_id = heapq.heappop(self.exits)
                 node = self.nodes[node_id]
                 if not task_id:
@@ -633,7 +637,7 @@ class Simulator:
             for start in range(0, len(ids), per):
                 for node_id in ids[start : start + per]:
                     node = self.nodes[node_id]
-                    if not node.online:
+                    if not node.online or self.frozen:
                         continue
                     running = sum(1 for r in node.doc.tasks().values() if r.active)
                     sample = Telemetry(time.time(), 0.3, 0.4, 180.0, running)
@@ -644,9 +648,15 @@ class Simulator:
                 await asyncio.sleep(self.scale.telemetry_s / slices)
 
 
+def quiet_logs() -> None:
+    """Errors only (aiomqtt warns of every backlog of pending publishes on its own logger)."""
+    logging.basicConfig(level=logging.ERROR)
+    logging.getLogger("mqtt").setLevel(logging.ERROR)
+
+
 def simulator_main(plan: SimPlan, conn: Connection) -> None:
     """Entry point of a simulator process (spawned)."""
-    logging.basicConfig(level=logging.ERROR)
+    quiet_logs()
     sim = Simulator(plan, conn)
     asyncio.run(sim.run())
 
@@ -688,6 +698,7 @@ class Measure:
         self.rss_max = 0.0
         self.notes: list[str] = []
         self.seeded = 0
+        self.published_total: int | None = None
 
     def sample(self) -> None:
         self.rss_max = max(self.rss_max, psutil.Process().memory_info().rss / 1e6)
@@ -749,11 +760,12 @@ class Measure:
             out["rejected"] = sum(self.status1["rejected"].values()) - sum(
                 self.status0["rejected"].values()
             )
+        if self.published_total is not None and self.status1:
+            # since the start (the fleet's bring-up too): the nodes' document messages
+            # (updates and step 2 answers) against what central's replicas applied
+            out["published"] = self.published_total
+            out["not_applied"] = self.published_total - self.status1["updates_in"]
         if self.sims:
-            published = sum(s["doc"]["updates_out"] + s["doc"]["step2_out"] for s in self.sims)
-            out["published"] = published
-            if "merged" in out:
-                out["not_applied"] = published - out["merged"]
             out["broker_dropped"] = max(s["broker_dropped"] for s in self.sims)
             rows = [r for s in self.sims for r in s["per_node"]]
             if window_s:
@@ -897,6 +909,24 @@ class OverBudget(Exception):
     pass
 
 
+async def quiesce(engine: CentralEngine, published: int, wait_s: float) -> None:
+    """With the nodes frozen, give central until it applied all they published since they
+    started (or made no progress for 5 s, or ``wait_s`` passed): what is missing then was
+    lost."""
+    base = 0
+    end = time.monotonic() + wait_s
+    last, last_change = -1, time.monotonic()
+    while time.monotonic() < end:
+        applied = engine.status()["updates_in"] - base
+        if applied >= published:
+            return
+        if applied != last:
+            last, last_change = applied, time.monotonic()
+        elif time.monotonic() - last_change > 5.0:
+            return
+        await asyncio.sleep(0.25)
+
+
 async def run_size(
     scale: Scale,
     port: int,
@@ -1012,6 +1042,10 @@ async def run_size(
         await until(drained, scale.drain_s, 0.2)
         measure.window.append(time.time())
         measure.cpu_s = sum(psutil.Process().cpu_times()[:2]) - measure.cpu0
+        measure.phase = "quiesce"
+        frozen = await sims.ask("freeze")
+        measure.published_total = sum(f[1]["updates_out"] + f[1]["step2_out"] for f in frozen)
+        await quiesce(engine, measure.published_total, scale.drain_s)
         measure.status1 = engine.status()
         measure.phase = "collecting"
         finals = await sims.ask("stop")
@@ -1046,7 +1080,7 @@ async def _report_loop(measure: Measure, report: Callable[[dict[str, Any]], None
 def size_worker(scale: Scale, port: int, workdir: str, conn: Connection) -> None:
     """Entry point of one size's central process: runs it, streams summaries to the parent
     (also from a thread, so a control step that holds the loop for long is still seen)."""
-    logging.basicConfig(level=logging.ERROR)
+    quiet_logs()
     measure = Measure(scale)
     lock = threading.Lock()
 
@@ -1116,7 +1150,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("control step p99 (ms)", "step_p99_ms", "{:.1f}"),
     ("control step max, whole run (ms)", "step_max_ms", "{:.0f}"),
     ("share of the window in control steps", "step_busy", "{:.0%}"),
-    ("submitted / placed", "submitted_placed", "{}"),
+    ("submitted / placed (ticks skipped)", "submitted_placed", "{}"),
     ("seen by their node (wrong node)", "seen_wrong", "{}"),
     ("engine.submit p50 (ms)", "submit_call_p50_ms", "{:.1f}"),
     ("engine.submit p99 (ms)", "submit_call_p99_ms", "{:.1f}"),
@@ -1126,7 +1160,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("heal -> converged p50 (s)", "heal_p50_s", "{:.2f}"),
     ("heal -> converged p99 (s)", "heal_p99_s", "{:.2f}"),
     ("node updates merged at central /s", "merged_per_s", "{:.0f}"),
-    ("node updates published / not applied", "published_lost", "{}"),
+    ("node doc messages published / not applied", "published_lost", "{}"),
+    ("messages central rejected", "rejected", "{:d}"),
     ("broker: messages dropped", "broker_dropped", "{:d}"),
     ("central RSS at end (MB)", "rss_mb", "{:.0f}"),
     ("central CPU in the window (s)", "cpu_s", "{:.1f}"),
@@ -1145,7 +1180,7 @@ RATIO_KEYS = {
 def derived(s: dict[str, Any]) -> dict[str, Any]:
     out = dict(s)
     if "submitted" in s:
-        out["submitted_placed"] = f"{s['submitted']} / {s['placed']}"
+        out["submitted_placed"] = f"{s['submitted']} / {s['placed']} ({s['skipped']})"
         out["seen_wrong"] = f"{s['seen']} ({s['seen_wrong_node']})"
         out["converged_of"] = f"{s['converged']} / {s['healed']}"
     if "published" in s and "not_applied" in s:
@@ -1210,7 +1245,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", default="100,1000", help="comma-separated fleet sizes")
     parser.add_argument("--budget-s", type=float, default=900.0, help="wall clock per size")
-    parser.add_argument("--rate", type=float, default=10.0, help="submissions/s at central")
+    parser.add_argument("--rate", type=float, default=2.0, help="submissions/s at central")
     parser.add_argument("--steady-s", type=float, default=30.0)
     parser.add_argument("--offline-s", type=float, default=10.0)
     parser.add_argument("--tasks", type=int, default=100, help="task entries per node")

@@ -1,0 +1,61 @@
+"""The central scale harness (bench/bench_central_scale.py) at a tiny size: the real engine, a
+real Mosquitto and one simulator process for 8 nodes, a few seconds of submissions and a heal.
+Its figures must be real: steps timed, every placed submission seen by the node central
+named, the healed node converged, and what the nodes published all applied at central."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import bench_central_scale as bench
+
+
+async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
+    scale = bench.Scale(
+        nodes=8,
+        tasks_per_node=10,
+        rate=4.0,
+        run_s=1.0,
+        churn_s=2.0,
+        telemetry_s=1.0,
+        steady_s=4.0,
+        offline_s=2.0,
+        converge_s=20.0,
+        drain_s=10.0,
+        up_s=20.0,
+        budget_s=50.0,
+    )
+    broker = bench.start_broker(tmp_path)
+    try:
+        result = await bench.run_size(scale, broker.port, tmp_path)
+    finally:
+        broker.stop()
+    assert result["finished"], result["notes"]
+    assert result["seeded_assignments"] == 8 * 7  # 70% of each node's 10 entries
+    assert result["fleet_up_s"] is not None and result["fleet_up_s"] < 20
+    # Control steps ran in the window and were timed.
+    assert result["steps"] > 0 and result["step_p50_ms"] > 0
+    assert result["step_p99_ms"] >= result["step_p50_ms"]
+    # Every submission was placed, and seen by the node central placed it on.
+    assert result["submitted"] >= 10 and result["placed"] == result["submitted"]
+    assert result["refused"] == 0
+    assert result["seen"] == result["placed"] and result["seen_wrong_node"] == 0
+    assert 0 < result["seen_p50_ms"] <= result["seen_p99_ms"] < 5000
+    # The heal: 10% of 8 nodes is one node, which went offline and converged again.
+    assert result["healed"] == 1 and result["converged"] == 1
+    assert 0 < result["heal_p99_s"] < 20
+    # Counts add up: central applied every document message the nodes published.
+    assert result["published"] > 0 and result["not_applied"] == 0
+    assert result["rejected"] == 0 and result["broker_dropped"] == 0
+    assert result["merged"] > 0 and result["merged_per_s"] > 0
+    counts = result["sim_counts"]
+    assert counts["policy_step1_sent"] == 8 + 1  # each node on connect, the healed one again
+    assert counts["telemetry"] > 0
+    # Central's own process, and bytes both ways for every node.
+    assert result["cpu_s"] > 0 and result["rss_mb"] > 20
+    assert result["in_mb_h"] > 0 and result["out_mb_h"] > 0
+    table = bench.table([result, result])
+    assert "control step p99 (ms)" in table and "x1.0" in table and "finished" in table
