@@ -13,7 +13,11 @@
 
 The control loop (every ``cycle_s``, or as soon as a replica or a node's status changes)
 places waiting tasks, fails services over from nodes offline past ``failover_after_s``, and
-settles tasks placed twice by the pure rule of :mod:`edgesched.central.placement`. The
+settles tasks placed twice by the pure rule of :mod:`edgesched.central.placement`. It is
+incremental: a :class:`~edgesched.central.fleetindex.FleetIndex` is told what each applied
+update changed (the node documents' and the policy document's changed keys, liveness,
+freshness) and a step does work for what changed and the timers due, never a walk over the
+fleet (the walks stay in :mod:`edgesched.central.placement` as the tests' oracle). The
 forecast loop samples what each workload class asks of the fleet and forecasts the next 15
 minutes with the per-class ONNX model; ``learned`` mode places with the ONNX score, and an
 admin swaps either model for the whole fleet through the policy document
@@ -30,30 +34,24 @@ import json
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from edgesched.central.fleetindex import FleetIndex
 from edgesched.central.heartbeat import CentralPeers, Heartbeat
 from edgesched.central.liveness import Liveness, NodeStatus
 from edgesched.central.metrics import CentralMetrics
-from edgesched.central.placement import (
-    FleetView,
-    assignment_entry,
-    failovers,
-    fleet_view,
-    place,
-    prunable,
-    reconcile,
-)
-from edgesched.central.power import PARKED, power_orders, reported, with_power
+from edgesched.central.placement import Choice, assignment_entry, place_all, place_pinned
+from edgesched.central.power import PARKED, power_orders
 from edgesched.central.replicas import NodeReplicas
 from edgesched.central.telemetry import TelemetryCollector
 from edgesched.config import EdgeschedConfig, builtin_profiles
 from edgesched.core.classdemand import ClassDemand
 from edgesched.core.model import Node, Placement
 from edgesched.core.policy import PolicyConfig, PolicyMode
+from edgesched.core.scheduler import ClusterView
 from edgesched.core.task import TaskSpec
 from edgesched.policies.models import ActiveModels, ModelBlob
 from edgesched.policies.ortsession import ModelLoadError
@@ -78,8 +76,10 @@ POLICY_DOC = "policy"
 MAX_EVENTS = 1000
 #: How often central samples what each workload class asks of the fleet (5-minute bins).
 DEMAND_SAMPLE_S = 5.0
-#: How often the leader looks for finished assignments to forget.
-PRUNE_EVERY_S = 60.0
+#: How often the power stage runs when nothing changed (idle timers must still come due).
+POWER_EVERY_S = 5.0
+#: The policy document's maps the fleet index follows by key.
+POLICY_ROOTS = ("assignments", "stops", "power")
 
 
 class TaskRefused(Exception):
@@ -169,11 +169,17 @@ class CentralEngine:
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()  # one control step or submission at a time
         self.liveness.on_change = self._node_status_changed
-        self.replicas.on_change = lambda _node: self._wake.set()
+        self.replicas.on_change = self._replica_changed
+        self.index = FleetIndex(
+            grace_s=self.central.failover_after_s,
+            retention_s=self.central.assignment_retention_s,
+        )
+        self._dirty_nodes: set[str] = set()  # replicas changed since the index last looked
+        self._placed_version = -1  # the index version waiting work was last tried at
+        self._power_at = (-1, 0.0)  # (index version, time) of the last power stage
         self.models: ActiveModels | None = None  # loaded in run(): onnxruntime is slow to import
         self.demand = ClassDemand()  # what each workload class asks of the fleet, 5-min bins
         self.forecast_cpu: float | None = None
-        self._pruned_at = 0.0
 
     @property
     def store(self) -> Store:
@@ -257,6 +263,7 @@ class CentralEngine:
         """Central's policy document, rebuilt from SQLite; journaled; synced as a channel."""
         client_id = client_id_for(self.central.central_id)
         self.policy = await PolicyDoc.load_from(self.store, POLICY_DOC, client_id)
+        self.policy.track_changes(*POLICY_ROOTS)
         self._adopt_policy()
         self.policy.on_remote_change(lambda _sender: self._adopt_policy())  # a peer switched
         self._journal = DocJournal(self.policy, self.store)
@@ -279,8 +286,14 @@ class CentralEngine:
         self.metrics.events.labels(kind).inc()
         log.info("%s: %s", kind, detail)
 
+    def _replica_changed(self, node_id: str) -> None:
+        self._dirty_nodes.add(node_id)
+        self._wake.set()
+
     def _node_status_changed(self, node_id: str, status: NodeStatus) -> None:
         self._event(f"node-{status.state}", f"{node_id} is {status.state}", node=node_id)
+        self.index.set_status(node_id, status.state, status.since)
+        self._dirty_nodes.add(node_id)  # (its freshness moved)
         replica = self.replicas.replicas.get(node_id)
         allowed = not self.central.nodes or node_id in self.central.nodes
         if replica is None and allowed:
@@ -314,22 +327,28 @@ class CentralEngine:
 
     # --- tasks submitted at central -------------------------------------------------------
 
-    def _view(self) -> FleetView:
-        """The fleet as central sees it now, with assignments their node has not reported yet
-        counted on it (so a burst of submissions does not pile onto one node)."""
-        docs = self.replicas.views()
-        status = {n: self.liveness.state(n) for n in docs}
-        view = fleet_view(docs, status, self.clock())
-        # Parked and waking nodes are no placement targets (the core sees their state).
-        view = with_power(view, {n: reported(c) for n, c in docs.items()}, self._orders())
-        # Reported in any state: a task its node has finished no longer holds anything there.
-        extra = []
-        for task_id, entry in _need(self.policy).assignments().items():
-            node = docs.get(entry.node)
-            if not entry.active or (node is not None and task_id in node.tasks):
+    def sync_index(self) -> None:
+        """Tell the fleet index what changed since it last looked: the policy document's
+        changed keys, and each changed replica's changed tasks, registration, power report
+        and freshness. O(what changed)."""
+        policy = _need(self.policy)
+        index = self.index
+        keys = policy.drain_changes("assignments")
+        for key in _changed(keys, policy.assignments, index.assignments):
+            index.set_assignment(key, policy.assignment(key))
+        keys = policy.drain_changes("stops")
+        for key in _changed(keys, policy.stops, index.stops):
+            index.set_stop(key, policy.stop(key))
+        keys = policy.drain_changes("power")
+        for key in _changed(keys, policy.power, index.orders):
+            index.set_order(key, policy.power_order(key))
+        dirty, self._dirty_nodes = self._dirty_nodes, set()
+        for node_id in sorted(dirty):
+            replica = self.replicas.replicas.get(node_id)
+            if replica is None:
                 continue
-            extra.append(Placement(entry.task_spec.to_task(view.now), entry.node, view.now))
-        return FleetView(view.nodes, view.placements + tuple(extra), view.now, view.unusable)
+            index.update_node(node_id, replica.doc.typed(), replica.doc.drain_changes("tasks"))
+            index.set_fresh(node_id, self.is_fresh(node_id))
 
     async def submit(self, spec: TaskSpec, pin: str | None = None) -> dict[str, Any]:
         """Accept a task: placed now if a node can take it, else waiting (state ``pending``).
@@ -341,6 +360,7 @@ class CentralEngine:
             if pin is not None and pin not in self.replicas.replicas:
                 raise TaskRefused(422, "node", f"no node {pin!r} is known to central")
             if self.peers.is_leader():
+                self.sync_index()
                 self._place(spec, pin=pin, epoch=1, replacement=False)
             else:  # the leading central replica places it
                 leader = self.peers.leader()
@@ -353,16 +373,30 @@ class CentralEngine:
         assert entry is not None
         return self.task_view(spec.id, entry)
 
-    def _place(
-        self,
-        spec: TaskSpec,
-        *,
-        pin: str | None,
-        epoch: int,
-        replacement: bool,
-        view: FleetView | None = None,
+    def _place(self, spec: TaskSpec, *, pin: str | None, epoch: int, replacement: bool) -> None:
+        """Place one task now (a submission): over the fleet index's table."""
+        self._decided(spec, self._choose([spec], {spec.id: pin})[spec.id], pin=pin,
+                      epoch=epoch, replacement=replacement)  # fmt: skip
+
+    def _choose(self, specs: list[TaskSpec], pins: Mapping[str, str | None]) -> dict[str, Choice]:
+        """Where the core puts each of ``specs`` (one batch for the unpinned ones)."""
+        table = self.index.table()
+        now = self.clock()
+        config = self._policy_config()
+        free = [s for s in specs if not pins.get(s.id)]
+        choices = place_all(free, table, now, config)
+        unusable: Mapping[str, str] | None = None
+        for spec in specs:
+            pin = pins.get(spec.id)
+            if pin:
+                unusable = self.index.unusable() if unusable is None else unusable
+                choices[spec.id] = place_pinned(spec, table, now, config, pin, unusable)
+        return choices
+
+    def _decided(
+        self, spec: TaskSpec, choice: Choice, *, pin: str | None, epoch: int, replacement: bool
     ) -> str | None:
-        choice = place(spec, self._view() if view is None else view, self._policy_config(), pin=pin)
+        """Write a placement (or the reason it waits) into the policy document."""
         now = self.clock()
         policy = _need(self.policy)
         if choice.node_id is None:
@@ -380,6 +414,14 @@ class CentralEngine:
         return choice.node_id
 
     def _pending(self, spec: TaskSpec, pin: str | None, epoch: int, reason: str) -> None:
+        current = _need(self.policy).assignment(spec.id)
+        if (
+            current is not None
+            and current.state is AssignmentState.PENDING
+            and current.reason == reason
+            and current.epoch == epoch
+        ):
+            return  # still waiting for the same reason: no write, no update to the fleet
         entry = assignment_entry(
             spec, pin or "", central=self.central.central_id, epoch=epoch,
             replacement=False, score=0.0, at=self.clock(), reason=reason,
@@ -402,7 +444,8 @@ class CentralEngine:
             if target == source:
                 raise TaskRefused(409, "node", f"task {task_id!r} already runs on {target}")
             spec = entry.task_spec
-            choice = place(spec, self._view(), self._policy_config(), pin=target)
+            self.sync_index()
+            choice = self._choose([spec], {spec.id: target})[spec.id]
             if choice.node_id is None:
                 raise TaskRefused(422, "node", choice.reason)
             now = self.clock()
@@ -444,11 +487,11 @@ class CentralEngine:
 
     def task_view(self, task_id: str, entry: AssignmentEntry) -> dict[str, Any]:
         """An assignment with what the nodes report of it (the copies, by node)."""
-        copies: dict[str, TaskReport] = {}
-        for node_id, replica in self.replicas.replicas.items():
-            held = replica.doc.task(task_id)
-            if held is not None and held.assignment is not None:
-                copies[node_id] = held
+        copies: dict[str, TaskReport] = {
+            node_id: held
+            for node_id, held in sorted(self.index.copies.get(task_id, {}).items())
+            if held.assignment is not None
+        }
         return {
             "id": task_id,
             "state": entry.state.value,
@@ -480,112 +523,120 @@ class CentralEngine:
                 self.control_step()
 
     def control_step(self) -> None:
-        """Place waiting tasks, fail services over, settle tasks placed twice: the leading
-        central replica only. Synchronous: every write lands in the policy document
-        (journaled by its own task) at once."""
+        """Place waiting tasks, fail services over, settle tasks placed twice, forget finished
+        assignments, park and wake: the leading central replica only. Incremental: each
+        stage asks the fleet index for what is due. Synchronous: every write lands in the
+        policy document (journaled by its own task) at once."""
+        self.sync_index()
         leader = self.peers.is_leader()
         if leader != self._was_leader:
             self._was_leader = leader
             self._event("leader", f"{self.peers.leader()} leads the central replicas")
+            if leader:
+                self.index.recheck_all()  # what the former leader settled may have moved
+                self._placed_version = -1
         if not leader:
             return
-        policy = _need(self.policy)
         now = self.clock()
-        view: FleetView | None = None  # built once per step (not per waiting task), then grown
-        for _task_id, entry in sorted(policy.assignments().items()):
-            if entry.state is not AssignmentState.PENDING:
+        self._place_waiting(now)
+        self.sync_index()
+        self._reconcile(now)
+        self.sync_index()
+        if self.central.park_nodes:
+            self._power_step(now)
+        else:
+            self._wake_parked(now)
+        self._prune(now)
+        self.sync_index()
+
+    def _place_waiting(self, now: float) -> None:
+        """Waiting tasks and services to fail over, placed in one batch of the core; tried
+        again only when what a placement sees has changed since the last try."""
+        index = self.index
+        failover = index.failover_candidates(now)
+        if index.version == self._placed_version and not failover:
+            return
+        policy = _need(self.policy)
+        entries = {t: index.assignments[t] for t in sorted(index.pending)}
+        entries |= {t: index.assignments[t] for t in failover}
+        if not entries:
+            self._placed_version = index.version
+            return
+        specs = [e.task_spec for e in entries.values()]
+        pins = {t: (e.pin or None) if t in index.pending else None for t, e in entries.items()}
+        choices = self._choose(specs, pins)
+        for spec in specs:
+            entry = entries[spec.id]
+            choice = choices[spec.id]
+            if spec.id in index.pending:
+                self._decided(spec, choice, pin=entry.pin or None, epoch=entry.epoch,
+                              replacement=False)  # fmt: skip
                 continue
-            spec = entry.task_spec
-            view = self._view() if view is None else view
-            node = self._place(spec, pin=entry.pin or None, epoch=entry.epoch,
-                               replacement=False, view=view)  # fmt: skip
-            if node is not None:
-                placed = Placement(spec.to_task(view.now), node, view.now)
-                view = replace(view, placements=(*view.placements, placed))
-        offline_since = {n: s.since for n, s in self.liveness.nodes.items() if s.state == "offline"}
-        assignments = policy.assignments()
-        for task_id in failovers(assignments, offline_since, now, self.central.failover_after_s):
-            entry = assignments[task_id]
-            spec = entry.task_spec
-            old = entry.node
-            choice = place(spec, self._view(), self._policy_config(), exclude=[old])
             if choice.node_id is None:
                 continue  # nowhere to go: it stays with its node, which may come back
+            old = entry.node
             epoch = entry.epoch + 1
             policy.assign(
-                task_id,
+                spec.id,
                 assignment_entry(
                     spec, choice.node_id, central=self.central.central_id, epoch=epoch,
                     replacement=True, score=choice.score, at=now,
                     reason=f"failed over from {old} (offline): {choice.reason}",
                 ),
             )  # fmt: skip
-            self._event("failover", f"{task_id}: {old} -> {choice.node_id} (epoch {epoch})",
-                        node=choice.node_id, task=task_id)  # fmt: skip
-        self._reconcile(now)
-        if self.central.park_nodes:
-            self._power_step()
-        else:
-            self._wake_parked(now)
-        self._prune(now)
+            self._event("failover", f"{spec.id}: {old} -> {choice.node_id} (epoch {epoch})",
+                        node=choice.node_id, task=spec.id)  # fmt: skip
+        self.sync_index()
+        self._placed_version = index.version
 
     def _prune(self, now: float) -> None:
         """Forget assignments finished (or cancelled) longer than the retention ago."""
-        if now - self._pruned_at < PRUNE_EVERY_S:
-            return
-        self._pruned_at = now
         policy = _need(self.policy)
-        docs = self.replicas.views()
-        done = prunable(policy.assignments(), docs, now, self.central.assignment_retention_s)
+        done = self.index.forgettable(now)
         for task_id in done:
             policy.drop_assignment(task_id)
         if done:
             self._event("pruned", f"{len(done)} finished assignments forgotten")
 
-    def _orders(self) -> dict[str, PowerOrder]:
-        return _need(self.policy).power() if self.policy is not None else {}
-
     def _wake_parked(self, now: float) -> None:
         """Parking is off (or was turned off): wake any node still parked, once."""
         policy = _need(self.policy)
-        orders = policy.power()
-        for node_id, replica in self.replicas.replicas.items():
-            report = reported(replica.doc.typed())
-            standing = orders.get(node_id)
-            if report.state == PARKED and (standing is None or standing.state != "active"):
+        for node_id in sorted(self.index.parked):
+            standing = self.index.orders.get(node_id)
+            if standing is None or standing.state != "active":
                 policy.set_power(
                     node_id, PowerOrder(state="active", reason="parking is off", at=now)
                 )
                 self._event("wake", f"{node_id}: parking is off", node=node_id)
 
-    def _power_step(self) -> None:
+    def _power_step(self, now: float) -> None:
         """Park idle nodes beyond what the forecast needs, wake nodes ahead of a peak or for
-        waiting work (the core's power stage over the fleet; energy and learned modes)."""
+        waiting work (the core's power stage over the fleet; energy and learned modes). Runs
+        when what it sees changed, and every POWER_EVERY_S for the idle timers."""
+        index = self.index
+        version, at = self._power_at
+        if version == index.version and now - at < POWER_EVERY_S:
+            return
         policy = _need(self.policy)
-        docs = self.replicas.views()
-        reports = {n: reported(c) for n, c in docs.items()}
-        orders = policy.power()
-        view = self._view()
-        waiting = [
-            entry.task_spec.to_task(view.now)
-            for entry in policy.assignments().values()
-            if entry.state is AssignmentState.PENDING
-        ]
+        table = index.table()
+        waiting = [index.assignments[t].task_spec.to_task(now) for t in sorted(index.pending)]
+        cluster = ClusterView(table.nodes, (), now, forecast_cpu=self.forecast_cpu, table=table)
+        busy = {table.nodes[row].id for row, placed in enumerate(table.on_node) if placed}
+        reports = {n: m.power for n, m in index.members.items()}
         config = self._policy_config()
-        for order in power_orders(view, waiting, self.forecast_cpu, config, orders, reports):
+        for order in power_orders(cluster, busy, waiting, config, index.orders, reports):
             policy.set_power(order.node_id, order.to_order())
             verb = "park" if order.state == PARKED else "wake"
             self._event(verb, f"{order.node_id}: {order.reason}", node=order.node_id)
+        self.sync_index()
+        self._power_at = (index.version, now)
 
     def _reconcile(self, now: float) -> None:
         policy = _need(self.policy)
-        docs = self.replicas.views()
-        assignments = policy.assignments()
-        stops = policy.stops()
-        fresh = self.fresh_nodes()
-        for settled in reconcile(assignments, docs, stops, self.reconcile_policy, fresh):
+        index = self.index
+        for settled in index.settlements(self.reconcile_policy):
             best = settled.winner
-            entry = assignments[settled.task_id]
+            entry = index.assignments[settled.task_id]
             if entry.node != best.node_id:
                 policy.assign(
                     settled.task_id,
@@ -609,12 +660,9 @@ class CentralEngine:
                 task=settled.task_id,
             )
         # Stop orders are done once the loser reports its copy no longer active.
-        for key in stops:
+        for key in index.stops_done():
             task_id, _, node_id = key.rpartition("@")
-            node = docs.get(node_id)
-            report = None if node is None else node.tasks.get(task_id)
-            if node is not None and (report is None or not report.active):
-                policy.drop_stop(task_id, node_id)
+            policy.drop_stop(task_id, node_id)
 
     # --- the 15-minute forecast and the models --------------------------------------------
 
@@ -648,17 +696,17 @@ class CentralEngine:
         """Sample what each workload class asks of the fleet now (CPU of its placed and
         waiting tasks); on each closed 5-minute bin, forecast the fleet's next 15 minutes with
         the per-class model. True when a bin closed."""
-        view = self._view()
-        asked: dict[str, float] = {}
-        for p in view.placements:
-            asked[p.task.workload] = asked.get(p.task.workload, 0.0) + p.task.demand.cpu
-        for entry in _need(self.policy).assignments().values():
-            if entry.state is AssignmentState.PENDING:
-                spec = entry.task_spec
-                asked[spec.workload] = asked.get(spec.workload, 0.0) + spec.cpu
-        if not self.demand.observe(view.now, asked):
+        self.sync_index()
+        index = self.index
+        table = index.table()
+        now = self.clock()
+        asked = {w: cpu for w, cpu in table.usage.items() if cpu > 1e-9}
+        for task_id in index.pending:
+            spec = index.assignments[task_id].task_spec
+            asked[spec.workload] = asked.get(spec.workload, 0.0) + spec.cpu
+        if not self.demand.observe(now, asked):
             return False
-        capacity = sum(n.capacity.cpu for n in view.nodes)
+        capacity = float(table.capacity[:, 0].sum()) if len(table) else 0.0
         self.forecast_cpu = _need(self.models).peak(self.demand, capacity)
         if self.forecast_cpu is None:
             return True
@@ -769,10 +817,12 @@ class CentralEngine:
     # --- the fleet for the Kubernetes extender --------------------------------------------
 
     def fleet_nodes(self) -> dict[str, Node]:
-        return {n.id: n for n in self._view().nodes}
+        self.sync_index()
+        return self.index.usable()
 
     def fleet_placements(self) -> tuple[Placement, ...]:
-        return self._view().placements
+        self.sync_index()
+        return self.index.placements()
 
     def node_state(self, node_id: str) -> str:
         """connected, suspect (offline less than failover_after_s), partitioned, dead (offline
@@ -855,6 +905,16 @@ class CentralEngine:
         self.metrics.broker_connected.set(1 if status["broker_connected"] else 0)
         for kind, count in status["rejected"].items():
             self.metrics.rejected.labels(kind).set(count)
+
+
+def _changed(
+    keys: set[str] | None, read_all: Callable[[], Mapping[str, object]], held: Mapping[str, object]
+) -> list[str]:
+    """The keys to look at again: those drained, or (None: the whole map may have changed)
+    every key of the map now and of what the index holds."""
+    if keys is None:
+        keys = set(read_all()) | set(held)
+    return sorted(keys)
 
 
 def _need(value: Any) -> Any:

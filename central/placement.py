@@ -21,10 +21,11 @@ decisions:
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from edgesched.core.model import DecisionKind, Node, Placement, Resources, Task
+from edgesched.core.nodetable import NodeTable
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.scheduler import ClusterView, schedule
 from edgesched.core.task import RestartPolicy, TaskSpec
@@ -136,6 +137,47 @@ def place(
             score = sum(decision.scores.values())
             return Choice(decision.node_id, decision.reason, score if math.isfinite(score) else 0)
     return Choice(None, result.waiting.get(spec.id, "no node fits"))
+
+
+def place_all(
+    specs: Sequence[TaskSpec], table: NodeTable, now: float, policy: PolicyConfig
+) -> dict[str, Choice]:
+    """Run the core once over the fleet for a batch of tasks (in the core's queue order,
+    each seeing the ones placed before it): task id -> where it goes or why it waits.
+    ``table``: the fleet index's table of the usable nodes, forked by the core."""
+    if not specs:
+        return {}
+    if not table.nodes:
+        return {s.id: Choice(None, "no node online to place it on") for s in specs}
+    cluster = ClusterView(table.nodes, (), now, table=table, plan_power=False)
+    result = schedule(cluster, [s.to_task(now) for s in specs], policy)
+    out: dict[str, Choice] = {}
+    for decision in result.decisions:
+        if decision.kind is DecisionKind.PLACE and decision.task_id is not None:
+            score = sum(decision.scores.values())
+            out[decision.task_id] = Choice(
+                decision.node_id, decision.reason, score if math.isfinite(score) else 0
+            )
+    for spec in specs:
+        if spec.id not in out:
+            out[spec.id] = Choice(None, result.waiting.get(spec.id, "no node fits"))
+    return out
+
+
+def place_pinned(
+    spec: TaskSpec,
+    table: NodeTable,
+    now: float,
+    policy: PolicyConfig,
+    pin: str,
+    unusable: Mapping[str, str],
+) -> Choice:
+    """Run the core for one task on node ``pin`` only (a pinned submission, a migration)."""
+    row = table.index.get(pin)
+    if row is None:
+        why = unusable.get(pin, "not a node central knows")
+        return Choice(None, f"node {pin} cannot take it: {why}")
+    return place_all([spec], table.subset([row]), now, policy)[spec.id]
 
 
 def assignment_entry(

@@ -17,7 +17,7 @@ planned: moving work to empty a node is left to explicit migration.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from edgesched.central.placement import FleetView
@@ -77,23 +77,22 @@ def with_power(
 
 
 def power_orders(
-    view: FleetView,
+    cluster: ClusterView,
+    busy: Collection[str],
     waiting: Sequence[Task],
-    forecast_cpu: float | None,
     policy: PolicyConfig,
     orders: Mapping[str, schema.PowerOrder],
     reports: Mapping[str, PowerReport],
 ) -> list[PowerOrder]:
-    """The park and wake orders the core gives for ``view`` (already :func:`with_power`),
-    leaving out orders already standing and parks of nodes that run anything. An order is
+    """The park and wake orders the core gives for ``cluster`` (its nodes' power states as
+    :func:`with_power` gives them, the forecast in ``forecast_cpu``), leaving out orders
+    already standing and parks of ``busy`` nodes (those that run anything). An order is
     standing while the node has neither changed state nor started a new idle spell since it
     was given (a node that woke itself for local work, or was busy when a park order came,
     gets a new one when it has been idle long enough again)."""
     if not policy.parks_nodes:
         return []
-    cluster = ClusterView(view.nodes, view.placements, view.now, forecast_cpu=forecast_cpu)
     result = schedule(cluster, list(waiting), policy)
-    busy = {p.node_id for p in view.placements}
     out: list[PowerOrder] = []
     for d in result.decisions:
         if d.kind is DecisionKind.PARK and d.node_id not in busy:
@@ -107,5 +106,5 @@ def power_orders(
         since = max(report.since, report.idle_since or 0.0)
         if standing is not None and standing.state == state and standing.at >= since:
             continue
-        out.append(PowerOrder(d.node_id, state, d.reason, view.now))
+        out.append(PowerOrder(d.node_id, state, d.reason, cluster.now))
     return out

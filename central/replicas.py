@@ -63,6 +63,10 @@ class Replica:
     first_seen: float
     persisted: tuple[int, str] = (-1, "")  # (epoch, content hash) last written to SQLite
     changed_at: float = field(default=0.0)
+    #: Bumped by every change; ``saved`` is its value when last written (or loaded), so a
+    #: snapshot pass looks only at replicas that moved (not a content hash of each).
+    changes: int = 0
+    saved: int = 0
 
 
 class NodeReplicas(Listener):
@@ -137,8 +141,10 @@ class NodeReplicas(Listener):
             clock=self.clock,
         )
         replica = Replica(node_id, doc, peer, first_seen=self.clock())
+        doc.track_changes("tasks")  # for central's fleet index, the one consumer
         doc.on_remote_change(lambda _sender: self._changed(node_id))
         doc.on_epoch_change(lambda _epoch: self._changed(node_id))
+        peer.on_synced = lambda _sender: self._synced(node_id)
         self.replicas[node_id] = replica
         self.session.add(peer)
         return replica
@@ -147,6 +153,13 @@ class NodeReplicas(Listener):
         replica = self.replicas.get(node_id)
         if replica is not None:
             replica.changed_at = self.clock()
+            replica.changes += 1
+        if self.on_change is not None:
+            self.on_change(node_id)
+
+    def _synced(self, node_id: str) -> None:
+        """A full answer from the node arrived: its replica may be fresh again, even when the
+        answer changed nothing."""
         if self.on_change is not None:
             self.on_change(node_id)
 
@@ -170,6 +183,8 @@ class NodeReplicas(Listener):
             replica = self.add(node_id, doc)
             replica.persisted = (doc.epoch, doc.content_hash())
             count += 1
+            if self.on_change is not None:
+                self.on_change(node_id)  # (the index learns of restored replicas)
         return count
 
     async def persist_changed(self) -> int:
@@ -178,6 +193,10 @@ class NodeReplicas(Listener):
             return 0
         written = 0
         for replica in list(self.replicas.values()):
+            changes = replica.changes
+            if changes == replica.saved:
+                continue
+            replica.saved = changes
             now = (replica.doc.epoch, replica.doc.content_hash())
             if now == replica.persisted:
                 continue
@@ -185,6 +204,7 @@ class NodeReplicas(Listener):
                 await replica.doc.persist_to(self.store)
             except (StoreError, ValueError) as exc:  # a full disk, or a stale epoch
                 log.error("replica of %s not saved: %s", replica.node_id, exc)
+                replica.saved = -1  # try again next pass
                 continue
             replica.persisted = now
             written += 1

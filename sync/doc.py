@@ -941,6 +941,10 @@ class PolicyDoc(SyncedDoc):
         """``task@node`` -> the stop order."""
         return self._map_view("stops", StopOrder)
 
+    def stop(self, key: str) -> StopOrder | None:
+        """One stop order (``task@node``), decoded alone."""
+        return self._one(StopOrder, self.root("stops"), key, "stops")
+
     def drop_stop(self, task_id: str, node_id: str) -> None:
         stops = self.root("stops")
         key = f"{task_id}@{node_id}"
@@ -986,6 +990,10 @@ class PolicyDoc(SyncedDoc):
     def power(self) -> Mapping[str, PowerOrder]:
         """node id -> central's standing power order."""
         return self._map_view("power", PowerOrder)
+
+    def power_order(self, node_id: str) -> PowerOrder | None:
+        """One node's standing power order, decoded alone."""
+        return self._one(PowerOrder, self.root("power"), node_id, "power")
 
     def set_model(self, kind: str, entry: ModelEntry) -> None:
         """Publish a model file for every node to swap in (each verifies it first)."""

@@ -23,6 +23,7 @@ from edgesched.central.power import (
 )
 from edgesched.core.model import NodeState, Resources, Task
 from edgesched.core.policy import PolicyConfig, PolicyMode
+from edgesched.core.scheduler import ClusterView
 from edgesched.core.task import TaskState
 from edgesched.edge.power import PowerControl
 from edgesched.sync.doc import PolicyDoc
@@ -57,7 +58,9 @@ def stage(
     view = fleet_view(docs, dict.fromkeys(docs, "online"), now)
     reports = {n: reported(c) for n, c in docs.items()}
     view = with_power(view, reports, orders)
-    return power_orders(view, kw.get("waiting", []), kw.get("forecast"), ENERGY, orders, reports)
+    cluster = ClusterView(view.nodes, view.placements, view.now, forecast_cpu=kw.get("forecast"))
+    busy = {p.node_id for p in view.placements}
+    return power_orders(cluster, busy, kw.get("waiting", []), ENERGY, orders, reports)
 
 
 def test_idle_nodes_beyond_the_need_are_parked_and_busy_ones_never() -> None:
