@@ -129,8 +129,9 @@ async def node_telemetry(request: web.Request) -> web.Response:
 
 async def list_tasks(request: web.Request) -> web.Response:
     engine = _central(request)
-    policy = engine.policy
-    assignments = {} if policy is None else policy.assignments()
+    if engine.policy is not None:
+        engine.sync_index()
+    assignments = engine.index.assignments
     return web.json_response(
         {"tasks": [engine.task_view(t, e) for t, e in sorted(assignments.items())]}
     )

@@ -102,8 +102,9 @@ def _engine(request: web.Request) -> CentralEngine:
 
 def snapshot(engine: CentralEngine) -> dict[str, Any]:
     """What the page shows, in one object (see the module docstring)."""
-    policy = engine.policy
-    assignments = {} if policy is None else policy.assignments()
+    if engine.policy is not None:
+        engine.sync_index()
+    assignments = engine.index.assignments
     replicas = engine.replicas.replicas
     docs_tasks = {node_id: replicas[node_id].doc.tasks() for node_id in sorted(replicas)}
     tasks = []

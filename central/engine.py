@@ -34,10 +34,11 @@ import json
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from edgesched.central.fleetindex import FleetIndex
 from edgesched.central.heartbeat import CentralPeers, Heartbeat
@@ -73,6 +74,7 @@ from edgesched.sync.session import MqttSession, wait_event
 from edgesched.sync.store import Store, StoreError
 
 POLICY_DOC = "policy"
+_E = TypeVar("_E")
 MAX_EVENTS = 1000
 #: How often central samples what each workload class asks of the fleet (5-minute bins).
 DEMAND_SAMPLE_S = 5.0
@@ -212,6 +214,7 @@ class CentralEngine:
             restored = await self.replicas.load()
             log.info("central %s: %d node replicas restored", self.central.central_id, restored)
             await self._open_policy()
+            self.sync_index()  # the index learns the restored fleet before the first step
             async with asyncio.TaskGroup() as group:
                 runner = None if self._api is None else await self._api(self)
                 loops: list[asyncio.Task[None]] = []
@@ -334,14 +337,17 @@ class CentralEngine:
         policy = _need(self.policy)
         index = self.index
         keys = policy.drain_changes("assignments")
-        for key in _changed(keys, policy.assignments, index.assignments):
-            index.set_assignment(key, policy.assignment(key))
+        every = partial(policy.each, "assignments", AssignmentEntry)
+        for key, entry in _changed(keys, every, policy.assignment, index.assignments):
+            index.set_assignment(key, entry)
         keys = policy.drain_changes("stops")
-        for key in _changed(keys, policy.stops, index.stops):
-            index.set_stop(key, policy.stop(key))
+        for key, stop in _changed(keys, partial(policy.each, "stops", StopOrder), policy.stop,
+                                  index.stops):  # fmt: skip
+            index.set_stop(key, stop)
         keys = policy.drain_changes("power")
-        for key in _changed(keys, policy.power, index.orders):
-            index.set_order(key, policy.power_order(key))
+        every_order = partial(policy.each, "power", PowerOrder)
+        for key, order in _changed(keys, every_order, policy.power_order, index.orders):
+            index.set_order(key, order)
         dirty, self._dirty_nodes = self._dirty_nodes, set()
         for node_id in sorted(dirty):
             replica = self.replicas.replicas.get(node_id)
@@ -548,6 +554,7 @@ class CentralEngine:
             self._wake_parked(now)
         self._prune(now)
         self.sync_index()
+        self.index.table()  # the rows whose footprint moved, summed now: O(changed nodes)
 
     def _place_waiting(self, now: float) -> None:
         """Waiting tasks and services to fail over, placed in one batch of the core; tried
@@ -908,13 +915,24 @@ class CentralEngine:
 
 
 def _changed(
-    keys: set[str] | None, read_all: Callable[[], Mapping[str, object]], held: Mapping[str, object]
-) -> list[str]:
-    """The keys to look at again: those drained, or (None: the whole map may have changed)
-    every key of the map now and of what the index holds."""
-    if keys is None:
-        keys = set(read_all()) | set(held)
-    return sorted(keys)
+    keys: set[str] | None,
+    every: Callable[[], Iterable[tuple[str, _E]]],
+    read_one: Callable[[str], _E | None],
+    held: Mapping[str, object],
+) -> Iterator[tuple[str, _E | None]]:
+    """The entries to tell the index of: those whose keys were drained, each decoded alone;
+    or (``keys`` None: the whole map may have changed) every entry of the map, decoded one
+    by one, then None for each key the index holds that the map no longer has."""
+    if keys is not None:
+        for key in sorted(keys):
+            yield key, read_one(key)
+        return
+    seen = set()
+    for key, entry in every():
+        seen.add(key)
+        yield key, entry
+    for key in sorted(set(held) - seen):
+        yield key, None
 
 
 def _need(value: Any) -> Any:

@@ -110,6 +110,7 @@ class FleetIndex:
         self._overdue: set[str] = set()
         self._table: NodeTable | None = None
         self._rows: dict[str, int] = {}
+        self._stale: set[str] = set()  # nodes whose footprint moved, not yet summed
         #: Bumped whenever what a placement would see changes.
         self.version = 0
 
@@ -120,12 +121,11 @@ class FleetIndex:
         any may have, e.g. a new replica or a new epoch)."""
         member = self.members.get(node_id)
         new = member is None
-        footprint_changed = False
         if member is None:
             member = self.members[node_id] = _Member()
             changed = None
             for task_id in self.assigned.get(node_id, ()):
-                footprint_changed |= self._refresh_pair(task_id, node_id, rebuild=False)
+                self._refresh_pair(task_id, node_id)
             self._stops_due.update(k for k in self.stops if k.endswith(f"@{node_id}"))
         tasks = view.tasks
         keys = set(member.reports) | set(tasks) if changed is None else set(changed)
@@ -144,14 +144,12 @@ class FleetIndex:
             else:
                 member.reports[task_id] = report
                 self.copies.setdefault(task_id, {})[node_id] = report
-            footprint_changed |= self._refresh_pair(task_id, node_id, rebuild=False)
+            self._refresh_pair(task_id, node_id)
             self._reconcile_due.add(task_id)
             key = f"{task_id}@{node_id}"
             if key in self.stops:
                 self._stops_due.add(key)
             self._schedule_prune(task_id)
-        if footprint_changed:
-            self._footprint_changed(node_id)
         power = reported(view)
         if new or view.registration != member.registration or power != member.power:
             member.registration = view.registration
@@ -324,6 +322,9 @@ class FleetIndex:
     def table(self) -> NodeTable:
         """The usable nodes (online, registered) and what counts on them, as the core's
         table. Shared: fork it before changing it (the core's cycles do)."""
+        for node_id in sorted(self._stale):
+            self._footprint_changed(node_id)
+        self._stale.clear()
         if self._table is None:
             self._table = self._build_table()
         return self._table
@@ -342,7 +343,7 @@ class FleetIndex:
 
     # --- upkeep ---------------------------------------------------------------------------
 
-    def _refresh_pair(self, task_id: str, node_id: str, *, rebuild: bool = True) -> bool:
+    def _refresh_pair(self, task_id: str, node_id: str) -> bool:
         """Recompute what task ``task_id`` counts for on node ``node_id``; True if it moved."""
         member = self.members.get(node_id)
         if member is None:
@@ -362,8 +363,8 @@ class FleetIndex:
             del member.footprint[task_id]
         else:
             member.footprint[task_id] = task
-        if rebuild:
-            self._footprint_changed(node_id)
+        self._stale.add(node_id)
+        self.version += 1
         return True
 
     def _footprint_changed(self, node_id: str) -> None:

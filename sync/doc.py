@@ -47,7 +47,7 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
@@ -385,6 +385,16 @@ class SyncedDoc:
         keys = self._tracked[root]
         self._tracked[root] = set()
         return keys
+
+    def each(self, name: str, cls: type[_E]) -> Iterator[tuple[str, _E]]:
+        """Every valid entry of root map ``name``, decoded one at a time and kept nowhere
+        (a consumer that holds its own index of them, as central's fleet index does, would
+        otherwise pay for a second decoded copy of a large map)."""
+        root = self.root(name)
+        for key in sorted(map(str, root.keys())):
+            entry = decode_one(cls, normalise(root.get(key)), self.refusals, where=f"{name}[{key}]")
+            if entry is not None:
+                yield key, entry
 
     def _map_view(self, name: str, cls: type[_E]) -> Mapping[str, _E]:
         """The decoded view of root map ``name``, maintained from the changed keys."""

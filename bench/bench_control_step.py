@@ -1,0 +1,256 @@
+"""Central's control step at fleet scale, in one process: incremental vs the full walk.
+
+Builds central's real engine (:class:`~edgesched.central.engine.CentralEngine`, not started:
+no broker, no API) over replicas made with the project's document classes: N nodes, each
+with a registration and ``--tasks`` task entries (70% of them running central's assignment,
+the rest finished), and the policy document holding those assignments. Every node is online
+and fresh. Then, with the same rate of change at every size, it times:
+
+* **idle step**: ``control_step()`` with nothing changed;
+* **step with work**: before each step, ``--changes`` running tasks exit on their nodes
+  (their node documents change), as many new tasks are submitted (written pending, as
+  ``submit`` does when another replica leads), and one node in 20 steps goes offline past
+  the failover grace (its services fail over);
+* **the full walk** the step replaced (``fleet_view`` + ``failovers`` + ``reconcile`` +
+  ``prunable`` over every replica, :mod:`edgesched.central.placement`): the old step's cost,
+  for the smallest size only when the largest would take minutes (``--walk-up-to``).
+
+Prints p50/p99 per size, the growth ratio of each figure from the smallest size to the
+largest (the same rate of change at both), central's RSS, and the cost to build the fleet.
+Pinned to one core by the thread settings below.
+
+    .venv/bin/python bench/bench_control_step.py [--nodes 100,1000,10000] [--tasks 100]
+        [--steps 40] [--changes 50] [--walk-up-to 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import psutil
+
+from edgesched.central.engine import CentralEngine
+from edgesched.central.liveness import NodeStatus
+from edgesched.central.placement import assignment_entry, failovers, fleet_view, prunable, reconcile
+from edgesched.config import parse_config
+from edgesched.core.model import Arch, ServerClass
+from edgesched.core.task import RestartPolicy, TaskSpec, TaskState
+from edgesched.policies.models import ActiveModels
+from edgesched.sync.doc import PolicyDoc, client_id_for
+from edgesched.sync.schema import AssignmentRef, AssignmentState, Registration, TaskReport
+
+GRACE_S = 30.0
+
+
+class Clock:
+    """The engine's clock, moved by the benchmark."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def build(nodes: int, tasks: int, state_dir: Path) -> tuple[CentralEngine, Clock, list[str]]:
+    """A central engine holding ``nodes`` replicas with ``tasks`` entries each, all fresh."""
+    clock = Clock()
+    config = parse_config(
+        {
+            "central": {
+                "central_id": "central",
+                "state_dir": str(state_dir),
+                "failover_after_s": GRACE_S,
+                "assignment_retention_s": 600.0,
+            }
+        }
+    )
+    engine = CentralEngine(config, clock=clock)
+    engine.models = ActiveModels(
+        state_dir / "models",
+        {"forecast": engine.central.forecast_model, "placement": engine.central.placement_model},
+    )
+    engine.policy = PolicyDoc("policy", client_id_for("central"))
+    engine.policy.track_changes("assignments", "stops", "power")
+    policy = engine.policy
+    now = clock.now
+    running: list[str] = []
+    registration = Registration(
+        arch=Arch.X86_64, server_class=ServerClass.GENERAL, cpu=256, mem_gib=1024
+    )
+    for n in range(nodes):
+        node_id = f"gw-{n:05d}"
+        replica = engine.replicas.add(node_id)
+        doc = replica.doc
+        with doc.doc.transaction():
+            doc.set_registration(registration)
+            for t in range(tasks):
+                task_id = f"{node_id}-t{t:03d}"
+                assigned = t % 10 < 7
+                state = TaskState.RUNNING if assigned else TaskState.EXITED
+                ref = AssignmentRef("central", 1) if assigned else None
+                doc.put_task(
+                    task_id,
+                    TaskReport(state=state, updated_at=now - 3600, cpu=1.0, assignment=ref),
+                )
+                if assigned:
+                    spec = TaskSpec(
+                        id=task_id, command=("sleep", "1d"), cpu=1.0, mem_gib=1.0,
+                        restart=RestartPolicy.ALWAYS,
+                    )  # fmt: skip
+                    entry = assignment_entry(
+                        spec, node_id, central="central", epoch=1, replacement=False,
+                        score=1.0, at=now - 3600, reason="seeded",
+                    )  # fmt: skip
+                    policy.assign(task_id, entry)
+                    running.append(task_id)
+        engine.liveness.nodes[node_id] = NodeStatus("online", now - 7200)
+        engine._node_status_changed(node_id, engine.liveness.nodes[node_id])
+        replica.peer.synced_at[node_id] = now - 7000
+    engine.events.clear()
+    return engine, clock, running
+
+
+def timed(fn: object) -> float:
+    start = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - start
+
+
+def walk(engine: CentralEngine) -> float:
+    """The old step's walks over the whole fleet (what the index replaced)."""
+    policy = engine.policy
+    assert policy is not None
+
+    def run() -> None:
+        docs = engine.replicas.views()
+        status = {n: engine.liveness.state(n) for n in docs}
+        now = engine.clock()
+        fleet_view(docs, status, now)
+        assignments = policy.assignments()
+        offline = {n: s.since for n, s in engine.liveness.nodes.items() if s.state == "offline"}
+        failovers(assignments, offline, now, GRACE_S)
+        reconcile(assignments, docs, policy.stops(), engine.reconcile_policy, engine.fresh_nodes())
+        prunable(assignments, docs, now, 600.0)
+
+    return timed(run)
+
+
+def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        engine, clock, running = build(nodes, args.tasks, Path(tmp))
+        built = time.perf_counter() - t0
+        first = timed(engine.control_step)  # the index learns the whole fleet once
+        idle = []
+        for _ in range(args.steps):
+            clock.now += 0.1
+            idle.append(timed(engine.control_step))
+        busy = []
+        submitted = 0
+        exits = iter(running[:: max(1, len(running) // (args.steps * args.changes + 1))])
+        offline_at = {}
+        for step in range(args.steps):
+            clock.now += 1.0
+            for _ in range(args.changes):  # running tasks exit on their nodes
+                task_id = next(exits, None)
+                if task_id is None:
+                    break
+                node_id = task_id.rsplit("-t", 1)[0]
+                doc = engine.replicas.replicas[node_id].doc
+                report = doc.task(task_id)
+                assert report is not None
+                doc.put_task(task_id, TaskReport(
+                    state=TaskState.EXITED, updated_at=clock.now, cpu=1.0,
+                    assignment=report.assignment,
+                ))  # fmt: skip
+                engine._replica_changed(node_id)
+            for _ in range(args.changes):  # new work submitted
+                spec = TaskSpec(id=f"new-{submitted:07d}", command=("true",), cpu=0.5)
+                engine._pending(spec, None, 1, "accepted")
+                submitted += 1
+            if step % 20 == 0:  # a node goes offline, past the grace
+                node_id = f"gw-{(step * 7) % nodes:05d}"
+                status = NodeStatus("offline", clock.now - GRACE_S - 1)
+                engine.liveness.nodes[node_id] = status
+                engine._node_status_changed(node_id, status)
+                offline_at[node_id] = clock.now
+            busy.append(timed(engine.control_step))
+        policy = engine.policy
+        assert policy is not None
+        left_pending = sum(
+            1 for e in policy.assignments().values() if e.state is AssignmentState.PENDING
+        )
+        failed_over = sum(1 for e in engine.events if e.kind == "failover")
+        full = walk(engine) if nodes <= args.walk_up_to else float("nan")
+        rss = psutil.Process().memory_info().rss / 2**20
+    return {
+        "nodes": nodes,
+        "entries": nodes * args.tasks,
+        "build_s": built,
+        "first_s": first,
+        "idle_p50": statistics.median(idle),
+        "idle_p99": quantile(idle, 0.99),
+        "busy_p50": statistics.median(busy),
+        "busy_p99": quantile(busy, 0.99),
+        "walk_s": full,
+        "rss_mib": rss,
+        "submitted": submitted,
+        "left_pending": left_pending,
+        "failed_over": failed_over,
+    }
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="100,1000,10000")
+    parser.add_argument("--tasks", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--changes", type=int, default=50)
+    parser.add_argument("--walk-up-to", type=int, default=1000)
+    args = parser.parse_args()
+    sizes = [int(x) for x in args.nodes.split(",")]
+    rows = []
+    for n in sizes:
+        row = measure(n, args)
+        rows.append(row)
+        print(
+            f"{n:>6} nodes, {row['entries']:>9,} entries: build {row['build_s']:.1f} s, "
+            f"first step {row['first_s'] * 1000:.0f} ms, idle step p50/p99 "
+            f"{row['idle_p50'] * 1000:.2f}/{row['idle_p99'] * 1000:.2f} ms, step with work "
+            f"p50/p99 {row['busy_p50'] * 1000:.1f}/{row['busy_p99'] * 1000:.1f} ms, full walk "
+            f"{row['walk_s']:.2f} s, RSS {row['rss_mib']:.0f} MiB; {row['submitted']} submitted, "
+            f"{row['left_pending']} left pending, {row['failed_over']} failed over",
+            flush=True,
+        )
+    base, top = rows[0], rows[-1]
+    print(
+        f"\ngrowth {base['nodes']} -> {top['nodes']} nodes ({top['nodes'] / base['nodes']:.0f}x "
+        f"the fleet, the same changes per step): idle step p99 "
+        f"{top['idle_p99'] / base['idle_p99']:.2f}x, step with work p50 "
+        f"{top['busy_p50'] / base['busy_p50']:.2f}x, p99 {top['busy_p99'] / base['busy_p99']:.2f}x"
+    )
+    walked = [r for r in rows if r["walk_s"] == r["walk_s"]]
+    if walked:
+        r = walked[-1]
+        print(
+            f"at {r['nodes']} nodes the full walk the step replaced takes {r['walk_s']:.2f} s: "
+            f"{r['walk_s'] / r['busy_p50']:.0f}x the incremental step with work (p50)"
+        )
+
+
+if __name__ == "__main__":
+    main()
