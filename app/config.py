@@ -91,6 +91,32 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 _ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}")
 
 
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``(host, port)`` from ``"host:port"`` (an IPv6 address in brackets: ``"[::1]:1883"``,
+    returned without them); ValueError says what is wrong: an empty host, a missing or bad
+    port (1-65535), a bare IPv6 address, a character no host name has."""
+    head, colon, tail = text.rpartition(":")
+    if not colon:
+        raise ValueError(f'expected "host:port", got {text!r} (no port)')
+    if not head:
+        raise ValueError(f'expected "host:port", got {text!r} (empty host)')
+    if not tail.isascii() or not tail.isdigit():
+        raise ValueError(f'expected "host:port", got {text!r} (port {tail!r} is not a number)')
+    port = int(tail)
+    if not 0 < port < 65536:
+        raise ValueError(f"port must be in 1..65535, got {port} in {text!r}")
+    if head.startswith("[") and head.endswith("]"):
+        host = head[1:-1]
+        if not host or not re.fullmatch(r"[0-9A-Fa-f:.]+", host) or ":" not in host:
+            raise ValueError(f"expected an IPv6 address in brackets, got {text!r}")
+        return host, port
+    if ":" in head:
+        raise ValueError(f'an IPv6 address goes in brackets ("[::1]:1883"), got {text!r}')
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", head):
+        raise ValueError(f"expected a host name or address before the port, got {text!r}")
+    return head, port
+
+
 def _check_positive(config: object, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
@@ -128,7 +154,10 @@ class MqttConfig:
     ``session_expiry_s``: how long the broker keeps our QoS 1 messages while we are away.
     ``reconnect_max_s``: the cap of the reconnect backoff (full jitter below it): after a long
     partition the link returns within about this long, and a fleet cut off together spreads its
-    reconnects over it.
+    reconnects over it. ``hosts``: the other members of a clustered broker (``"host:port"``,
+    ``"[v6]:port"``), the session's :attr:`~edgesched.sync.session.Endpoint.alternates`: a
+    refused or lost connection moves on to the next address at once, round robin from
+    ``host``/``port`` (docs/brokers.md); the TLS and plain-remote rules apply to each.
     """
 
     host: str = "127.0.0.1"
@@ -144,12 +173,21 @@ class MqttConfig:
     session_expiry_s: int = 86400
     reconnect_max_s: float = 10.0
     protocol: str = "5"
+    hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.protocol not in ("5", "3.1.1"):
             raise ValueError(f"protocol must be '5' or '3.1.1', got {self.protocol!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        seen = {(self.host, self.port): "host/port"}
+        for i, (host, port) in enumerate(self.alternates):
+            # (self.alternates raised "hosts[i]: ..." for an entry that is not host:port)
+            if (host, port) in seen:
+                raise ValueError(
+                    f"hosts[{i}]: {self.hosts[i]!r} is already listed (as {seen[host, port]})"
+                )
+            seen[host, port] = f"hosts[{i}]"
         if not 1 <= self.keepalive_s <= 3600:
             raise ValueError(f"keepalive_s must be in 1..3600, got {self.keepalive_s}")
         if not 0 <= self.session_expiry_s <= 2**32 - 1:
@@ -164,11 +202,24 @@ class MqttConfig:
             raise ValueError("cert_file and key_file go together")
         if (self.cert_file or self.ca_file) and not self.tls:
             raise ValueError("ca_file / cert_file / key_file are set but tls is false")
-        if not self.tls and self.host not in _LOOPBACK and not self.allow_plain_remote:
-            raise ValueError(
-                f"refusing plain MQTT (no TLS) to non-loopback host {self.host!r}: set tls = "
-                "true with ca_file, or allow_plain_remote = true on a trusted network"
-            )
+        for where, (host, _) in zip(seen.values(), seen, strict=True):
+            if not self.tls and host not in _LOOPBACK and not self.allow_plain_remote:
+                which = "" if where == "host/port" else f" ({where})"
+                raise ValueError(
+                    f"refusing plain MQTT (no TLS) to non-loopback host {host!r}{which}: set "
+                    "tls = true with ca_file, or allow_plain_remote = true on a trusted network"
+                )
+
+    @property
+    def alternates(self) -> tuple[tuple[str, int], ...]:
+        """``hosts`` as ``(host, port)`` pairs (ValueError ``"hosts[i]: ..."`` for a bad one)."""
+        out = []
+        for i, text in enumerate(self.hosts):
+            try:
+                out.append(parse_host_port(text))
+            except ValueError as exc:
+                raise ValueError(f"hosts[{i}]: {exc}") from None
+        return tuple(out)
 
     def endpoint(self, identifier: str) -> Endpoint:
         """The connection parameters for peer ``identifier``; reads the key files now, so a
@@ -199,6 +250,7 @@ class MqttConfig:
             tls=context,
             session_expiry_s=self.session_expiry_s,
             protocol=self.protocol,
+            alternates=self.alternates,
         )
 
 
@@ -295,6 +347,10 @@ class CentralConfig:
     ownership of ``shards`` shards of the fleet by leases of ``lease_ttl_s`` seconds
     (``edgesched.central.leases``, [scaling.md](docs/scaling.md)); empty: no etcd, the
     replicas elect a leader among their peers as before.
+    ``silent_after_s``: a node whose status says online but of which central heard nothing
+    (document sync, telemetry, status) for longer than this reads offline ("silent"), since
+    it was last heard: the liveness signal that does not need the broker's last will (a will
+    is lost with a clustered broker's member, docs/brokers.md). 0 disables it.
     """
 
     central_id: str = "central"
@@ -318,9 +374,21 @@ class CentralConfig:
     etcd_endpoints: tuple[str, ...] = ()
     shards: int = 64
     lease_ttl_s: float = 5.0
+    #: 20 s: nodes publish telemetry every ``sample_s`` (5 s by default), QoS 0, so four
+    #: intervals ride out three lost samples in a row and a slow sample step; the document
+    #: peers are no steady signal (they resync on connect or when asked, and send updates
+    #: only on change). Longer than a will's 1.5 keepalives (7.5 s at the default 5 s), so on
+    #: one Mosquitto the will still says it first; well under ``failover_after_s`` (30 s),
+    #: which counts from the moment the node was last heard. Keep it above 3x the nodes'
+    #: ``sample_s`` when they sample more slowly.
+    silent_after_s: float = 20.0
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.silent_after_s) and self.silent_after_s >= 0):
+            raise ValueError(
+                f"silent_after_s must be finite and >= 0 (0 disables), got {self.silent_after_s}"
+            )
         for endpoint in self.etcd_endpoints:
             if (
                 not _ENDPOINT.fullmatch(endpoint)
@@ -581,6 +649,7 @@ def _parse_central(t: _Table) -> CentralConfig:
             etcd_endpoints=t.strings("etcd_endpoints"),
             shards=t.integer("shards", d.shards, low=1),
             lease_ttl_s=t.number("lease_ttl_s", d.lease_ttl_s, low=2),
+            silent_after_s=t.number("silent_after_s", d.silent_after_s, low=0),
             mqtt=mqtt,
         )
     )
@@ -592,6 +661,13 @@ def _parse_mqtt(t: _Table) -> MqttConfig:
 
     def text(key: str) -> str:
         return t.string(key, "") if key in t.data else ""
+
+    hosts = t.strings("hosts")
+    for i, item in enumerate(hosts):  # each entry named by its own path
+        try:
+            parse_host_port(item)
+        except ValueError as exc:
+            raise ConfigError(f"{t.child('hosts')}[{i}]", str(exc), t.source) from None
 
     return t.build(
         lambda: MqttConfig(
@@ -608,6 +684,7 @@ def _parse_mqtt(t: _Table) -> MqttConfig:
             session_expiry_s=t.integer("session_expiry_s", d.session_expiry_s, low=0),
             reconnect_max_s=t.number("reconnect_max_s", d.reconnect_max_s, low=0, low_open=True),
             protocol=t.string("protocol", d.protocol),
+            hosts=hosts,
         )
     )
 
