@@ -111,6 +111,7 @@ class Scale:
     up_s: float = 600.0  # longest wait for the whole fleet to be fresh at central
     budget_s: float = 900.0
     procs: int = 1
+    broker_queue: int | None = None  # max_queued_messages of the bench broker (None: default)
     peer_answers: bool = False  # nodes answer each other's policy step 1 (as real ones do)
     seed: int = 1
 
@@ -230,10 +231,12 @@ class BenchBroker:
                 self.proc.wait()
 
 
-def start_broker(workdir: Path) -> BenchBroker:
+def start_broker(workdir: Path, queue: int | None = None) -> BenchBroker:
     """Mosquitto on 127.0.0.1 on a free port, anonymous, no persistence, its queue and
     in-flight limits at their defaults (1,000 queued and 20 in flight per client: what the
-    project's ``broker_config`` deploys); ``$SYS`` every second for the dropped count."""
+    project's ``broker_config`` deploys) unless ``queue`` sets ``max_queued_messages`` (0: no
+    limit; ``--broker-queue``, to measure central's own work past the point where the default
+    queue drops its messages); ``$SYS`` every second for the dropped count."""
     exe = mosquitto_path()
     if exe is None:
         raise SystemExit("Mosquitto is not installed: run `make setup`")
@@ -242,6 +245,7 @@ def start_broker(workdir: Path) -> BenchBroker:
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
         "log_dest none\nsys_interval 1\n"
+        + ("" if queue is None else f"max_queued_messages {queue}\n")
     )
     proc = subprocess.Popen(
         [exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -1100,10 +1104,19 @@ def size_worker(scale: Scale, port: int, workdir: str, conn: Connection) -> None
         conn.send(("final", summary))
 
 
+def memory_needed_gb(scale: Scale) -> float:
+    """A rough estimate of what one size needs, from this harness's own runs: a node document
+    of 100 entries is about 0.25 MB in a simulator and 0.5 MB at central (with its decoded
+    view); an assignment about 12 KB in each policy replica (central's, each simulator's)."""
+    per_node = 0.75e6 * scale.tasks_per_node / 100
+    assignments = scale.nodes * round(scale.assigned_share * scale.tasks_per_node)
+    return (scale.nodes * per_node + assignments * 12e3 * (1 + scale.procs)) / 1e9 + 0.5
+
+
 def measure_size(scale: Scale) -> dict[str, Any]:
     """One size in a process of its own, killed if it overruns its budget (plus a grace)."""
     with tempfile.TemporaryDirectory(prefix="edgesched-central-scale-") as tmp:
-        broker = start_broker(Path(tmp))
+        broker = start_broker(Path(tmp), scale.broker_queue)
         ctx = mp.get_context("spawn")
         ours, theirs = ctx.Pipe()
         proc = ctx.Process(target=size_worker, args=(scale, broker.port, tmp, theirs))
@@ -1124,6 +1137,9 @@ def measure_size(scale: Scale) -> dict[str, Any]:
                 except EOFError:
                     last["notes"].append(f"central process exited {proc.exitcode}")
                     break
+                if summary.get("phase") != last.get("phase"):
+                    print(f"  {scale.nodes:,} nodes: {summary.get('phase')} "
+                          f"({summary.get('elapsed_s', 0):.0f}s)", flush=True)  # fmt: skip
                 last = summary
                 if kind == "final":
                     break
@@ -1256,6 +1272,13 @@ def main() -> None:
         help="nodes answer each other's policy step 1, as real ones do",
     )
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON too")
+    parser.add_argument("--force", action="store_true", help="run a size that may not fit")
+    parser.add_argument(
+        "--broker-queue",
+        type=int,
+        default=None,
+        help="the bench broker's max_queued_messages (default: Mosquitto's 1,000; 0: none)",
+    )
     args = parser.parse_args()
     sizes = sorted(int(n.replace(",", "").replace("_", "")) for n in args.nodes.split(","))
     results = []
@@ -1264,15 +1287,27 @@ def main() -> None:
             nodes=n, tasks_per_node=args.tasks, rate=args.rate, steady_s=args.steady_s,
             offline_s=args.offline_s, budget_s=args.budget_s,
             procs=args.procs or (1 if n <= 2000 else 2), peer_answers=args.peer_answers,
+            broker_queue=args.broker_queue,
         )  # fmt: skip
-        print(f"{n:,} nodes: running (budget {scale.budget_s:.0f}s) ...", flush=True)
+        need = memory_needed_gb(scale)
+        have = psutil.virtual_memory().available / 1e9
+        if need > 0.8 * have and not args.force:
+            print(f"{n:,} nodes: skipped: needs about {need:.0f} GB, {have:.0f} GB available "
+                  "(--force runs it anyway)", flush=True)  # fmt: skip
+            results.append({"nodes": n, "finished": False, "phase": "skipped",
+                            "notes": [f"needs about {need:.0f} GB of {have:.0f} GB"]})  # fmt: skip
+            continue
+        print(f"{n:,} nodes: running (budget {scale.budget_s:.0f}s, about {need:.1f} GB) ...",
+              flush=True)  # fmt: skip
         results.append(measure_size(scale))
         r = results[-1]
         print(f"{n:,} nodes: {'finished' if r.get('finished') else 'did not finish within budget'}"
               f" after {r.get('elapsed_s', 0):.0f}s", flush=True)  # fmt: skip
     print()
+    queue = "default" if args.broker_queue is None else str(args.broker_queue)
     print(f"central scale: {args.rate:g} submissions/s, {args.tasks} task entries per node, "
-          f"heal of 10% after {args.steady_s:g}s (offline {args.offline_s:g}s)")  # fmt: skip
+          f"heal of 10% after {args.steady_s:g}s (offline {args.offline_s:g}s), "
+          f"broker max_queued_messages {queue}")  # fmt: skip
     print(table(results))
     if args.json:
         print(json.dumps([{k: v for k, v in r.items()} for r in results], indent=1, default=str))
