@@ -21,9 +21,10 @@ long as the outage lasts. Hence a second signal, the node's silence: central tel
 telemetry; an ``online`` status counts by itself), and :meth:`Liveness.sweep`, called every
 control step, turns a node whose status says online but that has not been heard for more than
 ``silent_after_s`` offline, since it was last heard. A silent node heard again, or announcing
-``online`` again, is online again. Each :class:`NodeStatus` says why it is what it is
-(``cause``: ``status`` or ``heard`` when online; ``will``, ``site`` or ``silent`` when
-offline), so the API can tell a will from a silence.
+``online`` again, is online again. While central's own connection is down nobody is swept
+(nobody could be heard), and on connect every node starts its ``silent_after_s`` over. Each
+:class:`NodeStatus` says why it is what it is (``cause``: ``status`` or ``heard`` when online;
+``will``, ``site`` or ``silent`` when offline), so the API can tell a will from a silence.
 """
 
 from __future__ import annotations
@@ -118,6 +119,9 @@ class Liveness(Listener):
         #: the nodes central believes online -> their last sign of life (heard, or turned
         #: online), in that order, oldest first: what :meth:`sweep` walks from the front
         self._watch: dict[str, float] = {}
+        #: central's own connection is down (this channel's session said so): nobody can be
+        #: heard, so nobody is silent; the sweep waits, and every node starts over on connect
+        self.link_down = False
         self.rejected = 0
         self.on_change: Callable[[str, NodeStatus], None] | None = None
         self.routes: tuple[str, ...] = (STATUS_FILTER, SITE_BRIDGE_FILTER)
@@ -129,6 +133,17 @@ class Liveness(Listener):
     def state(self, node_id: str) -> str:
         status = self.nodes.get(node_id)
         return "unknown" if status is None else status.state
+
+    async def serve(self, client: aiomqtt.Client) -> None:
+        """Connected (again): every node that reads online gets a fresh ``silent_after_s``
+        from now; the retained statuses arrive anew with the subscription."""
+        if self.link_down:
+            now = self.clock()
+            self._watch = dict.fromkeys(self._watch, now)
+        self.link_down = False
+
+    def disconnected(self) -> None:
+        self.link_down = True
 
     def cause(self, node_id: str) -> str | None:
         """Why ``node_id`` reads what it reads (:data:`CAUSES`), None if never announced."""
@@ -171,8 +186,9 @@ class Liveness(Listener):
     def sweep(self, now: float) -> list[str]:
         """Turn every node that reads online but was not heard for more than
         ``silent_after_s`` before ``now`` offline (``cause="silent"``, since it was last
-        heard), telling ``on_change`` of each; return their ids, oldest silence first."""
-        if self.silent_after_s <= 0:
+        heard), telling ``on_change`` of each; return their ids, oldest silence first.
+        Nothing while central's own connection is down (:attr:`link_down`)."""
+        if self.silent_after_s <= 0 or self.link_down:
             return []
         cutoff = now - self.silent_after_s
         swept: list[str] = []

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import aiomqtt
 import pytest
 from conftest import Broker, EdgeNode, kill_task_processes
 from hypothesis import given, settings
@@ -176,6 +177,24 @@ def test_zero_disables_the_sweep() -> None:
     assert live.sweep(1e9) == [] and live.state("gw1") == "online" and len(changes) == 1
 
 
+async def test_centrals_own_link_down_is_nobodys_silence() -> None:
+    """While central's own connection is down nobody can be heard: no sweep; connected
+    again, every online node gets a fresh silent_after_s."""
+    clock = Clock()
+    live, changes = live_with(clock)
+    announce(live, "gw1")
+    announce(live, "gw2")
+    live.heard("gw2", 1005.0)
+    live.disconnected()  # the session calls it when central's connection ends
+    assert live.sweep(1100.0) == [] and live.state("gw1") == "online"
+    clock.now = 1100.0
+    await live.serve(None)  # type: ignore[arg-type]  # connected again (no client needed)
+    assert live.sweep(1109.0) == []
+    live.heard("gw2", 1105.0)
+    assert live.sweep(1110.5) == ["gw1"] and live.nodes["gw1"].since == 1100.0
+    assert len(changes) == 3
+
+
 def test_a_sites_bridge_and_silence() -> None:
     """Behind a dropped bridge the node reads offline by its site, and is not swept; when the
     bridge is back it gets a fresh silent_after_s, though it was last heard long before."""
@@ -274,10 +293,16 @@ class Recorder(Listener):
         self.routes = inner.routes
         self.subscriptions = inner.subscriptions
 
+    async def serve(self, client: aiomqtt.Client) -> None:
+        await self.inner.serve(client)
+
     def handle(self, topic: str, payload: bytes) -> None:
         if "/status" in topic:
             self.states.append(json.loads(payload)["state"])
         self.inner.handle(topic, payload)
+
+    def disconnected(self) -> None:
+        self.inner.disconnected()
 
 
 async def test_a_stopped_node_is_seen_silent_without_a_will(broker: Broker, tmp_path: Path) -> None:
