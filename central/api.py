@@ -129,7 +129,7 @@ async def node_telemetry(request: web.Request) -> web.Response:
 
 async def list_tasks(request: web.Request) -> web.Response:
     engine = _central(request)
-    if engine.policy is not None:
+    if engine.fleet is not None:
         engine.sync_index()
     assignments = engine.index.assignments
     return web.json_response(
@@ -140,7 +140,7 @@ async def list_tasks(request: web.Request) -> web.Response:
 async def get_task(request: web.Request) -> web.Response:
     engine = _central(request)
     task_id = request.match_info["id"]
-    entry = None if engine.policy is None else engine.policy.assignment(task_id)
+    entry = None if engine.fleet is None else engine.fleet.assignment(task_id)
     if entry is None:
         return problem(404, "Not Found", f"no task {task_id!r}", "id")
     return web.json_response(engine.task_view(task_id, entry))

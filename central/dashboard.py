@@ -102,7 +102,7 @@ def _engine(request: web.Request) -> CentralEngine:
 
 def snapshot(engine: CentralEngine) -> dict[str, Any]:
     """What the page shows, in one object (see the module docstring)."""
-    if engine.policy is not None:
+    if engine.fleet is not None:
         engine.sync_index()
     assignments = engine.index.assignments
     replicas = engine.replicas.replicas

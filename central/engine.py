@@ -40,9 +40,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from edgesched.central.desired import DesiredDocs
 from edgesched.central.fleetindex import FleetIndex
 from edgesched.central.heartbeat import CentralPeers, Heartbeat
-from edgesched.central.liveness import Liveness, NodeStatus
+from edgesched.central.liveness import Hearing, Liveness, NodeStatus
 from edgesched.central.metrics import CentralMetrics
 from edgesched.central.placement import Choice, assignment_entry, place_all, place_pinned
 from edgesched.central.power import PARKED, power_orders
@@ -57,7 +58,7 @@ from edgesched.core.task import TaskSpec
 from edgesched.policies.models import ActiveModels, ModelBlob
 from edgesched.policies.ortsession import ModelLoadError
 from edgesched.rest.server import ApiStarter
-from edgesched.sync.doc import PolicyDoc, client_id_for
+from edgesched.sync.doc import PolicyDoc, SyncedDoc, client_id_for, normalise
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.reconcile import ReconcilePolicy
@@ -72,8 +73,10 @@ from edgesched.sync.schema import (
 )
 from edgesched.sync.session import MqttSession, wait_event
 from edgesched.sync.store import Store, StoreError
+from edgesched.sync.topics import node_of_topic
 
 POLICY_DOC = "policy"
+FLEET_DOC = "fleet"
 _E = TypeVar("_E")
 MAX_EVENTS = 1000
 #: How often central samples what each workload class asks of the fleet (5-minute bins).
@@ -144,7 +147,9 @@ class CentralEngine:
         self.heartbeat = Heartbeat(self.central.central_id, self.central.heartbeat_s, clock)
         self.peers = CentralPeers(self.central.central_id, 3 * self.central.heartbeat_s, clock)
         self._was_leader: bool | None = None
-        self.liveness = Liveness(clock, site_of=self._site_of)
+        self.liveness = Liveness(
+            clock, site_of=self._site_of, silent_after_s=self.central.silent_after_s
+        )
         self.telemetry = TelemetryCollector()
         self.replicas = NodeReplicas(
             self.central.central_id,
@@ -157,9 +162,16 @@ class CentralEngine:
         self.session.add(self.heartbeat)
         self.session.add(self.peers)
         self.session.add(self.liveness)
-        self.session.add(self.telemetry)
+        # Every telemetry message is a sign of life (last wills can be lost: a broker member
+        # that dies takes its clients' wills with it).
+        self.session.add(
+            Hearing(self.telemetry, self.liveness, lambda t: node_of_topic(t, "telemetry"))
+        )
         self.reconcile_policy = ReconcilePolicy(self.central.reconcile)
-        self.policy: PolicyDoc | None = None
+        self.policy: PolicyDoc | None = None  # fleet-wide: mode, tidal profile, models
+        self.fleet: PolicyDoc | None = None  # assignments, stops, power: centrals only
+        self.desired: DesiredDocs | None = None  # each node's shard of the fleet document
+        self._fleet_journal: DocJournal | None = None
         self._tidal_name = "config"  # the [policy] tidal of the config file until switched
         self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
         self.api_port: int | None = None
@@ -214,13 +226,15 @@ class CentralEngine:
             restored = await self.replicas.load()
             log.info("central %s: %d node replicas restored", self.central.central_id, restored)
             await self._open_policy()
-            self.sync_index()  # the index learns the restored fleet before the first step
+            await self._open_fleet()
             async with asyncio.TaskGroup() as group:
                 runner = None if self._api is None else await self._api(self)
                 loops: list[asyncio.Task[None]] = []
                 try:
                     loops = [
                         group.create_task(_need(self._journal).run(), name="policy-log"),
+                        group.create_task(_need(self._fleet_journal).run(), name="fleet-log"),
+                        group.create_task(_need(self.desired).journals.run(), name="desired-log"),
                         group.create_task(self.session.run(), name="mqtt"),
                         group.create_task(self._snapshot_loop(), name="snapshots"),
                         group.create_task(self._control_loop(), name="control"),
@@ -245,6 +259,8 @@ class CentralEngine:
                     with contextlib.suppress(TimeoutError):  # journal what is queued
                         async with asyncio.timeout(5.0):
                             await _need(self._journal).flushed()
+                            await _need(self._fleet_journal).flushed()
+                            await _need(self.desired).journals.flush()
                 finally:
                     for task in loops:
                         task.cancel()
@@ -266,7 +282,6 @@ class CentralEngine:
         """Central's policy document, rebuilt from SQLite; journaled; synced as a channel."""
         client_id = client_id_for(self.central.central_id)
         self.policy = await PolicyDoc.load_from(self.store, POLICY_DOC, client_id)
-        self.policy.track_changes(*POLICY_ROOTS)
         self._adopt_policy()
         self.policy.on_remote_change(lambda _sender: self._adopt_policy())  # a peer switched
         self._journal = DocJournal(self.policy, self.store)
@@ -281,6 +296,42 @@ class CentralEngine:
             )
         )
 
+    async def _open_fleet(self) -> None:
+        """Central's fleet document (every assignment, stop and power order; only central
+        replicas replicate it) and the nodes' desired-state documents, rebuilt from SQLite;
+        journaled; synced. The fleet index learns all of it, and each desired document is
+        made to hold exactly its node's share."""
+        client_id = client_id_for(self.central.central_id)
+        fleet = await PolicyDoc.load_from(self.store, FLEET_DOC, client_id)
+        self.fleet = fleet
+        fleet.track_changes(*POLICY_ROOTS)
+        self._fleet_journal = DocJournal(fleet, self.store)  # before the move: it logs it
+        moved = _move_desired_state(_need(self.policy), fleet)
+        if moved:
+            log.warning("moved %d entries of the policy document into the fleet document", moved)
+        writers = {client_id} | {client_id_for(p) for p in self.central.peers}
+        self.session.add(
+            DocPeer(
+                fleet,
+                self.central.central_id,
+                before_publish=self._fleet_journal.flushed,
+                writers=frozenset(writers),
+                subscribe=False,  # the replicas' wildcard subscription carries it
+            )
+        )
+        self.desired = DesiredDocs(
+            self.central.central_id,
+            self.session,
+            self.store,
+            centrals=self.central.peers,
+            clock=self.clock,
+        )
+        restored = await self.desired.load()
+        self.sync_index(project=False)  # the index learns the restored fleet at once
+        written = self.desired.match(self.index.assignments, self.index.stops, self.index.orders)
+        log.info("desired-state documents: %d restored, %d entries brought up to date",
+                 restored, written)  # fmt: skip
+
     def _event(
         self, kind: str, detail: str, *, node: str | None = None, task: str | None = None
     ) -> None:
@@ -290,6 +341,10 @@ class CentralEngine:
         log.info("%s: %s", kind, detail)
 
     def _replica_changed(self, node_id: str) -> None:
+        replica = self.replicas.replicas.get(node_id)
+        at = None if replica is None else replica.peer.heard_at.get(node_id)
+        if at is not None:  # the node's own message (a relaying central's does not count)
+            self.liveness.heard(node_id, at)
         self._dirty_nodes.add(node_id)
         self._wake.set()
 
@@ -330,24 +385,37 @@ class CentralEngine:
 
     # --- tasks submitted at central -------------------------------------------------------
 
-    def sync_index(self) -> None:
-        """Tell the fleet index what changed since it last looked: the policy document's
+    def sync_index(self, *, project: bool = True) -> None:
+        """Tell the fleet index what changed since it last looked: the fleet document's
         changed keys, and each changed replica's changed tasks, registration, power report
-        and freshness. O(what changed)."""
-        policy = _need(self.policy)
+        and freshness; and mirror each fleet change into the desired-state documents of the
+        nodes it concerns (``project``; at start :meth:`DesiredDocs.match` does it once).
+        O(what changed)."""
+        fleet = _need(self.fleet)
         index = self.index
-        keys = policy.drain_changes("assignments")
-        every = partial(policy.each, "assignments", AssignmentEntry)
-        for key, entry in _changed(keys, every, policy.assignment, index.assignments):
-            index.set_assignment(key, entry)
-        keys = policy.drain_changes("stops")
-        for key, stop in _changed(keys, partial(policy.each, "stops", StopOrder), policy.stop,
+        desired = self.desired if project else None
+        keys = fleet.drain_changes("assignments")
+        every = partial(fleet.each, "assignments", AssignmentEntry)
+        for key, entry in _changed(keys, every, fleet.assignment, index.assignments):
+            old = index.assignments.get(key)
+            if entry != old:
+                index.set_assignment(key, entry)
+                if desired is not None:
+                    desired.assignment(key, old, entry)
+        keys = fleet.drain_changes("stops")
+        for key, stop in _changed(keys, partial(fleet.each, "stops", StopOrder), fleet.stop,
                                   index.stops):  # fmt: skip
-            index.set_stop(key, stop)
-        keys = policy.drain_changes("power")
-        every_order = partial(policy.each, "power", PowerOrder)
-        for key, order in _changed(keys, every_order, policy.power_order, index.orders):
-            index.set_order(key, order)
+            if stop != index.stops.get(key):
+                index.set_stop(key, stop)
+                if desired is not None:
+                    desired.stop(key, stop)
+        keys = fleet.drain_changes("power")
+        every_order = partial(fleet.each, "power", PowerOrder)
+        for key, order in _changed(keys, every_order, fleet.power_order, index.orders):
+            if order != index.orders.get(key):
+                index.set_order(key, order)
+                if desired is not None:
+                    desired.power(key, order)
         dirty, self._dirty_nodes = self._dirty_nodes, set()
         for node_id in sorted(dirty):
             replica = self.replicas.replicas.get(node_id)
@@ -355,13 +423,15 @@ class CentralEngine:
                 continue
             index.update_node(node_id, replica.doc.typed(), replica.doc.drain_changes("tasks"))
             index.set_fresh(node_id, self.is_fresh(node_id))
+            if desired is not None:
+                desired.doc(node_id)  # a channel for its step 1, before anything is assigned
 
     async def submit(self, spec: TaskSpec, pin: str | None = None) -> dict[str, Any]:
         """Accept a task: placed now if a node can take it, else waiting (state ``pending``).
         Journaled to SQLite before this returns."""
-        policy = _need(self.policy)
+        fleet = _need(self.fleet)
         async with self._lock:
-            if policy.assignment(spec.id) is not None:
+            if fleet.assignment(spec.id) is not None:
                 raise TaskRefused(409, "id", f"task {spec.id!r} already exists")
             if pin is not None and pin not in self.replicas.replicas:
                 raise TaskRefused(422, "node", f"no node {pin!r} is known to central")
@@ -375,7 +445,7 @@ class CentralEngine:
                 )
         await _need(self._journal).flushed()
         self._wake.set()
-        entry = policy.assignment(spec.id)
+        entry = fleet.assignment(spec.id)
         assert entry is not None
         return self.task_view(spec.id, entry)
 
@@ -404,11 +474,11 @@ class CentralEngine:
     ) -> str | None:
         """Write a placement (or the reason it waits) into the policy document."""
         now = self.clock()
-        policy = _need(self.policy)
+        fleet = _need(self.fleet)
         if choice.node_id is None:
             self._pending(spec, pin, epoch, choice.reason)
             return None
-        policy.assign(
+        fleet.assign(
             spec.id,
             assignment_entry(
                 spec, choice.node_id, central=self.central.central_id, epoch=epoch,
@@ -420,7 +490,7 @@ class CentralEngine:
         return choice.node_id
 
     def _pending(self, spec: TaskSpec, pin: str | None, epoch: int, reason: str) -> None:
-        current = _need(self.policy).assignment(spec.id)
+        current = _need(self.fleet).assignment(spec.id)
         if (
             current is not None
             and current.state is AssignmentState.PENDING
@@ -433,15 +503,15 @@ class CentralEngine:
             replacement=False, score=0.0, at=self.clock(), reason=reason,
             state=AssignmentState.PENDING, pin=pin,
         )  # fmt: skip
-        _need(self.policy).assign(spec.id, entry)
+        _need(self.fleet).assign(spec.id, entry)
 
     async def migrate(self, task_id: str, target: str) -> dict[str, Any]:
         """Move an active task to ``target``: a new placement epoch there, and a stop order
         for the copy where it runs now (the node stops it when it hears; a cut-off node on
         heal). The target must be online and able to take it."""
-        policy = _need(self.policy)
+        fleet = _need(self.fleet)
         async with self._lock:
-            entry = policy.assignment(task_id)
+            entry = fleet.assignment(task_id)
             if entry is None:
                 raise TaskRefused(404, "id", f"no task {task_id!r}")
             if not entry.active:
@@ -456,7 +526,7 @@ class CentralEngine:
                 raise TaskRefused(422, "node", choice.reason)
             now = self.clock()
             epoch = entry.epoch
-            policy.assign(
+            fleet.assign(
                 task_id,
                 assignment_entry(
                     spec, target, central=self.central.central_id, epoch=epoch + 1,
@@ -464,30 +534,30 @@ class CentralEngine:
                     reason=f"migrated from {source} by the operator: {choice.reason}",
                 ),
             )  # fmt: skip
-            policy.order_stop(
+            fleet.order_stop(
                 task_id,
                 source,
                 StopOrder(epoch=epoch, winner=target, at=now, reason=f"migrated to {target}"),
             )
             self._event("migrated", f"{task_id}: {source} -> {target}", node=target, task=task_id)
         await _need(self._journal).flushed()
-        moved = policy.assignment(task_id)
+        moved = fleet.assignment(task_id)
         assert moved is not None
         return self.task_view(task_id, moved)
 
     async def cancel(self, task_id: str) -> dict[str, Any]:
-        policy = _need(self.policy)
+        fleet = _need(self.fleet)
         async with self._lock:
-            entry = policy.assignment(task_id)
+            entry = fleet.assignment(task_id)
             if entry is None:
                 raise TaskRefused(404, "id", f"no task {task_id!r}")
             if entry.state is not AssignmentState.CANCELLED:
-                policy.assign(
+                fleet.assign(
                     task_id, replace(entry, state=AssignmentState.CANCELLED, at=self.clock())
                 )
                 self._event("cancelled", f"{task_id} cancelled", task=task_id)
         await _need(self._journal).flushed()
-        entry = policy.assignment(task_id)
+        entry = fleet.assignment(task_id)
         assert entry is not None
         return self.task_view(task_id, entry)
 
@@ -533,6 +603,7 @@ class CentralEngine:
         assignments, park and wake: the leading central replica only. Incremental: each
         stage asks the fleet index for what is due. Synchronous: every write lands in the
         policy document (journaled by its own task) at once."""
+        self.liveness.sweep(self.clock())  # nodes silent too long: offline, even with no will
         self.sync_index()
         leader = self.peers.is_leader()
         if leader != self._was_leader:
@@ -563,7 +634,7 @@ class CentralEngine:
         failover = index.failover_candidates(now)
         if index.version == self._placed_version and not failover:
             return
-        policy = _need(self.policy)
+        fleet = _need(self.fleet)
         entries = {t: index.assignments[t] for t in sorted(index.pending)}
         entries |= {t: index.assignments[t] for t in failover}
         if not entries:
@@ -583,7 +654,7 @@ class CentralEngine:
                 continue  # nowhere to go: it stays with its node, which may come back
             old = entry.node
             epoch = entry.epoch + 1
-            policy.assign(
+            fleet.assign(
                 spec.id,
                 assignment_entry(
                     spec, choice.node_id, central=self.central.central_id, epoch=epoch,
@@ -598,20 +669,20 @@ class CentralEngine:
 
     def _prune(self, now: float) -> None:
         """Forget assignments finished (or cancelled) longer than the retention ago."""
-        policy = _need(self.policy)
+        fleet = _need(self.fleet)
         done = self.index.forgettable(now)
         for task_id in done:
-            policy.drop_assignment(task_id)
+            fleet.drop_assignment(task_id)
         if done:
             self._event("pruned", f"{len(done)} finished assignments forgotten")
 
     def _wake_parked(self, now: float) -> None:
         """Parking is off (or was turned off): wake any node still parked, once."""
-        policy = _need(self.policy)
+        fleet = _need(self.fleet)
         for node_id in sorted(self.index.parked):
             standing = self.index.orders.get(node_id)
             if standing is None or standing.state != "active":
-                policy.set_power(
+                fleet.set_power(
                     node_id, PowerOrder(state="active", reason="parking is off", at=now)
                 )
                 self._event("wake", f"{node_id}: parking is off", node=node_id)
@@ -624,7 +695,7 @@ class CentralEngine:
         version, at = self._power_at
         if version == index.version and now - at < POWER_EVERY_S:
             return
-        policy = _need(self.policy)
+        fleet = _need(self.fleet)
         table = index.table()
         waiting = [index.assignments[t].task_spec.to_task(now) for t in sorted(index.pending)]
         cluster = ClusterView(table.nodes, (), now, forecast_cpu=self.forecast_cpu, table=table)
@@ -632,27 +703,27 @@ class CentralEngine:
         reports = {n: m.power for n, m in index.members.items()}
         config = self._policy_config()
         for order in power_orders(cluster, busy, waiting, config, index.orders, reports):
-            policy.set_power(order.node_id, order.to_order())
+            fleet.set_power(order.node_id, order.to_order())
             verb = "park" if order.state == PARKED else "wake"
             self._event(verb, f"{order.node_id}: {order.reason}", node=order.node_id)
         self.sync_index()
         self._power_at = (index.version, now)
 
     def _reconcile(self, now: float) -> None:
-        policy = _need(self.policy)
+        fleet = _need(self.fleet)
         index = self.index
         for settled in index.settlements(self.reconcile_policy):
             best = settled.winner
             entry = index.assignments[settled.task_id]
             if entry.node != best.node_id:
-                policy.assign(
+                fleet.assign(
                     settled.task_id,
                     replace(entry, node=best.node_id, epoch=entry.epoch + 1,
                             replacement=best.replacement, at=now,
                             reason=f"kept on {best.node_id} by {settled.policy.value}"),
                 )  # fmt: skip
             for loser in settled.losers:
-                policy.order_stop(
+                fleet.order_stop(
                     settled.task_id,
                     loser.node_id,
                     StopOrder(epoch=loser.epoch, winner=best.node_id, at=now,
@@ -669,7 +740,7 @@ class CentralEngine:
         # Stop orders are done once the loser reports its copy no longer active.
         for key in index.stops_done():
             task_id, _, node_id = key.rpartition("@")
-            policy.drop_stop(task_id, node_id)
+            fleet.drop_stop(task_id, node_id)
 
     # --- the 15-minute forecast and the models --------------------------------------------
 
@@ -861,6 +932,7 @@ class CentralEngine:
             "status": self.liveness.state(node_id),
             "state": self.node_state(node_id),
             "status_since": None if status is None else status.since,
+            "status_cause": None if status is None else status.cause,
             "registration": None if (reg := doc.registration()) is None else reg.to_entry(),
             "document": {
                 "epoch": doc.epoch,
@@ -886,8 +958,10 @@ class CentralEngine:
         rejected["status_messages"] = self.liveness.rejected
         rejected["telemetry"] = self.telemetry.rejected
         refused: Counter[str] = Counter()
-        docs = [r.doc for r in self.replicas.replicas.values()]
-        for doc in [*docs, *([] if self.policy is None else [self.policy])]:
+        docs: list[SyncedDoc] = [r.doc for r in self.replicas.replicas.values()]
+        docs += [d for d in (self.policy, self.fleet) if d is not None]
+        docs += [] if self.desired is None else list(self.desired.docs.values())
+        for doc in docs:
             refused.update(doc.refusals.by_kind())
         rejected["schema_entries"] = sum(refused.values())
         return {
@@ -900,6 +974,9 @@ class CentralEngine:
             "leader": self.peers.leader(),
             "centrals_alive": self.peers.alive(),
             "policy_hash": None if self.policy is None else self.policy.content_hash(),
+            "fleet_hash": None if self.fleet is None else self.fleet.content_hash(),
+            "desired_documents": 0 if self.desired is None else len(self.desired.docs),
+            "index": dict(self.index.stats()),
             "updates_in": sum(p["updates_in"] + p["step2_in"] for p in peers),
             "rejected": rejected,
             "refused_entries": dict(sorted(refused.items())),
@@ -933,6 +1010,27 @@ def _changed(
         yield key, entry
     for key in sorted(set(held) - seen):
         yield key, None
+
+
+def _move_desired_state(policy: PolicyDoc, fleet: PolicyDoc) -> int:
+    """Move the assignments, stops and power orders an older central kept in the policy
+    document (which every node replicates) into the fleet document; returns how many."""
+    moved = 0
+    for root in POLICY_ROOTS:
+        source = policy.root(root)
+        keys = sorted(map(str, source.keys()))
+        if not keys:
+            continue
+        target = fleet.root(root)
+        with fleet.doc.transaction():
+            for key in keys:
+                if key not in target:
+                    target[key] = normalise(source.get(key))
+                    moved += 1
+        with policy.doc.transaction():
+            for key in keys:
+                del source[key]
+    return moved
 
 
 def _need(value: Any) -> Any:

@@ -54,6 +54,9 @@ def _central_schemas() -> dict[str, Schema]:
             "enum": ["connected", "suspect", "partitioned", "dead", "unknown"],
         },
         "status_since": oa.nullable(oa.NUMBER),
+        "status_cause": oa.nullable(
+            {"type": "string", "enum": ["status", "heard", "will", "site", "silent"]}
+        ),
         "registration": oa.nullable(
             {
                 "type": "object",
@@ -109,6 +112,14 @@ def _central_schemas() -> dict[str, Schema]:
                     "description": "peer central replicas heard within their lease",
                 },
                 "policy_hash": oa.nullable(oa.STR),
+                "fleet_hash": oa.nullable(oa.STR),
+                "desired_documents": {
+                    "type": "integer",
+                    "description": "per-node desired-state documents central writes",
+                },
+                "index": oa.map_of(
+                    oa.INT, "the fleet index's sizes (nodes, usable, assignments, pending, ...)"
+                ),
                 "updates_in": oa.INT,
                 "rejected": oa.obj(
                     {k: oa.INT for k in rejected}, description="input refused, by reason"

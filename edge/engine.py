@@ -66,7 +66,7 @@ from edgesched.edge.power import PowerControl
 from edgesched.edge.qualify import QualificationReport
 from edgesched.policies.models import ActiveModels
 from edgesched.rest.server import ApiStarter
-from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
+from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for, desired_doc_name
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import (
@@ -173,8 +173,12 @@ class EdgeEngine:
         self.forecast_cpu: float | None = None
         self._doc: NodeDoc | None = None
         self._policy: PolicyDoc | None = None
+        #: Our shard of the fleet's desired state: the assignments, stop orders and power
+        #: order central gives this node (``desired-<node>``; see edgesched.central.desired).
+        self._desired: PolicyDoc | None = None
         self._policy_dirty = False
         self._policy_saved = ""  # content hash of the policy replica last written to SQLite
+        self._desired_saved = ""
         self.tidal_profile = "config"  # the config file's, until central names one
         self._journal: DocJournal | None = None
         #: Submissions waiting for their commit (see :meth:`submit`).
@@ -265,8 +269,15 @@ class EdgeEngine:
 
     @property
     def policy(self) -> PolicyDoc:
-        """Our replica of central's policy document (desired state); we never write it."""
+        """Our replica of central's fleet-wide policy document (mode, tidal profile, models);
+        we never write it."""
         return _started(self._policy)
+
+    @property
+    def desired(self) -> PolicyDoc:
+        """Our replica of our desired-state document (what central assigns, stops and orders
+        this node); we never write it."""
+        return _started(self._desired)
 
     async def _open_document(self) -> None:
         """This node's CRDT document, rebuilt from SQLite, with its fixed client id."""
@@ -298,7 +309,12 @@ class EdgeEngine:
         self._policy = await PolicyDoc.load_from(self.store, POLICY_DOC, client_id)
         self._policy_saved = self._policy.content_hash()
         self._policy.on_remote_change(self._policy_changed)
-        self._policy_dirty = True  # follow what the cached copy says, offline or not
+        self._desired = await PolicyDoc.load_from(
+            self.store, desired_doc_name(self.edge.node_id), client_id
+        )
+        self._desired_saved = self._desired.content_hash()
+        self._desired.on_remote_change(self._policy_changed)
+        self._policy_dirty = True  # follow what the cached copies say, offline or not
 
     def _policy_changed(self, sender: str) -> None:
         self._policy_dirty = True
@@ -312,10 +328,10 @@ class EdgeEngine:
         self._follow_policy_settings()
         me = self.edge.node_id
         to_stop: list[str] = []
-        for task_id, entry in self.policy.assignments().items():
+        for task_id, entry in self.desired.assignments().items():
             if entry.node == me and await self._follow_assignment(task_id, entry):
                 to_stop.append(task_id)
-        for key, order in self.policy.stops().items():
+        for key, order in self.desired.stops().items():
             task_id, _, node_id = key.rpartition("@")
             if node_id != me:
                 continue
@@ -331,12 +347,16 @@ class EdgeEngine:
                 if await self._cancel_record(record, why):
                     to_stop.append(task_id)
         busy = bool(await self.store.list_tasks((*_QUEUED, *_HELD)))
-        if await self.power.follow(self.policy.power().get(me), busy):
+        if await self.power.follow(self.desired.power().get(me), busy):
             self._report_power()
         now_hash = self.policy.content_hash()
         if now_hash != self._policy_saved:
             await self.policy.persist_to(self.store)
             self._policy_saved = now_hash
+        now_hash = self.desired.content_hash()
+        if now_hash != self._desired_saved:
+            await self.desired.persist_to(self.store)
+            self._desired_saved = now_hash
         return to_stop
 
     def _follow_policy_settings(self) -> None:
@@ -441,12 +461,12 @@ class EdgeEngine:
                 before_publish=_started(self._journal).flushed,  # on disk before it leaves
             )
         )
-        session.add(  # read only: central's desired state; only centrals author it
-            DocPeer(
-                self.policy,
-                self.edge.node_id,
-                writers=frozenset(client_id_for(c) for c in self.edge.centrals),
-            )
+        centrals = frozenset(client_id_for(c) for c in self.edge.centrals)
+        session.add(  # read only: central's fleet-wide policy; only centrals author it
+            DocPeer(self.policy, self.edge.node_id, writers=centrals)
+        )
+        session.add(  # read only: our shard of central's desired state
+            DocPeer(self.desired, self.edge.node_id, writers=centrals)
         )
         return session
 
@@ -724,6 +744,14 @@ class EdgeEngine:
             else {
                 "content_hash": self._policy.content_hash(),
                 "refused_entries": self._policy.refusals.by_kind(),
+            },
+            "desired_document": None
+            if self._desired is None
+            else {
+                "name": self._desired.name,
+                "content_hash": self._desired.content_hash(),
+                "assignments": len(self._desired.assignments()),
+                "refused_entries": self._desired.refusals.by_kind(),
             },
             "models": self.active_models.status(),
             "power": {**self.power.state.report().to_entry(), "last_error": self.power.last_error},
@@ -1017,8 +1045,8 @@ class EdgeEngine:
         leave the hot tables (counted per day in the store's history tables). Tasks central
         still assigns to us stay: pruned, a finished one would be taken as new and run again."""
         me = self.edge.node_id
-        keep = [] if self._policy is None else [
-            task_id for task_id, entry in self.policy.assignments().items() if entry.node == me
+        keep = [] if self._desired is None else [
+            task_id for task_id, entry in self.desired.assignments().items() if entry.node == me
         ]  # fmt: skip
         pruned = await self.store.prune_history(now - self.edge.history_retention_s, keep=keep)
         if any(pruned):

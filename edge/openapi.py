@@ -78,6 +78,18 @@ def _edge_schemas() -> dict[str, Schema]:
                         }
                     )
                 ),
+                "desired_document": oa.nullable(
+                    oa.obj(
+                        {
+                            "name": oa.STR,
+                            "content_hash": oa.STR,
+                            "assignments": oa.INT,
+                            "refused_entries": oa.map_of(
+                                oa.INT, "entry kind -> entries the schema refused"
+                            ),
+                        }
+                    )
+                ),
                 "models": oa.map_of(oa.model_info(), "kind -> the model in use, or why none"),
                 "power": oa.obj(
                     {

@@ -909,6 +909,18 @@ class NodeDoc(SyncedDoc):
         return self._map_view("tasks", TaskReport)
 
 
+#: A node's desired-state document is ``desired-<node id>``: its shard of the fleet's
+#: assignments, stop orders and power order (see :mod:`edgesched.central.desired`).
+DESIRED_PREFIX = "desired-"
+
+
+def desired_doc_name(node_id: str) -> str:
+    """The name of node ``node_id``'s desired-state document."""
+    if not node_id:
+        raise ValueError("node id must not be empty")
+    return f"{DESIRED_PREFIX}{node_id}"
+
+
 class PolicyDoc(SyncedDoc):
     """The fleet policy document written by central (several central replicas may co-write
     it; nodes only read it): ``policy`` (mode, tidal profile), ``models`` (kind → an ONNX

@@ -15,6 +15,10 @@ appends them to the store in order, two ways:
 Either way an update leaves the queue only once its transaction committed, and
 :meth:`DocJournal.flushed` is the peer's ``before_publish``: it returns once everything queued
 so far is on disk.
+
+A writer of many documents (central and its per-node desired-state documents) keeps their
+journals in one :class:`JournalSet`, whose single task logs every journal with queued updates
+in one store transaction: one fsync for a control step's writes to a thousand documents.
 """
 
 from __future__ import annotations
@@ -56,12 +60,16 @@ class DocJournal:
         self._changed = asyncio.Condition()
         self._arrived = asyncio.Event()
         self._lock = asyncio.Lock()  # one logger at a time: updates go in in order
+        #: Called (outside the commit) when an update is queued: a JournalSet's wake-up.
+        self.on_queued: Callable[[DocJournal], None] | None = None
         doc.on_local_update(self._enqueue)  # queue only: no doc access in a commit
 
     def _enqueue(self, update: bytes) -> None:
         self._pending.append(update)
         self._queued += 1
         self._arrived.set()
+        if self.on_queued is not None:
+            self.on_queued(self)
 
     @property
     def pending(self) -> int:
@@ -125,6 +133,68 @@ class DocJournal:
                 if self.on_error is not None:
                     self.on_error(failed)
                 log.error("%s: update not logged yet (publishing waits): %s", self.doc.name, failed)
+                await asyncio.sleep(self.retry_s)
+
+
+class JournalSet:
+    """The journals of many documents of one store, logged by one task, batched."""
+
+    def __init__(self, store: Store, *, retry_s: float = 1.0) -> None:
+        self.store = store
+        self.retry_s = retry_s
+        self.journals: dict[str, DocJournal] = {}
+        self._due: dict[str, DocJournal] = {}
+        self._arrived = asyncio.Event()
+        self.batches = 0  # store transactions committed
+
+    def add(self, doc: SyncedDoc) -> DocJournal:
+        """A journal for ``doc`` (its updates are logged by :meth:`run`, not its own task)."""
+        journal = DocJournal(doc, self.store, retry_s=self.retry_s)
+        journal.on_queued = self._queued
+        self.journals[doc.name] = journal
+        return journal
+
+    def _queued(self, journal: DocJournal) -> None:
+        self._due[journal.doc.name] = journal
+        self._arrived.set()
+
+    async def flush(self) -> int:
+        """Log every queued update of every journal in one store transaction; returns how
+        many journals were written. On a store error nothing is logged (all stay queued).
+        The set's journals are logged only here (never by their own run or transaction)."""
+        due, self._due = self._due, {}
+        if not due:
+            return 0
+        saved = {name: _log_position(j.doc) for name, j in due.items()}
+        logged = dict.fromkeys(due, 0)
+        try:
+            async with self.store.transaction():
+                for name, journal in due.items():
+                    # log_update may queue more (a rotation): log until the queue is drained
+                    while logged[name] < len(journal._pending):
+                        await journal.doc.log_update(self.store, journal._pending[logged[name]])
+                        logged[name] += 1
+        except BaseException:
+            for name, journal in due.items():
+                _restore_log_position(journal.doc, saved[name])  # the store did not move
+            self._due = due | self._due
+            raise
+        for name, journal in due.items():
+            await journal._committed(logged[name])
+        self.batches += 1
+        return len(due)
+
+    async def run(self) -> None:
+        """Forever: log what is queued, a batch at a time; on a store error wait, retry."""
+        while True:
+            if not self._due:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            try:
+                await self.flush()
+            except StoreError as exc:
+                log.error("desired-state documents not logged yet (publishing waits): %s", exc)
                 await asyncio.sleep(self.retry_s)
 
 

@@ -341,10 +341,13 @@ def acl(
 
     * write ``edgesched/v1/node/<self>/#`` (status, will) and its own sender topic of the
       documents it takes part in: ``doc/node-<self>/sync/<self>``, ``doc/policy/sync/<self>``
-      (it must send y-sync step 1 there; central ignores its updates to policy), and
-      ``doc/site-<site>/sync/<self>`` for the sites listed for it in ``site_members``;
+      and ``doc/desired-<self>/sync/<self>`` (it must send y-sync step 1 there; central
+      ignores its updates to both), and ``doc/site-<site>/sync/<self>`` for the sites listed
+      for it in ``site_members``;
     * read ``edgesched/v1/central/#`` (heartbeat), ``edgesched/v1/node/<self>/#``,
-      ``doc/node-<self>/#``, ``doc/policy/#`` and its sites' ``doc/site-<site>/#``.
+      ``doc/node-<self>/#``, ``doc/policy/#``, ``doc/desired-<self>/#`` (its own shard of the
+      fleet's desired state) and its sites' ``doc/site-<site>/#``. Not ``doc/fleet``: the
+      fleet's assignments are for centrals only.
 
     Deliberately narrower than "write ``doc/+/sync/<self>``": that would let a node inject
     updates into another node's private document under its own name. And a node does not read
@@ -365,10 +368,12 @@ def acl(
         f"pattern write {ROOT}/node/%u/#",
         f"pattern write {ROOT}/doc/node-%u/sync/%u",
         f"pattern write {ROOT}/doc/policy/sync/%u",
+        f"pattern write {ROOT}/doc/desired-%u/sync/%u",
         f"pattern read {ROOT}/central/#",
         f"pattern read {ROOT}/node/%u/#",
         f"pattern read {ROOT}/doc/node-%u/#",
         f"pattern read {ROOT}/doc/policy/#",
+        f"pattern read {ROOT}/doc/desired-%u/#",
     ]
     for central in centrals:
         lines += [

@@ -67,10 +67,15 @@ async def fleet(
 ) -> AsyncIterator[Fleet]:
     """Start central and the nodes (node ``n`` talks to MQTT on ``ports[n]``); stop all."""
     node_ports = {n: ports[n] for n in NODES}
-    async with central_and_nodes(tmp_path, central_port, node_ports, central=central_opts) as (
-        central,
-        nodes,
-    ):
+    # The nodes take desired state from every central replica there is, and only from them.
+    centrals = [central_opts.get("central_id", "central"), *central_opts.get("peers", [])]
+    async with central_and_nodes(
+        tmp_path,
+        central_port,
+        node_ports,
+        central=central_opts,
+        edge=lambda _node, _dir: {"centrals": centrals},
+    ) as (central, nodes):
         yield Fleet(central, nodes)
 
 

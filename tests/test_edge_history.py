@@ -25,8 +25,8 @@ from conftest import free_port, kill_task_processes
 from edgesched.config import parse_config
 from edgesched.core.model import Decision, DecisionKind
 from edgesched.core.task import Assignment, TaskRecord, TaskSpec, TaskState
-from edgesched.edge.engine import POLICY_DOC, EdgeEngine
-from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
+from edgesched.edge.engine import EdgeEngine
+from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for, desired_doc_name
 from edgesched.sync.schema import AssignmentEntry
 from edgesched.sync.store import Store
 
@@ -95,7 +95,7 @@ async def prefill(state: Path, now: float) -> None:
             ],
             "edge-autonomous",
         )
-        policy = PolicyDoc(POLICY_DOC, client_id_for("central"))
+        policy = PolicyDoc(desired_doc_name(NODE), client_id_for("central"))
         policy.assign(
             "central-1",
             AssignmentEntry(

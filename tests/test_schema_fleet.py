@@ -60,7 +60,9 @@ def _write_bad_registration(doc: NodeDoc) -> None:
     doc.root("node")["power"] = {"state": "active", "since": 1.0, "battery": 0.5}
 
 
-def _write_bad_policy_entries(doc: PolicyDoc, now: float) -> None:
+def _write_bad_policy_entries(doc: PolicyDoc, policy_doc: PolicyDoc, now: float) -> None:
+    """Bad desired state into the fleet document (``doc``, centrals only) and bad fleet-wide
+    settings into the policy document every node replicates (``policy_doc``)."""
     good = TaskSpec(id="b-ok", command=("sleep", "60"), cpu=0.1, mem_gib=0.05)
     doc.assign(
         "b-ok",
@@ -89,9 +91,9 @@ def _write_bad_policy_entries(doc: PolicyDoc, now: float) -> None:
     doc.root("stops")["other@gw9"] = {"winner": "gw2", "at": now}  # no epoch
     doc.root("power")["gw1"] = {"state": "exploded", "at": now}
     doc.root("power")["gw9"] = {"state": "active"}  # no time
-    doc.root("models")["forecast"] = {"sha256": 7}
-    doc.root("models")["placement"] = {"data": "AAAA"}  # no sha256
-    policy = doc.root("policy")
+    policy_doc.root("models")["forecast"] = {"sha256": 7}
+    policy_doc.root("models")["placement"] = {"data": "AAAA"}  # no sha256
+    policy = policy_doc.root("policy")
     policy["mode"] = "chaos"
     policy["tidal"] = "campus"  # a string where an object belongs
 
@@ -119,10 +121,12 @@ async def test_bad_entries_are_refused_counted_and_converged_at_both_tiers(
     ) as (central, nodes):
         gw1: EdgeNode = nodes["gw1"]
         policy = PolicyDoc("policy", client_id_for("central-b"))
+        fleet = PolicyDoc("fleet", client_id_for("central-b"))
         evil = NodeDoc("node-gw-evil", client_id_for("gw-evil"))
         evil2 = NodeDoc("node-gw-evil2", client_id_for("gw-evil2"))
         peers = [
             DocPeer(policy, "central-b", "127.0.0.1", broker.port, backoff_max_s=0.5),
+            DocPeer(fleet, "central-b", "127.0.0.1", broker.port, backoff_max_s=0.5),
             DocPeer(evil, "gw-evil", "127.0.0.1", broker.port, backoff_max_s=0.5),
             DocPeer(evil2, "gw-evil2", "127.0.0.1", broker.port, backoff_max_s=0.5),
         ]
@@ -139,7 +143,7 @@ async def test_bad_entries_are_refused_counted_and_converged_at_both_tiers(
             now = asyncio.get_running_loop().time()
             _write_bad_node_entries(evil, now)
             _write_bad_registration(evil2)
-            _write_bad_policy_entries(policy, now)
+            _write_bad_policy_entries(fleet, policy, now)
 
             # converged: every replica byte-equal to its writer's copy
             def central_has_evil() -> bool:
@@ -160,6 +164,10 @@ async def test_bad_entries_are_refused_counted_and_converged_at_both_tiers(
                 return bool(c["policy_hash"] == n["content_hash"] == policy.content_hash())
 
             await _until("the policy document at central and gw1", policy_converged)
+            await _until(
+                "the fleet document at central",
+                lambda: central.get("/v1/status")[1]["fleet_hash"] == fleet.content_hash(),
+            )
 
             # the legitimate work goes on: gw1 runs central-b's valid assignment
             await _until(
@@ -194,8 +202,14 @@ async def test_bad_entries_are_refused_counted_and_converged_at_both_tiers(
             for kind, count in expected_policy.items():
                 assert refused[kind] == count, (kind, refused)
             assert c_status["rejected"]["schema_entries"] == sum(refused.values())
-            node_refused = gw1.get("/v1/status")[1]["policy_document"]["refused_entries"]
-            assert node_refused == expected_policy
+            # The node replicates the fleet-wide policy (its bad settings refused there too)
+            # and its own desired state, which central projects from valid entries only: the
+            # bad assignments, stops and power orders never reach it.
+            gw1_status = gw1.get("/v1/status")[1]
+            node_refused = gw1_status["policy_document"]["refused_entries"]
+            assert node_refused == {"model": 2, "mode": 1, "tidal": 1}
+            assert gw1_status["desired_document"]["refused_entries"] == {}
+            assert gw1_status["desired_document"]["assignments"] == 1  # b-ok
             # and both are still up and answering
             assert central.proc is not None and central.proc.poll() is None
             assert gw1.proc is not None and gw1.proc.poll() is None

@@ -178,6 +178,9 @@ def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: Broke
             f"{ROOT}/doc/node-b/sync/node-a",  # injecting into node-b's private doc
             f"{ROOT}/central/heartbeat",
             f"{ROOT}/doc/policy/sync/central",
+            f"{ROOT}/doc/desired-node-b/sync/node-a",  # into node-b's desired state
+            f"{ROOT}/doc/desired-node-a/sync/central",  # as central, into its own
+            f"{ROOT}/doc/fleet/sync/node-a",  # into the fleet's desired state
         ]
         for t in forged:
             a.publish(t, b"forged")
@@ -185,6 +188,7 @@ def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: Broke
             f"{ROOT}/node/node-a/status",
             f"{ROOT}/doc/node-node-a/sync/node-a",
             f"{ROOT}/doc/policy/sync/node-a",
+            f"{ROOT}/doc/desired-node-a/sync/node-a",
         ]
         for t in own:
             a.publish(t, b"own")
@@ -193,6 +197,9 @@ def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: Broke
         central.publish(f"{ROOT}/central/heartbeat", b'{"central": "central"}')
         central.publish(f"{ROOT}/doc/policy/sync/central", b"policy")
         central.publish(f"{ROOT}/doc/node-node-b/sync/central", b"to-b")
+        central.publish(f"{ROOT}/doc/desired-node-a/sync/central", b"desired-a")
+        central.publish(f"{ROOT}/doc/desired-node-b/sync/central", b"desired-b")
+        central.publish(f"{ROOT}/doc/fleet/sync/central", b"fleet")
         central.publish(f"{ROOT}/node/end", b"sentinel")  # central reads all; a does not
         central.publish(f"{ROOT}/doc/policy/sync/end", b"sentinel")  # ordered after the rest
         time.sleep(1.0)
@@ -207,6 +214,9 @@ def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: Broke
         got_a = a.drain()
         # node-a hears central's heartbeat and policy, and its own doc/status (echo)...
         assert {f"{ROOT}/central/heartbeat", f"{ROOT}/doc/policy/sync/central"} <= topics(got_a)
+        # ...its own desired state, but neither another node's nor the fleet's
+        assert (f"{ROOT}/doc/desired-node-a/sync/central", b"desired-a") in got_a
+        assert not [t for t in topics(got_a) if "/doc/fleet/" in t], got_a
         assert f"{ROOT}/node/node-a/status" in topics(got_a)
         # ...but nothing of node-b: neither its private doc nor its status, nor central's
         # traffic to it.

@@ -1,0 +1,176 @@
+"""Central's desired-state documents, one per node: what that node must run, stop and be.
+
+The fleet's assignments, stop orders and power orders live in central's own ``fleet``
+document, which only central replicas replicate. Each node replicates just its own shard of
+them, ``desired-<node>`` (a :class:`~edgesched.sync.doc.PolicyDoc`: the same ``assignments``,
+``stops`` and ``power`` maps, holding only the entries of that node), plus the small
+fleet-wide ``policy`` document (mode, tidal profile, models). So a node's traffic and its
+document's size follow its own work, not the fleet's: before, every node replicated every
+assignment of the fleet, and each change fanned out to every node.
+
+Central projects: each change the fleet index learns of the ``fleet`` document (an
+assignment made, moved, finished or forgotten; a stop order; a power order) is mirrored into
+the desired documents it concerns, from the validated entry (a bad entry in ``fleet`` never
+reaches a node). A failover moves an assignment from the old node's document to the new one's;
+the old node, cut off, keeps running its copy until a stop order reaches it in its own
+document (nodes stop a copy only on an explicit order). All desired documents are journaled
+by one :class:`~edgesched.sync.journal.JournalSet`: a step's writes to any number of them cost
+one SQLite transaction, and each goes out only once it is on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping
+
+from edgesched.sync.doc import DESIRED_PREFIX, PolicyDoc, client_id_for, desired_doc_name
+from edgesched.sync.journal import JournalSet
+from edgesched.sync.peer import DocPeer
+from edgesched.sync.schema import AssignmentEntry, PowerOrder, StopOrder
+from edgesched.sync.security import accept_sender
+from edgesched.sync.session import MqttSession
+from edgesched.sync.store import Store
+
+log = logging.getLogger("edgesched.central.desired")
+
+
+class DesiredDocs:
+    """The desired-state documents central writes, their peers and their journals."""
+
+    def __init__(
+        self,
+        central_id: str,
+        session: MqttSession,
+        store: Store,
+        *,
+        centrals: Collection[str] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.central_id = central_id
+        self.client_id = client_id_for(central_id)
+        self.session = session
+        self.store = store
+        self.centrals = frozenset(centrals) | {central_id}
+        self.clock = clock
+        self.docs: dict[str, PolicyDoc] = {}
+        self.journals = JournalSet(store)
+        self.writes = 0  # entries written or removed by the projection
+
+    def doc(self, node_id: str, restored: PolicyDoc | None = None) -> PolicyDoc:
+        """Node ``node_id``'s desired-state document (made, journaled and synced on first
+        use; ``restored``: one loaded from SQLite)."""
+        doc = self.docs.get(node_id)
+        if doc is not None:
+            return doc
+        doc = restored or PolicyDoc(desired_doc_name(node_id), self.client_id)
+        journal = self.journals.add(doc)
+        expected = {node_id: client_id_for(node_id)}
+        expected |= {c: client_id_for(c) for c in self.centrals}
+        self.session.add(
+            DocPeer(
+                doc,
+                self.central_id,
+                before_publish=journal.flushed,  # on disk before it leaves
+                accept=lambda topic, claimed: accept_sender(topic, claimed, expected),
+                writers=frozenset(client_id_for(c) for c in self.centrals),
+                subscribe=False,  # central's wildcard subscription carries its messages
+                clock=self.clock,
+            )
+        )
+        self.docs[node_id] = doc
+        return doc
+
+    async def load(self) -> int:
+        """Restore every desired-state document kept in SQLite; returns how many."""
+        count = 0
+        for name in await self.store.doc_names():
+            if not name.startswith(DESIRED_PREFIX):
+                continue
+            doc = await PolicyDoc.load_from(self.store, name, self.client_id)
+            self.doc(name[len(DESIRED_PREFIX) :], doc)
+            count += 1
+        return count
+
+    # --- the projection -------------------------------------------------------------------
+
+    def assignment(
+        self, task_id: str, old: AssignmentEntry | None, new: AssignmentEntry | None
+    ) -> None:
+        """The fleet's assignment of ``task_id`` went from ``old`` to ``new``."""
+        if old is not None and old.node and (new is None or new.node != old.node):
+            doc = self.docs.get(old.node)
+            if doc is not None and doc.root("assignments").get(task_id) is not None:
+                doc.drop_assignment(task_id)
+                self.writes += 1
+        if new is not None and new.node:
+            self.doc(new.node).assign(task_id, new)
+            self.writes += 1
+
+    def stop(self, key: str, order: StopOrder | None) -> None:
+        """The stop order ``task@node`` was given (or is done: None)."""
+        task_id, _, node_id = key.rpartition("@")
+        if not task_id or not node_id:
+            return
+        if order is None:
+            doc = self.docs.get(node_id)
+            if doc is not None and doc.root("stops").get(key) is not None:
+                doc.drop_stop(task_id, node_id)
+                self.writes += 1
+            return
+        self.doc(node_id).order_stop(task_id, node_id, order)
+        self.writes += 1
+
+    def power(self, node_id: str, order: PowerOrder | None) -> None:
+        """Central's power order to ``node_id`` changed."""
+        if order is None:
+            doc = self.docs.get(node_id)
+            if doc is not None and doc.root("power").get(node_id) is not None:
+                del doc.root("power")[node_id]
+                self.writes += 1
+            return
+        self.doc(node_id).set_power(node_id, order)
+        self.writes += 1
+
+    def match(
+        self,
+        assignments: Mapping[str, AssignmentEntry],
+        stops: Mapping[str, StopOrder],
+        orders: Mapping[str, PowerOrder],
+    ) -> int:
+        """Make every desired document hold exactly the fleet's entries for its node (at
+        start, over what SQLite restored): writes only what differs; returns how many."""
+        want: dict[str, tuple[dict[str, AssignmentEntry], dict[str, StopOrder]]] = {}
+        for task_id, entry in assignments.items():
+            if entry.node:
+                want.setdefault(entry.node, ({}, {}))[0][task_id] = entry
+        for key, order in stops.items():
+            node_id = key.rpartition("@")[2]
+            if node_id:
+                want.setdefault(node_id, ({}, {}))[1][key] = order
+        before = self.writes
+        for node_id in sorted(set(want) | set(self.docs) | set(orders)):
+            held_a, held_s = want.get(node_id, ({}, {}))
+            doc = self.doc(node_id)
+            have_a = doc.assignments()
+            for task_id in sorted(set(have_a) - set(held_a)):
+                doc.drop_assignment(task_id)
+                self.writes += 1
+            for task_id, entry in sorted(held_a.items()):
+                if have_a.get(task_id) != entry:
+                    doc.assign(task_id, entry)
+                    self.writes += 1
+            have_s = doc.stops()
+            for key in sorted(set(have_s) - set(held_s)):
+                task_id, _, stop_node = key.rpartition("@")
+                doc.drop_stop(task_id, stop_node)
+                self.writes += 1
+            for key, order in sorted(held_s.items()):
+                if have_s.get(key) != order:
+                    task_id, _, stop_node = key.rpartition("@")
+                    doc.order_stop(task_id, stop_node, order)
+                    self.writes += 1
+            standing = orders.get(node_id)
+            if doc.power().get(node_id) != standing:
+                self.power(node_id, standing)
+        return self.writes - before

@@ -1,0 +1,103 @@
+"""Central's per-node desired-state documents and the journal set that logs them, over a
+real SQLite store: the projection moves entries between nodes' documents, ``match`` brings
+restored documents up to date writing only what differs, and a batch that fails to commit
+leaves every update queued and nothing half-written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgesched.central.desired import DesiredDocs
+from edgesched.core.task import TaskSpec
+from edgesched.sync.doc import PolicyDoc, client_id_for, desired_doc_name
+from edgesched.sync.journal import JournalSet
+from edgesched.sync.schema import AssignmentEntry, PowerOrder, StopOrder
+from edgesched.sync.session import Endpoint, MqttSession
+from edgesched.sync.store import Store, StoreError
+
+
+def entry(task_id: str, node: str, epoch: int = 1) -> AssignmentEntry:
+    spec = TaskSpec(id=task_id, command=("true",), cpu=0.5)
+    return AssignmentEntry(spec=spec.to_json(), node=node, epoch=epoch, central="central", at=1.0)
+
+
+def session() -> MqttSession:
+    return MqttSession(Endpoint("127.0.0.1", 1883, "central"))
+
+
+async def test_the_projection_follows_assignments_stops_and_power(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "central.db") as store:
+        desired = DesiredDocs("central", session(), store)
+        first = entry("t1", "gw-a")
+        desired.assignment("t1", None, first)
+        assert set(desired.doc("gw-a").assignments()) == {"t1"}
+        moved = entry("t1", "gw-b", epoch=2)  # a failover: gw-a's document no longer has it
+        desired.assignment("t1", first, moved)
+        assert desired.doc("gw-a").assignments() == {}
+        assert desired.doc("gw-b").assignments()["t1"] == moved
+        stop = StopOrder(epoch=1, winner="gw-b", at=2.0)
+        desired.stop("t1@gw-a", stop)  # the loser hears in its own document
+        assert desired.doc("gw-a").stops() == {"t1@gw-a": stop}
+        assert desired.doc("gw-b").stops() == {}
+        desired.stop("t1@gw-a", None)
+        assert desired.doc("gw-a").stops() == {}
+        order = PowerOrder(state="parked", reason="idle", at=3.0)
+        desired.power("gw-c", order)
+        assert desired.doc("gw-c").power() == {"gw-c": order}
+        desired.power("gw-c", None)
+        assert desired.doc("gw-c").power() == {}
+        desired.assignment("t1", moved, None)  # forgotten
+        assert desired.doc("gw-b").assignments() == {}
+        # Each document went to SQLite through the one journal set, in one transaction.
+        assert await desired.journals.flush() == 3
+        assert desired.journals.batches == 1
+        restored = await PolicyDoc.load_from(store, desired_doc_name("gw-a"), 7)
+        assert restored.content_hash() == desired.doc("gw-a").content_hash()
+
+
+async def test_match_writes_only_what_differs(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "central.db") as store:
+        before = DesiredDocs("central", session(), store)
+        before.assignment("keep", None, entry("keep", "gw-a"))
+        before.assignment("stale", None, entry("stale", "gw-a"))
+        await before.journals.flush()
+        after = DesiredDocs("central", session(), store)
+        assert await after.load() == 1
+        want = {"keep": entry("keep", "gw-a"), "new": entry("new", "gw-b")}
+        stops = {"keep@gw-c": StopOrder(epoch=1, winner="gw-a", at=1.0)}
+        assert after.match(want, stops, {}) == 3  # drop "stale", add "new", the stop
+        assert set(after.doc("gw-a").assignments()) == {"keep"}
+        assert set(after.doc("gw-b").assignments()) == {"new"}
+        assert set(after.doc("gw-c").stops()) == {"keep@gw-c"}
+        assert after.match(want, stops, {}) == 0  # nothing differs any more
+
+
+async def test_a_failed_batch_keeps_every_update_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with await Store.open(tmp_path / "central.db") as store:
+        journals = JournalSet(store)
+        docs = [PolicyDoc(f"desired-n{i}", client_id_for("central")) for i in range(3)]
+        for doc in docs:
+            journals.add(doc)
+            doc.assign("t", entry("t", doc.name))
+        real = PolicyDoc.log_update
+
+        async def failing(self: PolicyDoc, st: Store, update: bytes, **kw: int) -> int:
+            if self.name == "desired-n2":
+                raise StoreError("disk full")
+            return await real(self, st, update, **kw)
+
+        monkeypatch.setattr(PolicyDoc, "log_update", failing)
+        with pytest.raises(StoreError):
+            await journals.flush()
+        assert all(journals.journals[d.name].pending == 1 for d in docs)
+        assert await store.doc_names() == []  # n0 and n1 rolled back with n2
+        monkeypatch.setattr(PolicyDoc, "log_update", real)
+        assert await journals.flush() == 3
+        assert all(journals.journals[d.name].pending == 0 for d in docs)
+        for doc in docs:
+            again = await PolicyDoc.load_from(store, doc.name, 9)
+            assert again.content_hash() == doc.content_hash()
