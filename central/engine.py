@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 from edgesched.central.desired import DesiredDocs
 from edgesched.central.fleetindex import FleetIndex
 from edgesched.central.heartbeat import CentralPeers, Heartbeat
+from edgesched.central.leases import ShardLeases, shard_of
 from edgesched.central.liveness import Hearing, Liveness, NodeStatus
 from edgesched.central.metrics import CentralMetrics
 from edgesched.central.placement import Choice, assignment_entry, place_all, place_pinned
@@ -83,6 +84,9 @@ MAX_EVENTS = 1000
 DEMAND_SAMPLE_S = 5.0
 #: How often the power stage runs when nothing changed (idle timers must still come due).
 POWER_EVERY_S = 5.0
+#: A replica acts on its shards only while its lease stays valid this much longer (a step
+#: never outlives the lease that allowed it: see docs/scaling.md).
+LEASE_GUARD_S = 0.5
 #: The policy document's maps the fleet index follows by key.
 POLICY_ROOTS = ("assignments", "stops", "power")
 
@@ -147,6 +151,10 @@ class CentralEngine:
         self.heartbeat = Heartbeat(self.central.central_id, self.central.heartbeat_s, clock)
         self.peers = CentralPeers(self.central.central_id, 3 * self.central.heartbeat_s, clock)
         self._was_leader: bool | None = None
+        #: Shard ownership by etcd leases ([central] etcd_endpoints); None: the peers' rule
+        #: (the smallest live id acts for the whole fleet).
+        self.leases: ShardLeases | None = None
+        self._owned: frozenset[int] = frozenset()
         self.liveness = Liveness(
             clock, site_of=self._site_of, silent_after_s=self.central.silent_after_s
         )
@@ -227,49 +235,64 @@ class CentralEngine:
             log.info("central %s: %d node replicas restored", self.central.central_id, restored)
             await self._open_policy()
             await self._open_fleet()
-            async with asyncio.TaskGroup() as group:
-                runner = None if self._api is None else await self._api(self)
-                loops: list[asyncio.Task[None]] = []
-                try:
-                    loops = [
-                        group.create_task(_need(self._journal).run(), name="policy-log"),
-                        group.create_task(_need(self._fleet_journal).run(), name="fleet-log"),
-                        group.create_task(_need(self.desired).journals.run(), name="desired-log"),
-                        group.create_task(self.session.run(), name="mqtt"),
-                        group.create_task(self._snapshot_loop(), name="snapshots"),
-                        group.create_task(self._control_loop(), name="control"),
-                        group.create_task(self._forecast_loop(), name="forecast"),
-                    ]
-                    self._ready.set()
-                    log.info(
-                        "central %s up: broker %s:%d, API on %s:%s",
-                        self.central.central_id,
-                        self._endpoint.host,
-                        self._endpoint.port,
-                        self.central.api_host,
-                        self.api_port,
+            async with contextlib.AsyncExitStack() as stack:
+                if self.central.etcd_endpoints:
+                    self.leases = await stack.enter_async_context(
+                        ShardLeases(
+                            self.central.central_id,
+                            self.central.etcd_endpoints,
+                            shards=self.central.shards,
+                            ttl_s=self.central.lease_ttl_s,
+                            on_change=lambda _owned: self._wake.set(),
+                        )
                     )
-                    log.info(
-                        "dashboard: http://%s:%s/dashboard/#token=<the token in %s>",
-                        self.central.api_host,
-                        self.api_port,
-                        self.state_dir / "api-token-read",
-                    )
-                    await self._stop.wait()
-                    with contextlib.suppress(TimeoutError):  # journal what is queued
-                        async with asyncio.timeout(5.0):
-                            await _need(self._journal).flushed()
-                            await _need(self._fleet_journal).flushed()
-                            await _need(self.desired).journals.flush()
-                finally:
-                    for task in loops:
-                        task.cancel()
-                    if runner is not None:
-                        await runner.cleanup()
+                await self._serve()
             await self.replicas.persist_changed()
         finally:
             await self.store.close()
             log.info("central %s stopped", self.central.central_id)
+
+    async def _serve(self) -> None:
+        """The loops, in one task group, until :meth:`stop`."""
+        async with asyncio.TaskGroup() as group:
+            runner = None if self._api is None else await self._api(self)
+            loops: list[asyncio.Task[None]] = []
+            try:
+                loops = [
+                    group.create_task(_need(self._journal).run(), name="policy-log"),
+                    group.create_task(_need(self._fleet_journal).run(), name="fleet-log"),
+                    group.create_task(_need(self.desired).journals.run(), name="desired-log"),
+                    group.create_task(self.session.run(), name="mqtt"),
+                    group.create_task(self._snapshot_loop(), name="snapshots"),
+                    group.create_task(self._control_loop(), name="control"),
+                    group.create_task(self._forecast_loop(), name="forecast"),
+                ]
+                self._ready.set()
+                log.info(
+                    "central %s up: broker %s:%d, API on %s:%s",
+                    self.central.central_id,
+                    self._endpoint.host,
+                    self._endpoint.port,
+                    self.central.api_host,
+                    self.api_port,
+                )
+                log.info(
+                    "dashboard: http://%s:%s/dashboard/#token=<the token in %s>",
+                    self.central.api_host,
+                    self.api_port,
+                    self.state_dir / "api-token-read",
+                )
+                await self._stop.wait()
+                with contextlib.suppress(TimeoutError):  # journal what is queued
+                    async with asyncio.timeout(5.0):
+                        await _need(self._journal).flushed()
+                        await _need(self._fleet_journal).flushed()
+                        await _need(self.desired).journals.flush()
+            finally:
+                for task in loops:
+                    task.cancel()
+                if runner is not None:
+                    await runner.cleanup()
 
     async def _snapshot_loop(self) -> None:
         while True:
@@ -435,9 +458,16 @@ class CentralEngine:
                 raise TaskRefused(409, "id", f"task {spec.id!r} already exists")
             if pin is not None and pin not in self.replicas.replicas:
                 raise TaskRefused(422, "node", f"no node {pin!r} is known to central")
-            if self.peers.is_leader():
+            acting, mine = self._acting()
+            if acting and (mine is None or mine(spec.id)):
                 self.sync_index()
                 self._place(spec, pin=pin, epoch=1, replacement=False)
+            elif self.leases is not None:  # the owner of its shard places it
+                shard = shard_of(spec.id, self.leases.shards)
+                self._pending(
+                    spec, pin, 1,
+                    f"accepted by {self.central.central_id}; shard {shard} places it",
+                )  # fmt: skip
             else:  # the leading central replica places it
                 leader = self.peers.leader()
                 self._pending(
@@ -576,6 +606,7 @@ class CentralEngine:
             "replacement": entry.replacement,
             "score": entry.score,
             "reason": entry.reason,
+            "decided_by": entry.central,
             "at": entry.at,
             "spec": entry.spec,
             "copies": {
@@ -605,31 +636,62 @@ class CentralEngine:
         policy document (journaled by its own task) at once."""
         self.liveness.sweep(self.clock())  # nodes silent too long: offline, even with no will
         self.sync_index()
-        leader = self.peers.is_leader()
-        if leader != self._was_leader:
-            self._was_leader = leader
-            self._event("leader", f"{self.peers.leader()} leads the central replicas")
-            if leader:
-                self.index.recheck_all()  # what the former leader settled may have moved
-                self._placed_version = -1
-        if not leader:
+        acting, mine = self._acting()
+        if not acting:
             return
         now = self.clock()
-        self._place_waiting(now)
+        self._place_waiting(now, mine)
         self.sync_index()
-        self._reconcile(now)
+        self._reconcile(now, mine)
         self.sync_index()
-        if self.central.park_nodes:
-            self._power_step(now)
-        else:
-            self._wake_parked(now)
-        self._prune(now)
+        if mine is None or mine.fleet_wide:
+            if self.central.park_nodes:
+                self._power_step(now)
+            else:
+                self._wake_parked(now)
+        self._prune(now, mine)
         self.sync_index()
         self.index.table()  # the rows whose footprint moved, summed now: O(changed nodes)
 
-    def _place_waiting(self, now: float) -> None:
-        """Waiting tasks and services to fail over, placed in one batch of the core; tried
-        again only when what a placement sees has changed since the last try."""
+    def _acting(self) -> tuple[bool, Shards | None]:
+        """Whether this replica acts now, and on which tasks (None: the whole fleet).
+
+        Without etcd, the leading replica (smallest live id) acts for everything. With
+        etcd, a replica acts on the tasks of the shards it holds a lease on (a task's
+        shard: :func:`~edgesched.central.leases.shard_of` its id), and the holder of shard
+        0 also runs the fleet-wide power stage; it acts only while its lease stays valid
+        for :data:`LEASE_GUARD_S` more, so no step outlives the lease that allowed it. A
+        replica that gains a shard looks again at everything (what the former owner left)."""
+        if self.leases is None:
+            leader = self.peers.is_leader()
+            if leader != self._was_leader:
+                self._was_leader = leader
+                self._event("leader", f"{self.peers.leader()} leads the central replicas")
+                if leader:
+                    self.index.recheck_all()  # what the former leader settled may have moved
+                    self._placed_version = -1
+            return leader, None
+        owned = frozenset(self.leases.owned())
+        if self.leases.valid_for() < LEASE_GUARD_S:
+            owned = frozenset()
+        if owned != self._owned:
+            gained = owned - self._owned
+            self._event(
+                "shards",
+                f"{self.central.central_id} acts on {len(owned)} of {self.leases.shards} shards"
+                + (f" (gained {len(gained)})" if gained else ""),
+            )
+            self._owned = owned
+            if gained:
+                self.index.recheck_all()
+                self._placed_version = -1
+        if not owned:
+            return False, None
+        return True, Shards(owned, self.leases.shards)
+
+    def _place_waiting(self, now: float, mine: Shards | None = None) -> None:
+        """Waiting tasks and services to fail over (of this replica's shards), placed in one
+        batch of the core; tried again only when what a placement sees has changed."""
         index = self.index
         failover = index.failover_candidates(now)
         if index.version == self._placed_version and not failover:
@@ -637,6 +699,8 @@ class CentralEngine:
         fleet = _need(self.fleet)
         entries = {t: index.assignments[t] for t in sorted(index.pending)}
         entries |= {t: index.assignments[t] for t in failover}
+        if mine is not None:
+            entries = {t: e for t, e in entries.items() if mine(t)}
         if not entries:
             self._placed_version = index.version
             return
@@ -667,10 +731,10 @@ class CentralEngine:
         self.sync_index()
         self._placed_version = index.version
 
-    def _prune(self, now: float) -> None:
+    def _prune(self, now: float, mine: Shards | None = None) -> None:
         """Forget assignments finished (or cancelled) longer than the retention ago."""
         fleet = _need(self.fleet)
-        done = self.index.forgettable(now)
+        done = [t for t in self.index.forgettable(now) if mine is None or mine(t)]
         for task_id in done:
             fleet.drop_assignment(task_id)
         if done:
@@ -709,10 +773,12 @@ class CentralEngine:
         self.sync_index()
         self._power_at = (index.version, now)
 
-    def _reconcile(self, now: float) -> None:
+    def _reconcile(self, now: float, mine: Shards | None = None) -> None:
         fleet = _need(self.fleet)
         index = self.index
         for settled in index.settlements(self.reconcile_policy):
+            if mine is not None and not mine(settled.task_id):
+                continue
             best = settled.winner
             entry = index.assignments[settled.task_id]
             if entry.node != best.node_id:
@@ -740,7 +806,8 @@ class CentralEngine:
         # Stop orders are done once the loser reports its copy no longer active.
         for key in index.stops_done():
             task_id, _, node_id = key.rpartition("@")
-            fleet.drop_stop(task_id, node_id)
+            if mine is None or mine(task_id):
+                fleet.drop_stop(task_id, node_id)
 
     # --- the 15-minute forecast and the models --------------------------------------------
 
@@ -972,6 +1039,15 @@ class CentralEngine:
             "online": sum(1 for s in self.liveness.nodes.values() if s.state == "online"),
             "heartbeats_sent": self.heartbeat.sent,
             "leader": self.peers.leader(),
+            "shards": None
+            if self.leases is None
+            else {
+                "count": self.leases.shards,
+                "owned": sorted(self._owned),
+                "members": sorted(self.leases.members),
+                "lease_valid_for_s": round(self.leases.valid_for(), 3),
+                "etcd_connected": self.leases.connected,
+            },
             "centrals_alive": self.peers.alive(),
             "policy_hash": None if self.policy is None else self.policy.content_hash(),
             "fleet_hash": None if self.fleet is None else self.fleet.content_hash(),
@@ -989,6 +1065,22 @@ class CentralEngine:
         self.metrics.broker_connected.set(1 if status["broker_connected"] else 0)
         for kind, count in status["rejected"].items():
             self.metrics.rejected.labels(kind).set(count)
+
+
+@dataclass(frozen=True)
+class Shards:
+    """The shards a replica holds leases on: which tasks are its to act on."""
+
+    owned: frozenset[int]
+    count: int
+
+    def __call__(self, task_id: str) -> bool:
+        return shard_of(task_id, self.count) in self.owned
+
+    @property
+    def fleet_wide(self) -> bool:
+        """Whether this replica also runs the fleet-wide stages (the power stage)."""
+        return 0 in self.owned
 
 
 def _changed(

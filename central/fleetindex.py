@@ -277,9 +277,15 @@ class FleetIndex:
         return out
 
     def recheck_all(self) -> None:
-        """Look at every task and stop order again at the next step (leadership changed)."""
+        """Look at every task and stop order again at the next step, and every finished
+        assignment's time to forget (leadership or shard ownership changed: what another
+        replica was to act on is ours now). O(assignments), once."""
         self._reconcile_due.update(self.assignments)
         self._stops_due.update(self.stops)
+        self._prune_at.clear()
+        self._prune_heap.clear()
+        for task_id in self.assignments:
+            self._schedule_prune(task_id)
 
     def stops_done(self) -> list[str]:
         """Stop orders (``task@node``) whose loser reports no active copy any more."""

@@ -111,6 +111,18 @@ def _central_schemas() -> dict[str, Schema]:
                     "items": oa.STR,
                     "description": "peer central replicas heard within their lease",
                 },
+                "shards": oa.nullable(
+                    oa.obj(
+                        {
+                            "count": oa.INT,
+                            "owned": {"type": "array", "items": oa.INT},
+                            "members": {"type": "array", "items": oa.STR},
+                            "lease_valid_for_s": oa.NUMBER,
+                            "etcd_connected": oa.BOOL,
+                        },
+                        description="shard leases from etcd ([central] etcd_endpoints)",
+                    )
+                ),
                 "policy_hash": oa.nullable(oa.STR),
                 "fleet_hash": oa.nullable(oa.STR),
                 "desired_documents": {
@@ -149,6 +161,9 @@ def _central_schemas() -> dict[str, Schema]:
                 "replacement": oa.nullable(oa.BOOL),
                 "score": oa.nullable(oa.NUMBER),
                 "reason": oa.nullable(oa.STR),
+                "decided_by": oa.nullable(
+                    {"type": "string", "description": "the central replica that decided it"}
+                ),
                 "at": oa.nullable(oa.NUMBER),
                 "spec": {"anyOf": [oa.ref("TaskSpec"), {"type": "null"}]},
                 "copies": oa.map_of(copy_, "what each node reports of it, by node id"),
