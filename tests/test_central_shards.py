@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ async def test_two_central_replicas_split_the_shards_and_one_takes_over(
                 return len(c.get("/v1/nodes")[1]["nodes"]) == len(NODES)
 
             for c in centrals.values():
-                await until(lambda c=c: known(c), 30, "every node known to every central")
+                await until(partial(known, c), 30, "every node known to every central")
 
             # Twelve tasks, submitted alternately at either replica.
             ids = [f"job-{i:02d}" for i in range(12)]
@@ -118,14 +119,14 @@ async def test_two_central_replicas_split_the_shards_and_one_takes_over(
                 15,
                 "central-a holding every shard",
             )
-            for task_id in late:
-                await until(
-                    lambda t=task_id: any(
-                        n.tasks().get(t, {}).get("state") == "running" for n in nodes.values()
-                    ),
-                    20,
-                    f"{task_id} running",
+
+            def running(task_id: str) -> bool:
+                return any(
+                    n.tasks().get(task_id, {}).get("state") == "running" for n in nodes.values()
                 )
+
+            for task_id in late:
+                await until(partial(running, task_id), 20, f"{task_id} running")
                 view = survivor.get(f"/v1/tasks/{task_id}")[1]
                 assert view["decided_by"] == "central-a" and view["epoch"] == 1, view
         finally:
