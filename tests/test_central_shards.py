@@ -120,13 +120,13 @@ async def test_two_central_replicas_split_the_shards_and_one_takes_over(
                 "central-a holding every shard",
             )
 
-            def running(task_id: str) -> bool:
+            def runs(task_id: str) -> bool:
                 return any(
                     n.tasks().get(task_id, {}).get("state") == "running" for n in nodes.values()
                 )
 
             for task_id in late:
-                await until(partial(running, task_id), 20, f"{task_id} running")
+                await until(partial(runs, task_id), 20, f"{task_id} running")
                 view = survivor.get(f"/v1/tasks/{task_id}")[1]
                 assert view["decided_by"] == "central-a" and view["epoch"] == 1, view
         finally:
