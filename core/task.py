@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -34,6 +34,18 @@ IMAGE_REF = (
 )
 _IMAGE_REF = re.compile(IMAGE_REF)
 MAX_IMAGE_REF = 255
+#: A task id's characters: ``str.isalnum()`` (what ``\w`` matches, less ``_``) or ``-_.``.
+_TASK_ID = re.compile(r"[\w.\-]+")
+#: Every field a spec's JSON may carry.
+_SPEC_FIELDS = frozenset(
+    {
+        "id", "command", "workload", "priority", "cpu", "mem_gib", "accel", "threads",
+        "env", "cwd", "restart", "max_restarts", "limits", "archs", "server_classes",
+        "preemptible", "duration_s", "reconcile", "images",
+    }
+)  # fmt: skip
+_NUMBER = (int, float)
+_RECONCILE_CHOICES = ("", "keep-original", "keep-replacement", "best-score", "longest-running")
 #: The affinity planner lays out one entry per thread: a bound keeps a typo from exhausting
 #: the node's memory in its scheduling loop (1024: more than any node's cores).
 MAX_THREADS = 1024
@@ -97,16 +109,28 @@ class TaskSpec:
     reconcile: str = ""
 
     def __post_init__(self) -> None:
-        if not self.id or len(self.id) > 128 or not all(c.isalnum() or c in "-_." for c in self.id):
+        ident = self.id
+        if (
+            not ident
+            or len(ident) > 128
+            or not (
+                _TASK_ID.fullmatch(ident)
+                if type(ident) is str
+                else all(c.isalnum() or c in "-_." for c in ident)
+            )
+        ):
             raise SpecError("id: 1-128 characters of letters, digits, '-', '_' or '.'")
-        if not self.command or not all(isinstance(a, str) and a for a in self.command):
+        if not self.command:
             raise SpecError("command: a non-empty list of non-empty strings")
+        for arg in self.command:
+            if not (isinstance(arg, str) and arg):
+                raise SpecError("command: a non-empty list of non-empty strings")
         if not 0 <= self.priority <= MAX_PRIORITY:
             raise SpecError(f"priority: must be in [0, {MAX_PRIORITY}]")
-        for name in ("cpu", "mem_gib"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise SpecError(f"{name}: must be a finite number >= 0")
+        if not math.isfinite(self.cpu) or self.cpu < 0:
+            raise SpecError("cpu: must be a finite number >= 0")
+        if not math.isfinite(self.mem_gib) or self.mem_gib < 0:
+            raise SpecError("mem_gib: must be a finite number >= 0")
         if self.cpu <= 0:
             raise SpecError("cpu: must be > 0")
         if self.accel < 0 or self.threads < 0 or self.max_restarts < 0:
@@ -171,95 +195,202 @@ class TaskSpec:
 
     @classmethod
     def from_json(cls, data: object) -> TaskSpec:
-        """Parse and validate an untrusted JSON object; errors name the field."""
-        if not isinstance(data, Mapping):
+        """Parse and validate an untrusted JSON object; errors name the field.
+
+        Every entry of the policy document carries a spec, so this is on central's hot path:
+        each field is read with an inline check of the plain case (its exact type, an ASCII
+        string, an integer within int64) and anything else goes through :func:`_field`, which
+        accepts what that check was too strict for and refuses the rest. The fields are read
+        in the same order either way, so the first refusal is always the same."""
+        if type(data) is not dict and not isinstance(data, Mapping):
             raise SpecError("body: must be a JSON object")
-        known = {
-            "id", "command", "workload", "priority", "cpu", "mem_gib", "accel", "threads",
-            "env", "cwd", "restart", "max_restarts", "limits", "archs", "server_classes",
-            "preemptible", "duration_s", "reconcile", "images",
-        }  # fmt: skip
-        unknown = sorted(set(data) - known)
-        if unknown:
+        if not _SPEC_FIELDS.issuperset(data):
+            unknown = sorted(set(data) - _SPEC_FIELDS)
             raise SpecError(f"{unknown[0]}: unknown field")
-        for required in ("id", "command"):
-            if required not in data:
-                raise SpecError(f"{required}: missing (required)")
+        if "id" not in data:
+            raise SpecError("id: missing (required)")
+        if "command" not in data:
+            raise SpecError("command: missing (required)")
+        get = data.get
 
-        def get(name: str, kind: type | tuple[type, ...], default: Any) -> Any:
-            value = data.get(name, default)
-            if value is default:
-                return value
-            if isinstance(value, bool) and kind is not bool and bool not in _as_tuple(kind):
-                raise SpecError(f"{name}: expected {_kind_name(kind)}, got a boolean")
-            if not isinstance(value, kind):
-                raise SpecError(f"{name}: expected {_kind_name(kind)}, got {type(value).__name__}")
-            _check_storable(name, value)
-            return value
-
-        command = get("command", list, [])
-        env = get("env", dict, {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise SpecError("env: keys and values must be strings")
-        limits_raw = get("limits", dict, {})
-        for key, value in limits_raw.items():
-            if key not in ("memory_mb", "nofile", "cpu_seconds"):
-                raise SpecError(f"limits.{key}: unknown field")
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value <= 0
-            ):
-                raise SpecError(f"limits.{key}: must be a positive integer")
-        try:
-            restart = RestartPolicy(get("restart", str, RestartPolicy.ON_FAILURE.value))
+        command = get("command")
+        if type(command) is list:
+            _check_storable("command", command)
+        else:
+            command = _field(data, "command", list, [])
+        env = get("env", _EMPTY)
+        if type(env) is not dict or env:
+            env = _field(data, "env", dict, {})
+            if env and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+                raise SpecError("env: keys and values must be strings")
+        limits: Limits | None = _NO_LIMITS
+        limits_raw = get("limits", _EMPTY)
+        if type(limits_raw) is not dict or (
+            limits_raw  # anything but all three unset (what to_json writes) or none given
+            and not (
+                len(limits_raw) == 3
+                and limits_raw.get("memory_mb", 0) is None
+                and limits_raw.get("nofile", 0) is None
+                and limits_raw.get("cpu_seconds", 0) is None
+            )
+        ):
+            limits_raw = _field(data, "limits", dict, {})
+            for key, value in limits_raw.items():
+                if key not in ("memory_mb", "nofile", "cpu_seconds"):
+                    raise SpecError(f"limits.{key}: unknown field")
+                if value is not None:
+                    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                        raise SpecError(f"limits.{key}: must be a positive integer")
+                    limits = None  # one is set
+        try:  # (a refusal of the field's type reads as this one too, as it always has)
+            restart_raw = get("restart", "on-failure")
+            if type(restart_raw) is not str or not restart_raw.isascii():
+                restart_raw = _field(data, "restart", str, RestartPolicy.ON_FAILURE.value)
+            restart = _RESTART_POLICIES.get(restart_raw) or RestartPolicy(restart_raw)
         except ValueError:
             raise SpecError(
                 "restart: must be one of " + ", ".join(p.value for p in RestartPolicy)
             ) from None
         try:
-            archs = frozenset(Arch(a) for a in get("archs", list, []))
+            archs_raw = get("archs", _NONE)
+            if type(archs_raw) is not list or archs_raw:
+                archs_raw = _field(data, "archs", list, [])
+            archs = frozenset(Arch(a) for a in archs_raw) if archs_raw else frozenset()
         except ValueError:
             raise SpecError("archs: each must be one of arm64, x86_64") from None
         try:
-            classes = frozenset(ServerClass(c) for c in get("server_classes", list, []))
+            classes_raw = get("server_classes", _NONE)
+            if type(classes_raw) is not list or classes_raw:
+                classes_raw = _field(data, "server_classes", list, [])
+            classes = frozenset(ServerClass(c) for c in classes_raw) if classes_raw else frozenset()
         except ValueError:
             raise SpecError(
                 "server_classes: each must be one of " + ", ".join(c.value for c in ServerClass)
             ) from None
         images: dict[Arch, str] = {}
-        for arch, ref in get("images", dict, {}).items():
-            try:
-                images[Arch(arch)] = ref
-            except ValueError:
-                raise SpecError(
-                    f"images.{arch}: unknown architecture (one of arm64, x86_64)"
-                ) from None
-        duration = get("duration_s", (int, float), None)
-        cwd = get("cwd", str, None)
-        reconcile = get("reconcile", str, "")
-        choices = ("", "keep-original", "keep-replacement", "best-score", "longest-running")
-        if reconcile not in choices:
-            raise SpecError("reconcile: must be one of " + ", ".join(choices[1:]))
-        return cls(
-            id=get("id", str, None),
-            command=tuple(command),
-            workload=get("workload", str, "default"),
-            priority=get("priority", int, 50),
-            cpu=float(get("cpu", (int, float), 1.0)),
-            mem_gib=float(get("mem_gib", (int, float), 0.5)),
-            accel=get("accel", int, 0),
-            threads=get("threads", int, 0),
-            env=dict(env),
-            cwd=cwd,
-            restart=restart,
-            max_restarts=get("max_restarts", int, 5),
-            limits=Limits(**limits_raw),
-            archs=archs,
-            images=images,
-            server_classes=classes,
-            preemptible=get("preemptible", bool, True),
-            duration_s=float(duration) if duration is not None else None,
-            reconcile=reconcile,
+        images_raw = get("images", _EMPTY)
+        if type(images_raw) is not dict or images_raw:
+            for arch, ref in _field(data, "images", dict, {}).items():
+                try:
+                    images[Arch(arch)] = ref
+                except ValueError:
+                    raise SpecError(
+                        f"images.{arch}: unknown architecture (one of arm64, x86_64)"
+                    ) from None
+        duration = get("duration_s")
+        if (
+            duration is not None
+            and type(duration) is not float
+            and (type(duration) is not int or not -MAX_SPEC_INT <= duration <= MAX_SPEC_INT)
+        ):
+            duration = _field(data, "duration_s", _NUMBER, None)
+        cwd = get("cwd")
+        if cwd is not None and (type(cwd) is not str or not cwd.isascii()):
+            cwd = _field(data, "cwd", str, None)
+        reconcile = get("reconcile", "")
+        if type(reconcile) is not str or not reconcile.isascii():
+            reconcile = _field(data, "reconcile", str, "")
+        if reconcile not in _RECONCILE_CHOICES:
+            raise SpecError("reconcile: must be one of " + ", ".join(_RECONCILE_CHOICES[1:]))
+        ident = get("id")
+        if type(ident) is not str or not ident.isascii():
+            ident = _field(data, "id", str, None)
+        workload = get("workload", "default")
+        if type(workload) is not str or not workload.isascii():
+            workload = _field(data, "workload", str, "default")
+        priority = get("priority", 50)
+        if type(priority) is not int or not -MAX_SPEC_INT <= priority <= MAX_SPEC_INT:
+            priority = _field(data, "priority", int, 50)
+        cpu = get("cpu", 1.0)
+        if type(cpu) is not float and (
+            type(cpu) is not int or not -MAX_SPEC_INT <= cpu <= MAX_SPEC_INT
+        ):
+            cpu = _field(data, "cpu", _NUMBER, 1.0)
+        mem_gib = get("mem_gib", 0.5)
+        if type(mem_gib) is not float and (
+            type(mem_gib) is not int or not -MAX_SPEC_INT <= mem_gib <= MAX_SPEC_INT
+        ):
+            mem_gib = _field(data, "mem_gib", _NUMBER, 0.5)
+        accel = get("accel", 0)
+        if type(accel) is not int or not -MAX_SPEC_INT <= accel <= MAX_SPEC_INT:
+            accel = _field(data, "accel", int, 0)
+        threads = get("threads", 0)
+        if type(threads) is not int or not -MAX_SPEC_INT <= threads <= MAX_SPEC_INT:
+            threads = _field(data, "threads", int, 0)
+        max_restarts = get("max_restarts", 5)
+        if type(max_restarts) is not int or not -MAX_SPEC_INT <= max_restarts <= MAX_SPEC_INT:
+            max_restarts = _field(data, "max_restarts", int, 5)
+        preemptible = get("preemptible", True)
+        if type(preemptible) is not bool:
+            preemptible = _field(data, "preemptible", bool, True)
+        values = (  # in the order of TaskSpec's fields (_SPEC_ORDER)
+            ident,
+            tuple(command),
+            workload,
+            priority,
+            float(cpu),
+            float(mem_gib),
+            accel,
+            threads,
+            dict(env),
+            cwd,
+            restart,
+            max_restarts,
+            Limits(**limits_raw) if limits is None else limits,
+            archs,
+            images,
+            classes,
+            preemptible,
+            float(duration) if duration is not None else None,
+            reconcile,
         )
+        return _new_spec(values) if cls is TaskSpec else cls(*values)
+
+
+_RESTART_POLICIES = {p.value: p for p in RestartPolicy}
+#: The limits of a spec that sets none (frozen, so shared).
+_NO_LIMITS = Limits()
+#: What ``data.get`` answers for an absent object field in :meth:`TaskSpec.from_json` (never
+#: written to; it reads as the field's default, an empty object).
+_EMPTY: dict[str, Any] = {}
+#: An absent list field, likewise.
+_NONE: list[Any] = []
+
+
+def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    """``data[name]`` (``default`` when absent) if it is a ``kind`` the store can hold; else
+    a SpecError naming the field (a boolean is not a number)."""
+    value = data.get(name, default)
+    if value is default:
+        return value
+    if isinstance(value, bool) and kind is not bool and bool not in _as_tuple(kind):
+        raise SpecError(f"{name}: expected {_kind_name(kind)}, got a boolean")
+    if not isinstance(value, kind):
+        raise SpecError(f"{name}: expected {_kind_name(kind)}, got {type(value).__name__}")
+    _check_storable(name, value)
+    return value
+
+
+#: TaskSpec's fields, in the order :meth:`TaskSpec.from_json` lists their values.
+_SPEC_ORDER = (
+    "id", "command", "workload", "priority", "cpu", "mem_gib", "accel", "threads", "env",
+    "cwd", "restart", "max_restarts", "limits", "archs", "images", "server_classes",
+    "preemptible", "duration_s", "reconcile",
+)  # fmt: skip
+if tuple(f.name for f in fields(TaskSpec)) != _SPEC_ORDER:  # a field added or moved
+    raise TypeError("TaskSpec's fields changed: update _SPEC_ORDER and TaskSpec.from_json")
+_SPEC_SLOTS = tuple(getattr(TaskSpec, name).__set__ for name in _SPEC_ORDER)
+
+
+def _new_spec(values: tuple[Any, ...]) -> TaskSpec:
+    """``TaskSpec(*values)``, built as its dataclass ``__init__`` builds it (every slot set,
+    then ``__post_init__``) but without the frozen class's ``object.__setattr__`` per field:
+    a third of parsing a spec, which central does for every entry of the policy document."""
+    spec = object.__new__(TaskSpec)
+    for set_slot, value in zip(_SPEC_SLOTS, values, strict=True):
+        set_slot(spec, value)
+    spec.__post_init__()
+    return spec
 
 
 def check_image(arch: object, ref: object) -> None:
@@ -281,17 +412,26 @@ def _check_storable(name: str, value: object) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SPEC_INT:
         raise SpecError(f"{name}: out of range")
     if isinstance(value, str):
+        if value.isascii():  # the common case: ASCII always encodes
+            return
         try:
             value.encode()
         except UnicodeEncodeError:
             raise SpecError(f"{name}: not valid Unicode (a lone surrogate)") from None
     elif isinstance(value, list):
         for item in value:
-            _check_storable(name, item)
+            # an ASCII string, null, a float or a boolean: nothing to refuse (spares a call)
+            if not ((type(item) is str and item.isascii()) or type(item) in _PLAIN_SCALARS):
+                _check_storable(name, item)
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_storable(name, key)
-            _check_storable(name, item)
+            if not (type(key) is str and key.isascii()):
+                _check_storable(name, key)
+            if not ((type(item) is str and item.isascii()) or type(item) in _PLAIN_SCALARS):
+                _check_storable(name, item)
+
+
+_PLAIN_SCALARS = frozenset({type(None), float, bool})
 
 
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:

@@ -30,7 +30,7 @@ import logging
 import math
 import types
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, ClassVar, Self, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -84,7 +84,7 @@ class Entry:
     @classmethod
     def from_entry(cls, raw: object) -> Self:
         """Decode and validate ``raw``; :class:`SchemaError` naming what is wrong."""
-        return _decode_dataclass(cls, raw, cls.KIND)
+        return _decoder(cls)(raw, cls.KIND)
 
 
 def _encode(value: object) -> object:
@@ -99,7 +99,13 @@ def _encode(value: object) -> object:
     return value
 
 
-# --- the generic decoder ------------------------------------------------------------------------
+# --- the reference decoder ----------------------------------------------------------------------
+#
+# The rules, stated once and generically: each field's type hint is resolved and dispatched on
+# per field per entry. This is the definition the compiled decoders below must equal (the
+# property test in tests/test_schema_decoder.py compares them on valid and invalid entries of
+# every kind), and their slow path: whatever a compiled decoder has no fast path for (a
+# refusal, a subclass of str, a container field, a non-dict mapping) it hands to these.
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -112,7 +118,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return hints
 
 
-def _decode_dataclass(cls: type[E], raw: object, kind: str) -> E:
+def _reference_decode(cls: type[E], raw: object, kind: str) -> E:
     if not isinstance(raw, Mapping):
         raise SchemaError(kind, "", f"expected an object, got {_type_name(raw)}")
     hints = _hints(cls)
@@ -120,7 +126,7 @@ def _decode_dataclass(cls: type[E], raw: object, kind: str) -> E:
     values: dict[str, Any] = {}
     for f in fields:
         if f.name in raw:
-            values[f.name] = _decode_value(hints[f.name], raw[f.name], kind, f.name)
+            values[f.name] = _reference_value(hints[f.name], raw[f.name], kind, f.name)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise SchemaError(kind, f.name, "missing")
     try:
@@ -138,7 +144,7 @@ def _decode_dataclass(cls: type[E], raw: object, kind: str) -> E:
 IGNORED_FIELDS: Counter[str] = Counter()
 
 
-def _decode_value(hint: Any, raw: object, kind: str, name: str) -> Any:
+def _reference_value(hint: Any, raw: object, kind: str, name: str) -> Any:
     origin = get_origin(hint)
     if origin in (Union, types.UnionType):
         args = [a for a in get_args(hint) if a is not type(None)]
@@ -146,13 +152,13 @@ def _decode_value(hint: Any, raw: object, kind: str, name: str) -> Any:
             if len(args) < len(get_args(hint)):
                 return None
             raise SchemaError(kind, name, "must not be null")
-        return _decode_value(args[0], raw, kind, name)
+        return _reference_value(args[0], raw, kind, name)
     if origin is dict:
         key_t, value_t = get_args(hint)
         if not isinstance(raw, Mapping):
             raise SchemaError(kind, name, f"expected an object, got {_type_name(raw)}")
         return {
-            _decode_value(key_t, k, kind, f"{name}[{k!r}]"): _decode_value(
+            _reference_value(key_t, k, kind, f"{name}[{k!r}]"): _reference_value(
                 value_t, v, kind, f"{name}[{k!r}]"
             )
             for k, v in raw.items()
@@ -161,9 +167,9 @@ def _decode_value(hint: Any, raw: object, kind: str, name: str) -> Any:
         (item_t, _ellipsis) = get_args(hint)
         if not isinstance(raw, list | tuple):
             raise SchemaError(kind, name, f"expected an array, got {_type_name(raw)}")
-        return tuple(_decode_value(item_t, v, kind, f"{name}[{i}]") for i, v in enumerate(raw))
+        return tuple(_reference_value(item_t, v, kind, f"{name}[{i}]") for i, v in enumerate(raw))
     if isinstance(hint, type) and issubclass(hint, Entry):
-        return _decode_dataclass(hint, raw, f"{kind}.{name}")
+        return _reference_decode(hint, raw, f"{kind}.{name}")
     if isinstance(hint, type) and issubclass(hint, Enum):
         try:
             return hint(raw)
@@ -191,6 +197,179 @@ def _decode_value(hint: Any, raw: object, kind: str, name: str) -> Any:
     if hint is Any:  # opaque JSON (a task spec, a tidal profile): checked by its own parser
         return raw
     raise TypeError(f"schema: no decoder for {hint!r} ({kind}.{name})")  # a bug in a class
+
+
+# --- the compiled decoders ----------------------------------------------------------------------
+#
+# Central decodes every entry of every replica (a restart over 10,000 nodes: a million), so
+# the reference's per-field introspection (``dataclasses.fields``, ``get_origin``, a chain of
+# isinstance checks) is resolved once per class instead: :func:`_compile` turns each field's
+# hint into a decoder closure ``(raw, kind, field name) -> value`` with a fast path for the
+# exact types the documents carry (str, int, float, bool, an enum's value, null for an
+# optional field), and decoding an entry is one loop over (name, decoder, default). Anything
+# off the fast path falls through to :func:`_reference_value` of the same hint, so a refusal
+# is the reference's, word for word.
+
+_FieldDecoder = Callable[[object, str, str], Any]
+_EntryDecoder = Callable[[object, str], Any]
+
+#: The compiled decoder of each entry class, built on its first decode.
+_DECODERS: dict[type, _EntryDecoder] = {}
+_ABSENT = object()
+_REQUIRED = object()
+_FACTORY = object()
+
+
+def _decoder(cls: type[E]) -> Callable[[object, str], E]:
+    """``cls``'s compiled decoder: ``(raw, kind) -> entry`` (the rules of the reference)."""
+    try:
+        return _DECODERS[cls]
+    except KeyError:
+        decode = _DECODERS[cls] = _compile(cls)
+        return decode
+
+
+def _compile(cls: type[E]) -> Callable[[object, str], E]:
+    hints = get_type_hints(cls)
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    # (name, decoder, default): _REQUIRED, the default, or _FACTORY (the class makes one)
+    plan = tuple(
+        (
+            f.name,
+            _compile_field(hints[f.name]),
+            f.default
+            if f.default is not dataclasses.MISSING
+            else _REQUIRED
+            if f.default_factory is dataclasses.MISSING
+            else _FACTORY,
+        )
+        for f in fields
+    )
+    # A plain frozen dataclass (every entry is one) is built as its generated ``__init__``
+    # builds it: each field into the instance's dict, then ``__post_init__``; without the
+    # frozen class's ``object.__setattr__`` per field, a third of a small entry's cost.
+    direct = (
+        "__slots__" not in cls.__dict__
+        and all(f.init for f in fields)
+        and all(default is not _FACTORY for _n, _d, default in plan)
+        and not any(isinstance(h, dataclasses.InitVar) for h in hints.values())
+    )
+    post_init = getattr(cls, "__post_init__", None)
+    new = object.__new__
+
+    def decode(raw: object, kind: str) -> E:
+        if type(raw) is not dict:  # another mapping (or a refusal): as the reference does
+            return _reference_decode(cls, raw, kind)
+        values: dict[str, Any] = {}
+        given = 0
+        for name, decode_field, default in plan:
+            value = raw.get(name, _ABSENT)
+            if value is not _ABSENT:
+                values[name] = decode_field(value, kind, name)
+                given += 1
+            elif default is _REQUIRED:
+                raise SchemaError(kind, name, "missing")
+            elif default is not _FACTORY:
+                values[name] = default
+        try:
+            if direct:
+                entry = new(cls)
+                entry.__dict__.update(values)
+                if post_init is not None:
+                    post_init(entry)
+            else:
+                entry = cls(**values)
+        except SchemaError:
+            raise
+        except (SpecError, ValueError, TypeError) as exc:  # a class's own checks
+            raise SchemaError(kind, "", str(exc)[:200]) from None
+        if given < len(raw):
+            IGNORED_FIELDS[kind] += len(raw) - given
+        return entry
+
+    return decode
+
+
+def _compile_field(hint: Any) -> _FieldDecoder:
+    """The decoder of one field's hint: fast paths, else the reference (which refuses)."""
+
+    def reference(raw: object, kind: str, name: str) -> Any:
+        return _reference_value(hint, raw, kind, name)
+
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        if len(args) == len(get_args(hint)):
+            return reference  # a union without null: no entry has one
+        inner = _compile_field(args[0])
+
+        def optional(raw: object, kind: str, name: str) -> Any:
+            return None if raw is None else inner(raw, kind, name)
+
+        return optional
+    if origin is not None:  # a container (dict[...], tuple[...]): no entry has one either
+        return reference
+    if isinstance(hint, type) and issubclass(hint, Entry):
+        entry_cls = hint
+
+        def nested(raw: object, kind: str, name: str) -> Any:
+            return _decoder(entry_cls)(raw, f"{kind}.{name}")
+
+        return nested
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        members = {m.value: m for m in hint}  # what ``hint(raw)`` finds first
+
+        def enum(raw: object, kind: str, name: str) -> Any:
+            try:
+                return members[raw]
+            except (KeyError, TypeError):  # not a value (or unhashable): the reference says
+                return reference(raw, kind, name)
+
+        return enum
+    return _LEAF_DECODERS.get(hint, reference)
+
+
+def _str_field(raw: object, kind: str, name: str) -> Any:
+    if type(raw) is str and len(raw) <= MAX_TEXT:
+        return raw
+    return _reference_value(str, raw, kind, name)
+
+
+def _int_field(raw: object, kind: str, name: str) -> Any:
+    if type(raw) is int:
+        if -MAX_WIRE_INT <= raw <= MAX_WIRE_INT:
+            return raw
+    elif type(raw) is float and raw.is_integer() and -MAX_WIRE_INT <= raw <= MAX_WIRE_INT:
+        return int(raw)
+    return wire_int(raw, kind, name)
+
+
+def _float_field(raw: object, kind: str, name: str) -> Any:
+    if type(raw) is float:
+        if math.isfinite(raw):
+            return raw
+    elif type(raw) is int and -MAX_WIRE_INT <= raw <= MAX_WIRE_INT:
+        return float(raw)
+    return _reference_value(float, raw, kind, name)
+
+
+def _bool_field(raw: object, kind: str, name: str) -> Any:
+    if raw is True or raw is False:
+        return raw
+    return _reference_value(bool, raw, kind, name)
+
+
+def _any_field(raw: object, kind: str, name: str) -> Any:
+    return raw
+
+
+_LEAF_DECODERS: dict[Any, _FieldDecoder] = {
+    str: _str_field,
+    int: _int_field,
+    float: _float_field,
+    bool: _bool_field,
+    Any: _any_field,
+}
 
 
 def wire_int(raw: object, kind: str, name: str) -> int:
@@ -460,9 +639,9 @@ class ModelEntry(Entry):
                 raise SchemaError(cls.KIND, "data", "too large")
             # the data field may be long: decode it outside the generic text cap
             rest = {k: v for k, v in raw.items() if k != "data"}
-            head = _decode_dataclass(cls, {**rest, "data": ""}, cls.KIND)
+            head = _decoder(cls)({**rest, "data": ""}, cls.KIND)
             return dataclasses.replace(head, data=raw["data"])
-        return _decode_dataclass(cls, raw, cls.KIND)
+        return _decoder(cls)(raw, cls.KIND)
 
 
 @dataclass(frozen=True)
