@@ -26,6 +26,7 @@ Pinned to one core by the thread settings below.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import tempfile
@@ -37,6 +38,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import psutil
 
+from edgesched.central.desired import DesiredDocs
 from edgesched.central.engine import CentralEngine
 from edgesched.central.liveness import NodeStatus
 from edgesched.central.placement import assignment_entry, failovers, fleet_view, prunable, reconcile
@@ -46,6 +48,7 @@ from edgesched.core.task import RestartPolicy, TaskSpec, TaskState
 from edgesched.policies.models import ActiveModels
 from edgesched.sync.doc import PolicyDoc, client_id_for
 from edgesched.sync.schema import AssignmentRef, AssignmentState, Registration, TaskReport
+from edgesched.sync.store import Store
 
 GRACE_S = 30.0
 
@@ -79,8 +82,9 @@ def build(nodes: int, tasks: int, state_dir: Path) -> tuple[CentralEngine, Clock
         {"forecast": engine.central.forecast_model, "placement": engine.central.placement_model},
     )
     engine.policy = PolicyDoc("policy", client_id_for("central"))
-    engine.policy.track_changes("assignments", "stops", "power")
-    policy = engine.policy
+    engine.fleet = PolicyDoc("fleet", client_id_for("central"))
+    engine.fleet.track_changes("assignments", "stops", "power")
+    policy = engine.fleet
     now = clock.now
     running: list[str] = []
     registration = Registration(
@@ -127,7 +131,7 @@ def timed(fn: object) -> float:
 
 def walk(engine: CentralEngine) -> float:
     """The old step's walks over the whole fleet (what the index replaced)."""
-    policy = engine.policy
+    policy = engine.fleet
     assert policy is not None
 
     def run() -> None:
@@ -144,17 +148,28 @@ def walk(engine: CentralEngine) -> float:
     return timed(run)
 
 
-def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
+async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         engine, clock, running = build(nodes, args.tasks, Path(tmp))
         built = time.perf_counter() - t0
-        first = timed(engine.control_step)  # the index learns the whole fleet once
+        store = await Store.open(Path(tmp) / "central.db")
+        desired = DesiredDocs("central", engine.session, store, clock=clock)
+        first = timed(lambda: engine.sync_index(project=False))  # the index learns it all
+        t0 = time.perf_counter()
+        desired.match(engine.index.assignments, engine.index.stops, engine.index.orders)
+        projected = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await desired.journals.flush()
+        journaled = time.perf_counter() - t0
+        engine.desired = desired
+        engine.control_step()
         idle = []
         for _ in range(args.steps):
             clock.now += 0.1
             idle.append(timed(engine.control_step))
         busy = []
+        flushes = []
         submitted = 0
         exits = iter(running[:: max(1, len(running) // (args.steps * args.changes + 1))])
         offline_at = {}
@@ -184,7 +199,10 @@ def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
                 engine._node_status_changed(node_id, status)
                 offline_at[node_id] = clock.now
             busy.append(timed(engine.control_step))
-        policy = engine.policy
+            t0 = time.perf_counter()
+            await desired.journals.flush()  # the step's desired-state writes, one transaction
+            flushes.append(time.perf_counter() - t0)
+        policy = engine.fleet
         assert policy is not None
         left_pending = sum(
             1 for e in policy.assignments().values() if e.state is AssignmentState.PENDING
@@ -192,11 +210,17 @@ def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
         failed_over = sum(1 for e in engine.events if e.kind == "failover")
         full = walk(engine) if nodes <= args.walk_up_to else float("nan")
         rss = psutil.Process().memory_info().rss / 2**20
+        await store.close()
     return {
         "nodes": nodes,
         "entries": nodes * args.tasks,
         "build_s": built,
         "first_s": first,
+        "project_s": projected,
+        "journal_s": journaled,
+        "flush_p50": statistics.median(flushes),
+        "flush_p99": quantile(flushes, 0.99),
+        "desired_docs": len(desired.docs),
         "idle_p50": statistics.median(idle),
         "idle_p99": quantile(idle, 0.99),
         "busy_p50": statistics.median(busy),
@@ -225,13 +249,17 @@ def main() -> None:
     sizes = [int(x) for x in args.nodes.split(",")]
     rows = []
     for n in sizes:
-        row = measure(n, args)
+        row = asyncio.run(measure(n, args))
         rows.append(row)
         print(
             f"{n:>6} nodes, {row['entries']:>9,} entries: build {row['build_s']:.1f} s, "
-            f"first step {row['first_s'] * 1000:.0f} ms, idle step p50/p99 "
+            f"index learns it {row['first_s']:.1f} s, {row['desired_docs']} desired documents "
+            f"projected {row['project_s']:.1f} s + journaled {row['journal_s']:.1f} s, "
+            f"idle step p50/p99 "
             f"{row['idle_p50'] * 1000:.2f}/{row['idle_p99'] * 1000:.2f} ms, step with work "
-            f"p50/p99 {row['busy_p50'] * 1000:.1f}/{row['busy_p99'] * 1000:.1f} ms, full walk "
+            f"p50/p99 {row['busy_p50'] * 1000:.1f}/{row['busy_p99'] * 1000:.1f} ms (its desired-"
+            f"state journal batch {row['flush_p50'] * 1000:.1f}/{row['flush_p99'] * 1000:.1f} ms)"
+            f", full walk "
             f"{row['walk_s']:.2f} s, RSS {row['rss_mib']:.0f} MiB; {row['submitted']} submitted, "
             f"{row['left_pending']} left pending, {row['failed_over']} failed over",
             flush=True,
