@@ -473,7 +473,7 @@ class CentralEngine:
                 self._pending(
                     spec, pin, 1, f"accepted by {self.central.central_id}; {leader} leads"
                 )
-        await _need(self._journal).flushed()
+        await _need(self._fleet_journal).flushed()  # the assignment on disk
         self._wake.set()
         entry = fleet.assignment(spec.id)
         assert entry is not None
@@ -513,6 +513,7 @@ class CentralEngine:
             assignment_entry(
                 spec, choice.node_id, central=self.central.central_id, epoch=epoch,
                 replacement=replacement, score=choice.score, at=now, reason=choice.reason,
+                lease=self._lease_of(spec.id),
             ),
         )  # fmt: skip
         self._event("placed", f"{spec.id} on {choice.node_id}: {choice.reason}",
@@ -531,7 +532,7 @@ class CentralEngine:
         entry = assignment_entry(
             spec, pin or "", central=self.central.central_id, epoch=epoch,
             replacement=False, score=0.0, at=self.clock(), reason=reason,
-            state=AssignmentState.PENDING, pin=pin,
+            state=AssignmentState.PENDING, pin=pin, lease=self._lease_of(spec.id),
         )  # fmt: skip
         _need(self.fleet).assign(spec.id, entry)
 
@@ -562,15 +563,17 @@ class CentralEngine:
                     spec, target, central=self.central.central_id, epoch=epoch + 1,
                     replacement=False, score=choice.score, at=now,
                     reason=f"migrated from {source} by the operator: {choice.reason}",
+                    lease=self._lease_of(task_id),
                 ),
             )  # fmt: skip
             fleet.order_stop(
                 task_id,
                 source,
-                StopOrder(epoch=epoch, winner=target, at=now, reason=f"migrated to {target}"),
-            )
+                StopOrder(epoch=epoch, winner=target, at=now, reason=f"migrated to {target}",
+                          lease=self._lease_of(task_id)),
+            )  # fmt: skip
             self._event("migrated", f"{task_id}: {source} -> {target}", node=target, task=task_id)
-        await _need(self._journal).flushed()
+        await _need(self._fleet_journal).flushed()  # the assignment on disk
         moved = fleet.assignment(task_id)
         assert moved is not None
         return self.task_view(task_id, moved)
@@ -586,7 +589,7 @@ class CentralEngine:
                     task_id, replace(entry, state=AssignmentState.CANCELLED, at=self.clock())
                 )
                 self._event("cancelled", f"{task_id} cancelled", task=task_id)
-        await _need(self._journal).flushed()
+        await _need(self._fleet_journal).flushed()  # the assignment on disk
         entry = fleet.assignment(task_id)
         assert entry is not None
         return self.task_view(task_id, entry)
@@ -607,6 +610,7 @@ class CentralEngine:
             "score": entry.score,
             "reason": entry.reason,
             "decided_by": entry.central,
+            "lease": entry.lease,
             "at": entry.at,
             "spec": entry.spec,
             "copies": {
@@ -652,6 +656,12 @@ class CentralEngine:
         self._prune(now, mine)
         self.sync_index()
         self.index.table()  # the rows whose footprint moved, summed now: O(changed nodes)
+
+    def _lease_of(self, task_id: str) -> int:
+        """The fencing token a decision about ``task_id`` is written under (0: no leases)."""
+        if self.leases is None:
+            return 0
+        return self.leases.owned().get(shard_of(task_id, self.leases.shards), 0)
 
     def _acting(self) -> tuple[bool, Shards | None]:
         """Whether this replica acts now, and on which tasks (None: the whole fleet).
@@ -724,6 +734,7 @@ class CentralEngine:
                     spec, choice.node_id, central=self.central.central_id, epoch=epoch,
                     replacement=True, score=choice.score, at=now,
                     reason=f"failed over from {old} (offline): {choice.reason}",
+                    lease=self._lease_of(spec.id),
                 ),
             )  # fmt: skip
             self._event("failover", f"{spec.id}: {old} -> {choice.node_id} (epoch {epoch})",
@@ -786,14 +797,17 @@ class CentralEngine:
                     settled.task_id,
                     replace(entry, node=best.node_id, epoch=entry.epoch + 1,
                             replacement=best.replacement, at=now,
-                            reason=f"kept on {best.node_id} by {settled.policy.value}"),
+                            reason=f"kept on {best.node_id} by {settled.policy.value}",
+                            central=self.central.central_id,
+                            lease=self._lease_of(settled.task_id)),
                 )  # fmt: skip
             for loser in settled.losers:
                 fleet.order_stop(
                     settled.task_id,
                     loser.node_id,
                     StopOrder(epoch=loser.epoch, winner=best.node_id, at=now,
-                              reason=f"{best.node_id} keeps it ({settled.policy.value})"),
+                              reason=f"{best.node_id} keeps it ({settled.policy.value})",
+                              lease=self._lease_of(settled.task_id)),
                 )  # fmt: skip
             self._event(
                 "reconciled",
@@ -1044,6 +1058,7 @@ class CentralEngine:
             else {
                 "count": self.leases.shards,
                 "owned": sorted(self._owned),
+                "tokens": {str(s): t for s, t in sorted(self.leases.owned().items())},
                 "members": sorted(self.leases.members),
                 "lease_valid_for_s": round(self.leases.valid_for(), 3),
                 "etcd_connected": self.leases.connected,

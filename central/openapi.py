@@ -116,6 +116,7 @@ def _central_schemas() -> dict[str, Schema]:
                         {
                             "count": oa.INT,
                             "owned": {"type": "array", "items": oa.INT},
+                            "tokens": oa.map_of(oa.INT, "owned shard -> its fencing token"),
                             "members": {"type": "array", "items": oa.STR},
                             "lease_valid_for_s": oa.NUMBER,
                             "etcd_connected": oa.BOOL,
@@ -163,6 +164,13 @@ def _central_schemas() -> dict[str, Schema]:
                 "reason": oa.nullable(oa.STR),
                 "decided_by": oa.nullable(
                     {"type": "string", "description": "the central replica that decided it"}
+                ),
+                "lease": oa.nullable(
+                    {
+                        "type": "integer",
+                        "description": "the fencing token of the shard lease it was decided "
+                        "under (0 without etcd)",
+                    }
                 ),
                 "at": oa.nullable(oa.NUMBER),
                 "spec": {"anyOf": [oa.ref("TaskSpec"), {"type": "null"}]},

@@ -192,8 +192,10 @@ def assignment_entry(
     reason: str,
     state: AssignmentState = AssignmentState.ACTIVE,
     pin: str | None = None,
+    lease: int = 0,
 ) -> AssignmentEntry:
-    """An ``assignments`` entry of the policy document (active unless ``state`` says)."""
+    """An ``assignments`` entry of the fleet document (active unless ``state`` says);
+    ``lease``: the fencing token it is decided under (0 without shard leases)."""
     return AssignmentEntry(
         spec=spec.to_json(),
         node=node_id,
@@ -205,6 +207,7 @@ def assignment_entry(
         reason=reason,
         state=state,
         pin=pin,
+        lease=lease,
     )
 
 

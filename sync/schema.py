@@ -568,6 +568,9 @@ class AssignmentEntry(Entry):
     reason: str = ""
     state: AssignmentState = AssignmentState.ACTIVE
     pin: str | None = None
+    #: The fencing token of the shard lease it was decided under (the etcd owner key's
+    #: create revision for the task's shard, see edgesched.central.leases); 0 without etcd.
+    lease: int = 0
 
     def __post_init__(self) -> None:
         try:
@@ -576,6 +579,8 @@ class AssignmentEntry(Entry):
             raise SchemaError(self.KIND, "spec", str(exc)[:200]) from None
         if not self.central or self.epoch < 0:
             raise SchemaError(self.KIND, "", "central must be set, epoch >= 0")
+        if not 0 <= self.lease <= MAX_SPEC_INT:
+            raise SchemaError(self.KIND, "lease", "must be in [0, 2**53]")
         if self.state is AssignmentState.ACTIVE and not self.node:
             raise SchemaError(self.KIND, "node", "an active assignment names its node")
 
@@ -601,6 +606,12 @@ class StopOrder(Entry):
     winner: str
     at: float
     reason: str = ""
+    #: The fencing token it was ordered under (as :attr:`AssignmentEntry.lease`).
+    lease: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lease <= MAX_SPEC_INT:
+            raise SchemaError(self.KIND, "lease", "must be in [0, 2**53]")
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,12 @@ async def test_two_central_replicas_split_the_shards_and_one_takes_over(
 
             owned = await until(split, 30, "every shard leased to exactly one replica")
             owner = {s: c for c, shards in owned.items() for s in shards}
+            token = {
+                int(s): t
+                for c in centrals.values()
+                for s, t in status(c)["shards"]["tokens"].items()
+            }
+            assert sorted(token) == list(range(SHARDS))
 
             def known(c: EdgeNode) -> bool:
                 return len(c.get("/v1/nodes")[1]["nodes"]) == len(NODES)
@@ -94,7 +100,9 @@ async def test_two_central_replicas_split_the_shards_and_one_takes_over(
                 # placed once (epoch 1, one copy), by the owner of its shard
                 assert view["epoch"] == 1 and len(view["running_on"]) == 1, view
                 assert {c["epoch"] for c in view["copies"].values()} == {1}, view
+                # ...under the lease it held: the decision carries the shard's fencing token
                 assert view["decided_by"] == owner[shard_of(task_id, SHARDS)], view
+                assert view["lease"] == token[shard_of(task_id, SHARDS)], view
             for task_id in ids:
                 running = [n for n, node in nodes.items() if task_id in node.tasks()]
                 assert len(running) == 1, (task_id, running)
@@ -129,6 +137,11 @@ async def test_two_central_replicas_split_the_shards_and_one_takes_over(
                 await until(partial(runs, task_id), 20, f"{task_id} running")
                 view = survivor.get(f"/v1/tasks/{task_id}")[1]
                 assert view["decided_by"] == "central-a" and view["epoch"] == 1, view
+                # a new lease on b's old shard: a newer token than b decided under
+                new_token = int(
+                    status(survivor)["shards"]["tokens"][str(shard_of(task_id, SHARDS))]
+                )
+                assert view["lease"] == new_token > token[shard_of(task_id, SHARDS)], view
         finally:
             for proc in [*nodes.values(), *centrals.values()]:
                 if proc.proc is not None and proc.proc.poll() is None:
