@@ -9,28 +9,35 @@ entries, ~70% carrying central's assignment) synced by its own
 :class:`~edgesched.sync.peer.DocPeer` on ``edgesched/v1/doc/node-<id>/sync/<id>``, announces
 itself with the retained status of :class:`~edgesched.edge.link.CentralLink` (and, when it is
 cut off, the retained ``offline`` its last will would make the broker publish), publishes
-telemetry, hears central's heartbeat, and follows central's assignments: a new assignment is
-started (a running ``TaskReport`` with its assignment) and exits ``--run-s`` later. The policy
-document is held once per simulator process (every node holds the same replica of it; one
-copy stands for all of them), and each node sends its own step 1 of it when it connects.
+telemetry, hears central's heartbeat, and follows central's assignments, which it reads from
+its own replica of ``desired-<id>`` (central's projection of its ``fleet`` document for that
+node), synced by the node's own DocPeer as a real node's (:class:`AssignmentFeed`): a new
+assignment is started (a running ``TaskReport`` with its assignment) and exits ``--run-s``
+later. The fleet-wide policy document (mode, tidal profile, models) is held once per simulator
+process (every node holds the same replica of it; one copy stands for all of them), and each
+node sends its own step 1 of it when it connects.
 
-Per size: seed central's policy document with the assignments the nodes already run, bring
-the fleet up (every node fresh at central), then the measured window: submissions at central
-(``engine.submit``) at ``--rate`` per second for ``--steady-s``, then a heal of 10% of the fleet
-(offline ``--offline-s``, then back, resyncing), then a drain. Printed, for each size and as a
-ratio of the largest size to the smallest (100 nodes by default): control-step p50/p99 (the
-engine instance's ``control_step`` wrapped and timed), submit -> assignment seen by its node,
-heal -> converged (central's replica fresh and byte-equal to the node's document), node updates
-merged per second at central and how many the simulators published that central never applied,
-central's RSS and CPU, and payload bytes to and from each node scaled to an hour. Each size has
+Per size: seed central's fleet document with the assignments the nodes already run (the running
+engine projects them into the desired documents; the harness waits for it), bring the fleet up
+(every node fresh at central, every node's desired document answered by central), then the
+measured window: submissions at central (``engine.submit``) at ``--rate`` per second for
+``--steady-s``, then a heal of 10% of the fleet (offline ``--offline-s``, then back,
+resyncing), then a drain. Printed, for each size and as a ratio of the largest size to the
+smallest (100 nodes by default): control-step p50/p99 (the engine instance's ``control_step``
+wrapped and timed), submit -> assignment seen by its node, heal -> converged (central's replica
+fresh and byte-equal to the node's document, and the node's desired document byte-equal to
+central's), node updates merged per second at central and how many the simulators published
+that central never applied, central's RSS and CPU, payload bytes to and from each node scaled
+to an hour, and what central logged at warning and error level. Each size has
 a wall-clock budget; a size that overruns it is killed and printed as "did not finish within
 budget" with what it measured so far.
 
     .venv/bin/python bench/bench_central_scale.py [--nodes 100,1000] [--budget-s 900]
         [--rate 10] [--steady-s 30] [--offline-s 10] [--procs N] [--peer-answers]
 
-``make bench`` runs the defaults. 10,000 nodes (``--nodes 100,10000``) needs about 15 GB and
-does not finish against the current (quadratic) central within a reasonable budget.
+``make bench`` runs the defaults. Run it from a scratch directory (``cd /tmp``): each size
+works in a temporary directory of its own. :func:`memory_needed_gb` estimates what a size
+needs and skips one that cannot fit (``--force``).
 """
 
 from __future__ import annotations
@@ -67,7 +74,13 @@ from edgesched.edge.link import CentralLink
 from edgesched.localbroker import mosquitto_path
 from edgesched.ports import free_port, wait_for_port
 from edgesched.sync import wire
-from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
+from edgesched.sync.doc import (
+    DESIRED_PREFIX,
+    NodeDoc,
+    PolicyDoc,
+    client_id_for,
+    desired_doc_name,
+)
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import (
     AssignmentEntry,
@@ -160,18 +173,21 @@ def seeded_tasks(node_id: str, scale: Scale, now: float) -> list[tuple[str, Task
     return out
 
 
-def seed_central_assignments(policy: PolicyDoc, ids: list[str], scale: Scale, now: float) -> int:
+def seed_central_assignments(fleet: PolicyDoc, ids: list[str], scale: Scale, now: float) -> int:
     """Central's assignments of the tasks the nodes report as its own (one transaction).
 
-    Written through central's PolicyDoc, where ``engine.submit`` writes them today; if the
-    assignments move to per-node or shard documents, this and :class:`AssignmentFeed` change."""
+    Written into central's ``fleet`` document (``engine.fleet``), where ``engine.submit``
+    writes them: the running engine's control step drains those keys into its fleet index and
+    projects each entry into its node's ``desired-<node>`` document (the harness waits for
+    that, :func:`projected_assignments`). Where a node then reads them is
+    :class:`AssignmentFeed`'s business."""
     count = 0
-    with policy.doc.transaction():
+    with fleet.doc.transaction():
         for node_id in ids:
             for task_id, report in seeded_tasks(node_id, scale, now):
                 if report.assignment is None:
                     continue
-                policy.assign(
+                fleet.assign(
                     task_id,
                     assignment_entry(
                         seeded_spec(task_id), node_id, central=CENTRAL_ID, epoch=1,
@@ -182,22 +198,55 @@ def seed_central_assignments(policy: PolicyDoc, ids: list[str], scale: Scale, no
     return count
 
 
+def projected_assignments(engine: CentralEngine, ids: Iterable[str]) -> int:
+    """How many assignments central's desired-state documents of ``ids`` hold (what it
+    projected of the fleet document)."""
+    desired = engine.desired
+    if desired is None:
+        return 0
+    docs = [desired.docs.get(n) for n in ids]
+    return sum(len(d.root("assignments")) for d in docs if d is not None)
+
+
 class AssignmentFeed:
     """Where a simulated node reads its assignments: the one place that knows where they are.
 
-    Today every assignment is an entry of central's single ``policy`` document
-    (``assignments[task id]``), which every node replicates; the feed watches that map's
-    changed keys and decodes only those (``PolicyDoc.assignment``). If assignments move to
-    per-node or per-shard documents, :data:`DOCS`, this class and
+    Central's assignments (and stop and power orders) to a node are entries of that node's own
+    desired-state document, ``desired-<node>`` (:func:`~edgesched.sync.doc.desired_doc_name`;
+    the same ``assignments`` map as any :class:`~edgesched.sync.doc.PolicyDoc`), central's
+    projection of its ``fleet`` document. Each simulated node holds its own replica of it,
+    starting empty like a fresh node's, synced by its own :class:`DocPeer` as a real node's
+    (its step 1 on ``.../desired-<node>/sync/<node>`` on every connect, central's step 2 and
+    live updates on ``.../sync/<central>``); the feed watches the replica's changed keys and
+    decodes only those (``PolicyDoc.assignment``). If assignments move again, this class and
     :func:`seed_central_assignments` are what change."""
 
-    DOCS: tuple[str, ...] = ("policy",)
-
-    def __init__(self, policy: PolicyDoc) -> None:
-        self.policy = policy
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        # a real node's replicas all carry its client id (edge/engine.py)
+        self.doc = PolicyDoc(self.node_doc(node_id), client_id_for(node_id))
         self._changed: set[str] = set()
-        root: Map[Any] = policy.doc.get("assignments", type=Map)
+        root: Map[Any] = self.doc.doc.get("assignments", type=Map)
         self._subscription = root.observe(self._on_change)
+
+    @staticmethod
+    def node_doc(node_id: str) -> str:
+        """The document node ``node_id`` reads its assignments from."""
+        return desired_doc_name(node_id)
+
+    @staticmethod
+    def node_of(doc: str) -> str | None:
+        """The node whose assignments document ``doc`` is (None: not one)."""
+        return doc[len(DESIRED_PREFIX) :] if doc.startswith(DESIRED_PREFIX) else None
+
+    def peer(self) -> DocPeer:
+        """The node's peer of its replica: read only, only centrals author it."""
+        return DocPeer(
+            self.doc,
+            self.node_id,
+            writers=frozenset({client_id_for(CENTRAL_ID)}),
+            subscribe=False,  # the simulator's connection subscribes for it
+        )
 
     def _on_change(self, event: Any) -> None:  # a pycrdt MapEvent: its changed keys
         self._changed.update(str(k) for k in event.keys)
@@ -207,10 +256,19 @@ class AssignmentFeed:
         keys, self._changed = self._changed, set()
         out = []
         for task_id in sorted(keys):
-            entry = self.policy.assignment(task_id)
+            entry = self.doc.assignment(task_id)
             if entry is not None:
                 out.append((task_id, entry))
         return out
+
+    def held(self) -> int:
+        """Assignments the replica holds."""
+        return len(self.doc.root("assignments"))
+
+
+#: The fleet-wide documents every node replicates (mode, tidal profile, models); one replica
+#: per simulator process stands for all of its nodes'.
+SHARED_DOCS: tuple[str, ...] = ("policy",)
 
 
 # --- the broker -------------------------------------------------------------------------------
@@ -292,11 +350,12 @@ class SimNode:
                 if report.active:
                     self.running.append(task_id)
         self.peer = DocPeer(self.doc, node_id, subscribe=False)
+        self.feed = AssignmentFeed(node_id)  # our desired-state replica: our assignments
+        self.desired_peer = self.feed.peer()
         self.link = CentralLink(node_id, MqttConfig())
         self.online = False
-        self.serving: asyncio.Task[None] | None = None
-        self.held: list[tuple[str, AssignmentEntry]] = []  # heard while cut off
-        self.bytes_in = 0  # central's frames on our document's topic
+        self.serving: list[asyncio.Task[None]] = []  # the peers' send loops while online
+        self.bytes_in = 0  # central's frames on our two documents' topics
         self.bytes_out = 0  # status, telemetry, our policy step 1s and answers
         self.shared_in = 0  # broadcast bytes (policy, heartbeat) while we were online
         self.shared_mark = 0
@@ -307,7 +366,8 @@ class SimNode:
         """(bytes in, bytes out, seconds online) so far."""
         shared = self.shared_in + (shared_now - self.shared_mark if self.online else 0)
         online = self.online_s + (now - self.online_since if self.online else 0.0)
-        return self.bytes_in + shared, self.bytes_out + self.peer.stats["bytes_out"], online
+        out = self.bytes_out + self.peer.stats["bytes_out"] + self.desired_peer.stats["bytes_out"]
+        return self.bytes_in + shared, out, online
 
 
 @dataclass(frozen=True)
@@ -330,11 +390,11 @@ class Simulator:
         now = time.time()
         self.nodes = {i: SimNode(i, plan.scale, now) for i in plan.ids}
         snapshot = Path(plan.policy_snapshot).read_bytes()
-        # Every node holds this same replica of central's policy document (one stands for all).
+        # Every node holds this same replica of central's fleet-wide policy document (mode,
+        # tidal profile, models: one stands for all); each its own desired-state document.
         self.policy = PolicyDoc.restore(
             "policy", client_id_for(f"bench-sim-{plan.index}"), snapshot, []
         )
-        self.feed = AssignmentFeed(self.policy)
         self.reassembler = wire.Reassembler()
         self.shared = 0  # bytes every online node receives (policy frames, heartbeats)
         self.exits: list[tuple[float, str, str]] = []  # (when, node, task): a heap
@@ -345,7 +405,8 @@ class Simulator:
         self.frozen = False
         self.counts: dict[str, int] = dict.fromkeys(
             ("policy_step1_sent", "policy_step1_heard", "policy_answers",
-             "frames_from_central", "dropped_while_offline", "telemetry", "bad_policy_frames"),
+             "frames_from_central", "desired_frames_from_central", "dropped_while_offline",
+             "telemetry", "bad_policy_frames"),
             0,
         )  # fmt: skip
         self.broker_dropped = 0
@@ -395,8 +456,13 @@ class Simulator:
                 node = self.nodes.get(node_id)
                 if node is not None:
                     states[node_id] = (node.doc.epoch, node.doc.state_vector(),
-                                       node.doc.content_hash())  # fmt: skip
+                                       node.doc.content_hash(),
+                                       node.feed.doc.content_hash())  # fmt: skip
             self.send("states", states)
+        elif kind == "desired":  # how many nodes central answered, what they hold
+            synced = sum(1 for n in self.nodes.values()
+                         if CENTRAL_ID in n.desired_peer.synced_at)  # fmt: skip
+            self.send("desired", synced, sum(n.feed.held() for n in self.nodes.values()))
         elif kind == "freeze":  # no more changes of our own: central can catch up
             self.frozen = True
             self.send("frozen", self.doc_counts())  # since the start: central's are too
@@ -416,10 +482,15 @@ class Simulator:
             m_in, m_out, m_online = self.marks.get(node_id, (0, 0, 0.0))
             rows.append((b_in - m_in, b_out - m_out, online - m_online))
         docs = self.doc_counts()
+        counts = dict(self.counts)
+        desired_keys = ("step1_out", "step2_out", "step2_in", "updates_in", "resync_requests",
+                        "rejected_updates", "rejected_senders", "rejected_frames")  # fmt: skip
+        for key in desired_keys:
+            counts[f"desired_{key}"] = sum(n.desired_peer.stats[key] for n in self.nodes.values())
         return {
             "per_node": rows,
             "doc": {k: v - self.doc_marks.get(k, 0) for k, v in docs.items()},
-            "counts": dict(self.counts),
+            "counts": counts,
             "broker_dropped": self.broker_dropped,
             "cpu_s": sum(psutil.Process().cpu_times()[:2]),
             "rss_mb": psutil.Process().memory_info().rss / 1e6,
@@ -435,13 +506,14 @@ class Simulator:
         async with client:
             self.client = client
             subs = [(wire.sync_filter(d), SubscribeOptions(qos=1, noLocal=True))
-                    for d in AssignmentFeed.DOCS]  # fmt: skip
+                    for d in SHARED_DOCS]  # fmt: skip
             subs.append((HEARTBEAT_TOPIC, SubscribeOptions(qos=0)))
             if self.plan.index == 0:
                 subs.append((SYS_DROPPED, SubscribeOptions(qos=0)))
             subs += [
-                (wire.sync_filter(n.doc.name), SubscribeOptions(qos=1, noLocal=True))
+                (wire.sync_filter(name), SubscribeOptions(qos=1, noLocal=True))
                 for n in self.nodes.values()
+                for name in (n.doc.name, AssignmentFeed.node_doc(n.id))
             ]
             for start in range(0, len(subs), 500):
                 await client.subscribe(subs[start : start + 500])
@@ -459,13 +531,14 @@ class Simulator:
             for task in loops:
                 task.cancel()
             for node in self.nodes.values():
-                if node.serving is not None:
-                    node.serving.cancel()
+                for serving in node.serving:
+                    serving.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
 
     async def go_online(self, node: SimNode) -> float:
-        """What a node does on (re)connect: retained online status, its peer's step 1 and
-        queued updates, its policy step 1; assignments heard while away are followed."""
+        """What a node does on (re)connect: retained online status, its document peer's step 1
+        and queued updates, its desired-state peer's step 1 (central's step 2 brings what it
+        missed while away), its policy step 1."""
         assert self.client is not None
         await node.link.serve(self.client)
         now = time.time()
@@ -473,23 +546,24 @@ class Simulator:
         node.online = True
         node.online_since = now
         node.shared_mark = self.shared
-        node.serving = asyncio.create_task(node.peer.serve(self.client))
+        node.serving = [
+            asyncio.create_task(node.peer.serve(self.client)),
+            asyncio.create_task(node.desired_peer.serve(self.client)),
+        ]
         await self.policy_step1(node)
-        held, node.held = node.held, []
-        for task_id, entry in held:
-            self.follow(node, task_id, entry)
         return now
 
     async def go_offline(self, node: SimNode) -> None:
         """Cut off: the peer stops (local changes queue in it), and the broker publishes the
         node's last will (retained offline), as when its connection dies."""
         assert self.client is not None
-        if node.serving is not None:
-            node.serving.cancel()
+        for serving in node.serving:
+            serving.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await node.serving
-            node.serving = None
+                await serving
+        node.serving = []
         node.peer.disconnected()
+        node.desired_peer.disconnected()
         now = time.time()
         node.shared_in += self.shared - node.shared_mark
         node.online_s += now - node.online_since
@@ -501,7 +575,7 @@ class Simulator:
         """The node's policy peer's step 1 (on every connect). Every other node's policy peer
         answers it: those of this process only with ``peer_answers`` (the broker's no-local
         keeps it from this connection), counted either way."""
-        for name in AssignmentFeed.DOCS:
+        for name in SHARED_DOCS:
             sv = self.policy.state_vector()
             await self.publish_as(node, name, wire.Kind.SYNC, wire.step1_payload(sv))
             self.counts["policy_step1_sent"] += 1
@@ -537,19 +611,30 @@ class Simulator:
             if len(parts) != 6:
                 continue
             doc, sender = parts[3], parts[5]
-            if doc in AssignmentFeed.DOCS:
+            if doc in SHARED_DOCS:
                 self.shared += len(payload)
                 await self.on_policy(sender, payload)
                 continue
-            target = self.nodes.get(doc[len("node-") :]) if doc.startswith("node-") else None
+            owner = AssignmentFeed.node_of(doc)
+            if owner is not None:
+                target = self.nodes.get(owner)
+            else:
+                target = self.nodes.get(doc[len("node-") :]) if doc.startswith("node-") else None
             if target is None:
                 continue
-            if not target.online:
+            if not target.online:  # a real node's broker session would queue it; step 1 heals
                 self.counts["dropped_while_offline"] += 1
                 continue
-            self.counts["frames_from_central"] += 1
             target.bytes_in += len(payload)
-            target.peer.handle(topic, payload)
+            if owner is None:
+                self.counts["frames_from_central"] += 1
+                target.peer.handle(topic, payload)
+                continue
+            self.counts["desired_frames_from_central"] += 1
+            target.desired_peer.handle(topic, payload)
+            for task_id, entry in target.feed.changed():
+                if entry.node == target.id:
+                    self.follow(target, task_id, entry)
 
     async def on_policy(self, sender: str, payload: bytes) -> None:
         try:
@@ -577,17 +662,10 @@ class Simulator:
             if now - self.policy_resync_at > 0.2 and online:
                 self.policy_resync_at = now
                 await self.policy_step1(online[0])
-        for task_id, entry in self.feed.changed():
-            owner = self.nodes.get(entry.node)
-            if owner is not None:
-                self.follow(owner, task_id, entry)
 
     def follow(self, node: SimNode, task_id: str, entry: AssignmentEntry) -> None:
         """A new assignment of ours: start it (a running report with the assignment)."""
         if not entry.active:
-            return
-        if not node.online:
-            node.held.append((task_id, entry))
             return
         held = node.doc.task(task_id)
         if (
@@ -677,6 +755,35 @@ def pct(values: Iterable[float], q: float) -> float | None:
     return ordered[rank]
 
 
+class CentralLog(logging.Handler):
+    """Central's own warnings and errors (the ``edgesched`` loggers in its process): counted
+    by level, the first few kept with their traceback's last line, for the summary."""
+
+    KEEP = 20
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: dict[str, int] = {}
+        self.first: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[record.levelname] = self.counts.get(record.levelname, 0) + 1
+        if len(self.first) < self.KEEP and record.levelno >= logging.ERROR:
+            text = f"{record.name}: {record.getMessage()}"
+            if record.exc_info and record.exc_info[1] is not None:
+                text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+            self.first.append(text[:300])
+
+    def attach(self) -> None:
+        logger = logging.getLogger("edgesched")
+        logger.addHandler(self)
+        if logger.getEffectiveLevel() > logging.WARNING:
+            logger.setLevel(logging.WARNING)
+
+    def detach(self) -> None:
+        logging.getLogger("edgesched").removeHandler(self)
+
+
 class Measure:
     """Everything one size measures, summarised on demand (also from a reporter thread)."""
 
@@ -702,7 +809,11 @@ class Measure:
         self.rss_max = 0.0
         self.notes: list[str] = []
         self.seeded = 0
+        self.projected = 0  # of them, in central's desired-state documents
+        self.desired_synced = 0  # nodes whose desired-state replica central answered
+        self.desired_held = 0  # assignments those replicas held at fleet up
         self.published_total: int | None = None
+        self.log = CentralLog()
 
     def sample(self) -> None:
         self.rss_max = max(self.rss_max, psutil.Process().memory_info().rss / 1e6)
@@ -728,6 +839,9 @@ class Measure:
             "finished": self.finished,
             "elapsed_s": now - self.started,
             "seeded_assignments": self.seeded,
+            "projected_assignments": self.projected,
+            "desired_synced": self.desired_synced,
+            "desired_held": self.desired_held,
             "fleet_up_s": self.fleet_up_s,
             "window_s": window_s,
             "steps": len(steps),
@@ -756,6 +870,8 @@ class Measure:
             if self.cpu_s is not None
             else (sum(proc.cpu_times()[:2]) - self.cpu0 if start is not None else None),
             "notes": list(self.notes),
+            "central_log": dict(self.log.counts),
+            "central_errors": list(self.log.first),
         }
         if window_s and self.status0 and self.status1:
             merged = self.status1["updates_in"] - self.status0["updates_in"]
@@ -950,6 +1066,7 @@ async def run_size(
     )  # fmt: skip
     engine = CentralEngine(config)
     wrap_control_step(engine, measure)
+    measure.log.attach()
     engine_task = asyncio.create_task(engine.run(), name="central")
     sims = Sims(measure)
     background: list[asyncio.Task[None]] = []
@@ -974,11 +1091,20 @@ async def run_size(
         async with asyncio.timeout(min(120.0, left())):
             await engine.wait_ready()
         await until(lambda: engine.session.connected, 30)
-        policy = engine.policy
-        assert policy is not None
+        policy, fleet = engine.policy, engine.fleet
+        assert policy is not None and fleet is not None
         measure.phase = "seeding"
-        measure.seeded = seed_central_assignments(policy, ids, scale, time.time())
-        snapshot = workdir / "policy.snapshot"
+        measure.seeded = seed_central_assignments(fleet, ids, scale, time.time())
+        measure.phase = "projecting"  # the running engine: fleet -> index -> desired-<node>
+        projected = await until(
+            lambda: projected_assignments(engine, ids) >= measure.seeded, scale.up_s, 0.5
+        )
+        measure.projected = projected_assignments(engine, ids)
+        if not projected:
+            measure.notes.append(
+                f"central projected {measure.projected} of {measure.seeded} seeded assignments"
+            )
+        snapshot = workdir / "policy.snapshot"  # the fleet-wide one: mode, tidal, models
         snapshot.write_bytes(policy.snapshot())
         measure.phase = "simulators start"
         procs = max(1, min(scale.procs, scale.nodes))
@@ -996,6 +1122,19 @@ async def run_size(
         if not up:
             count = sum(1 for n in ids if engine.is_fresh(n))
             measure.notes.append(f"fleet never fully fresh: {count}/{len(ids)} nodes")
+        # ... and every node's desired-state replica answered by central (its step 2)
+        end = time.monotonic() + min(scale.up_s, left())
+        while True:
+            replies = await sims.ask("desired")
+            measure.desired_synced = sum(r[1] for r in replies)
+            measure.desired_held = sum(r[2] for r in replies)
+            if measure.desired_synced >= len(ids) or time.monotonic() > end:
+                break
+            await asyncio.sleep(0.5)
+        if measure.desired_synced < len(ids):
+            measure.notes.append(
+                f"desired documents synced at {measure.desired_synced}/{len(ids)} nodes"
+            )
         measure.fleet_up_s = time.time() - started
 
         measure.phase = "steady"
@@ -1020,12 +1159,16 @@ async def run_size(
             fresh = [n for n in pending if engine.is_fresh(n)]
             if fresh:
                 checked = time.time()
-                states: dict[str, tuple[int, bytes, str]] = {}
+                states: dict[str, tuple[int, bytes, str, str]] = {}
                 for reply in await sims.ask("states", fresh):
                     states.update(reply[1])
-                for node_id, (epoch, sv, digest) in states.items():
+                desired = engine.desired
+                assert desired is not None
+                for node_id, (epoch, sv, digest, desired_digest) in states.items():
                     doc = engine.replicas.replicas[node_id].doc
                     same = doc.epoch == epoch and doc.state_vector() == sv
+                    ours = desired.docs.get(node_id)  # and the node holds what central wants
+                    same = same and ours is not None and ours.content_hash() == desired_digest
                     if same and doc.content_hash() == digest:
                         measure.converged_at[node_id] = checked
                         pending.discard(node_id)
@@ -1072,6 +1215,7 @@ async def run_size(
             engine_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await engine_task
+        measure.log.detach()
     return measure.summary()
 
 
@@ -1244,6 +1388,11 @@ def table(results: list[dict[str, Any]]) -> str:
         notes = "; ".join(r.get("notes", []))
         text.append(f"{r['nodes']:,} nodes: {status} (phase {r.get('phase')})"
                     + (f": {notes}" if notes else ""))  # fmt: skip
+        logged = r.get("central_log") or {}
+        if logged:
+            text.append("  central logged: " + ", ".join(f"{v} {k.lower()}" for k, v in
+                                                        sorted(logged.items())))  # fmt: skip
+            text += [f"    {line}" for line in r.get("central_errors", [])]
         counts = r.get("sim_counts")
         if counts:
             sent = counts["policy_step1_sent"]
@@ -1251,7 +1400,10 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"  simulators: {sent} policy step 1s sent by nodes, {counts['policy_answers']} "
                 f"answered by other nodes (a real fleet: about {sent * (r['nodes'] - 1):,}, "
                 f"every other node's policy peer answers each; --peer-answers), "
-                f"{counts['frames_from_central']} frames from central, "
+                f"{counts['frames_from_central']} node-document and "
+                f"{counts['desired_frames_from_central']} desired-document frames from central "
+                f"({counts['desired_step1_out']} desired step 1s sent, "
+                f"{counts['desired_step2_in']} answered), "
                 f"{counts['telemetry']} telemetry samples, CPU {r.get('sim_cpu_s', 0):.0f}s"
             )
     return "\n".join(text)

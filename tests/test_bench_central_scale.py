@@ -1,7 +1,9 @@
 """The central scale harness (bench/bench_central_scale.py) at a tiny size: the real engine, a
 real Mosquitto and one simulator process for 8 nodes, a few seconds of submissions and a heal.
-Its figures must be real: steps timed, every placed submission seen by the node central
-named, the healed node converged, and what the nodes published all applied at central."""
+Its figures must be real: the seeded assignments projected by the running engine into each
+node's desired-state document and synced to that node's replica, steps timed, every placed
+submission seen (through its desired document) by the node central named, the healed node
+converged both ways, and what the nodes published all applied at central."""
 
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
         broker.stop()
     assert result["finished"], result["notes"]
     assert result["seeded_assignments"] == 8 * 7  # 70% of each node's 10 entries
+    # Central projected them (fleet -> desired-<node>), and every node's replica got its own.
+    assert result["projected_assignments"] == 8 * 7
+    assert result["desired_synced"] == 8 and result["desired_held"] == 8 * 7
     assert result["fleet_up_s"] is not None and result["fleet_up_s"] < 20
     # Control steps ran in the window and were timed.
     assert result["steps"] > 0 and result["step_p50_ms"] > 0
@@ -44,7 +49,8 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     assert result["refused"] == 0
     assert result["seen"] == result["placed"] and result["seen_wrong_node"] == 0
     assert 0 < result["seen_p50_ms"] <= result["seen_p99_ms"] < 5000
-    # The heal: 10% of 8 nodes is one node, which went offline and converged again.
+    # The heal: 10% of 8 nodes is one node, which went offline and converged again (central's
+    # replica of its document, and its replica of its desired document, byte-equal).
     assert result["healed"] == 1 and result["converged"] == 1
     assert 0 < result["heal_p99_s"] < 20
     # Counts add up: central applied every document message the nodes published.
@@ -53,9 +59,15 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     assert result["merged"] > 0 and result["merged_per_s"] > 0
     counts = result["sim_counts"]
     assert counts["policy_step1_sent"] == 8 + 1  # each node on connect, the healed one again
+    assert counts["desired_step1_out"] >= 8 + 1  # each desired peer's too (and resyncs)
+    assert counts["desired_step2_in"] >= 8 + 1  # central answered each
+    assert counts["desired_frames_from_central"] > 0
+    assert counts["desired_rejected_updates"] == counts["desired_rejected_senders"] == 0
     assert counts["telemetry"] > 0
     # Central's own process, and bytes both ways for every node.
     assert result["cpu_s"] > 0 and result["rss_mb"] > 20
     assert result["in_mb_h"] > 0 and result["out_mb_h"] > 0
+    # Central logged no error (warnings are allowed: the healed node's will, say).
+    assert "ERROR" not in result["central_log"], result["central_errors"]
     table = bench.table([result, result])
     assert "control step p99 (ms)" in table and "x1.0" in table and "finished" in table
