@@ -266,6 +266,11 @@ class AssignmentFeed:
         return len(self.doc.root("assignments"))
 
 
+#: What a node receives, by source: central's frames of its own document and of its desired
+#: document, the fleet-wide policy document's frames (central's and every other node's), and
+#: central's heartbeat.
+RECEIVED_KINDS = ("node_doc", "desired", "policy", "heartbeat")
+
 #: The fleet-wide documents every node replicates (mode, tidal profile, models); one replica
 #: per simulator process stands for all of its nodes'.
 SHARED_DOCS: tuple[str, ...] = ("policy",)
@@ -397,6 +402,10 @@ class Simulator:
         )
         self.reassembler = wire.Reassembler()
         self.shared = 0  # bytes every online node receives (policy frames, heartbeats)
+        #: bytes our nodes received, by document (summed over the nodes that got them)
+        self.received: dict[str, int] = dict.fromkeys(RECEIVED_KINDS, 0)
+        self.received_mark: dict[str, int] = dict(self.received)
+        self.online_count = 0
         self.exits: list[tuple[float, str, str]] = []  # (when, node, task): a heap
         self.seen: list[tuple[str, str, float]] = []
         self.client: aiomqtt.Client | None = None
@@ -437,6 +446,7 @@ class Simulator:
         if kind == "mark":
             now = time.time()
             self.marks = {i: n.totals(self.shared, now) for i, n in self.nodes.items()}
+            self.received_mark = dict(self.received)
             self.doc_marks = self.doc_counts()
             self.send("marked")
         elif kind == "heal_start":
@@ -460,9 +470,11 @@ class Simulator:
                                        node.feed.doc.content_hash())  # fmt: skip
             self.send("states", states)
         elif kind == "desired":  # how many nodes central answered, what they hold
-            synced = sum(1 for n in self.nodes.values()
-                         if CENTRAL_ID in n.desired_peer.synced_at)  # fmt: skip
-            self.send("desired", synced, sum(n.feed.held() for n in self.nodes.values()))
+            waiting = [
+                i for i, n in self.nodes.items() if CENTRAL_ID not in n.desired_peer.synced_at
+            ]
+            held = sum(n.feed.held() for n in self.nodes.values())
+            self.send("desired", len(self.nodes) - len(waiting), held, waiting[:5])
         elif kind == "freeze":  # no more changes of our own: central can catch up
             self.frozen = True
             self.send("frozen", self.doc_counts())  # since the start: central's are too
@@ -491,6 +503,7 @@ class Simulator:
             "per_node": rows,
             "doc": {k: v - self.doc_marks.get(k, 0) for k, v in docs.items()},
             "counts": counts,
+            "received": {k: v - self.received_mark[k] for k, v in self.received.items()},
             "broker_dropped": self.broker_dropped,
             "cpu_s": sum(psutil.Process().cpu_times()[:2]),
             "rss_mb": psutil.Process().memory_info().rss / 1e6,
@@ -544,6 +557,7 @@ class Simulator:
         now = time.time()
         node.bytes_out += len(status_payload(node.id, "online"))
         node.online = True
+        self.online_count += 1
         node.online_since = now
         node.shared_mark = self.shared
         node.serving = [
@@ -568,6 +582,7 @@ class Simulator:
         node.shared_in += self.shared - node.shared_mark
         node.online_s += now - node.online_since
         node.online = False
+        self.online_count -= 1
         will = node.link.will()
         await self.client.publish(will.topic, will.payload, qos=1, retain=True)
 
@@ -595,6 +610,7 @@ class Simulator:
             node.bytes_out += len(frame)
             self.shared += len(frame)
             node.shared_mark += len(frame)  # not to itself
+            self.received["policy"] += len(frame) * (self.online_count - int(node.online))
 
     async def dispatch(self, client: aiomqtt.Client) -> None:
         async for message in client.messages:
@@ -602,6 +618,7 @@ class Simulator:
             payload = bytes(message.payload)
             if topic == HEARTBEAT_TOPIC:
                 self.shared += len(payload)
+                self.received["heartbeat"] += len(payload) * self.online_count
                 continue
             if topic == SYS_DROPPED:
                 with contextlib.suppress(ValueError):
@@ -613,6 +630,7 @@ class Simulator:
             doc, sender = parts[3], parts[5]
             if doc in SHARED_DOCS:
                 self.shared += len(payload)
+                self.received["policy"] += len(payload) * self.online_count
                 await self.on_policy(sender, payload)
                 continue
             owner = AssignmentFeed.node_of(doc)
@@ -626,6 +644,7 @@ class Simulator:
                 self.counts["dropped_while_offline"] += 1
                 continue
             target.bytes_in += len(payload)
+            self.received["node_doc" if owner is None else "desired"] += len(payload)
             if owner is None:
                 self.counts["frames_from_central"] += 1
                 target.peer.handle(topic, payload)
@@ -793,6 +812,7 @@ class Measure:
         self.finished = False
         self.started = time.time()
         self.steps: list[tuple[float, float]] = []  # (start, seconds)
+        self.step_max: tuple[float, str] = (0.0, "")  # the longest step, and in which phase
         self.submits: dict[str, tuple[float, float, str | None]] = {}  # id: (call, back, node)
         self.refused = 0
         self.skipped = 0
@@ -849,6 +869,7 @@ class Measure:
             "step_p50_ms": _ms(pct(steps, 50)),
             "step_p99_ms": _ms(pct(steps, 99)),
             "step_max_ms": _ms(max(all_steps, default=None)),
+            "step_max_phase": self.step_max[1],
             "step_busy": (sum(steps) / window_s) if window_s else None,
             "submitted": len(submits),
             "placed": len(placed),
@@ -883,8 +904,11 @@ class Measure:
         if self.published_total is not None and self.status1:
             # since the start (the fleet's bring-up too): the nodes' document messages
             # (updates and step 2 answers) against what central's replicas applied
+            # (more applied than published: QoS 1 redeliveries, after a reconnect of central's)
             out["published"] = self.published_total
-            out["not_applied"] = self.published_total - self.status1["updates_in"]
+            missing = self.published_total - self.status1["updates_in"]
+            out["not_applied"] = max(0, missing)
+            out["applied_twice"] = max(0, -missing)
         if self.sims:
             out["broker_dropped"] = max(s["broker_dropped"] for s in self.sims)
             rows = [r for s in self.sims for r in s["per_node"]]
@@ -894,7 +918,12 @@ class Measure:
                 out["in_mb_h"] = sum(ins) / len(ins) / 1e6
                 out["out_mb_h"] = sum(outs) / len(outs) / 1e6
                 out["in_mb_h_max"] = max(ins) / 1e6
+            online_h = sum(r[2] for r in rows) / 3600
+            for kind in RECEIVED_KINDS:
+                got = sum(s["received"][kind] for s in self.sims)
+                out[f"in_{kind}_mb_h"] = got / online_h / 1e6 if online_h else None
             out["sim_cpu_s"] = sum(s["cpu_s"] for s in self.sims)
+            out["sim_rss_mb"] = sum(s["rss_mb"] for s in self.sims)
             counts: dict[str, int] = {}
             for s in self.sims:
                 for k, v in s["counts"].items():
@@ -981,7 +1010,10 @@ def wrap_control_step(engine: CentralEngine, measure: Measure) -> None:
         try:
             original()
         finally:
-            measure.steps.append((start, time.perf_counter() - t0))
+            took = time.perf_counter() - t0
+            measure.steps.append((start, took))
+            if took > measure.step_max[0]:
+                measure.step_max = (took, measure.phase)
 
     engine.control_step = timed  # type: ignore[method-assign]
 
@@ -1132,8 +1164,10 @@ async def run_size(
                 break
             await asyncio.sleep(0.5)
         if measure.desired_synced < len(ids):
+            waiting = [n for r in replies for n in r[3]][:5]
             measure.notes.append(
-                f"desired documents synced at {measure.desired_synced}/{len(ids)} nodes"
+                f"desired documents synced at {measure.desired_synced}/{len(ids)} nodes "
+                f"(never answered: {', '.join(waiting)}, ...)"
             )
         measure.fleet_up_s = time.time() - started
 
@@ -1249,12 +1283,14 @@ def size_worker(scale: Scale, port: int, workdir: str, conn: Connection) -> None
 
 
 def memory_needed_gb(scale: Scale) -> float:
-    """A rough estimate of what one size needs, from this harness's own runs: a node document
-    of 100 entries is about 0.25 MB in a simulator and 0.5 MB at central (with its decoded
-    view); an assignment about 12 KB in each policy replica (central's, each simulator's)."""
-    per_node = 0.75e6 * scale.tasks_per_node / 100
-    assignments = scale.nodes * round(scale.assigned_share * scale.tasks_per_node)
-    return (scale.nodes * per_node + assignments * 12e3 * (1 + scale.procs)) / 1e9 + 0.5
+    """A rough estimate of what one size needs, from this harness's own runs (100 and 1,000
+    nodes of 100 entries, 70 of them central's): central about 1.7 MB per node (its replica
+    of the node's document with the fleet index's view of it, about 0.5 MB; each assignment
+    in the fleet document, the index and the node's desired document, the last written entry
+    by entry by the projection, about 17 KB of the ~27 KB), the simulators about 0.8 MB per
+    node (its document, its desired replica, two peers)."""
+    per_node = (1.7e6 + 0.8e6) * scale.tasks_per_node / 100
+    return scale.nodes * per_node / 1e9 + 0.5
 
 
 def measure_size(scale: Scale) -> dict[str, Any]:
@@ -1309,6 +1345,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("control step p50 (ms)", "step_p50_ms", "{:.1f}"),
     ("control step p99 (ms)", "step_p99_ms", "{:.1f}"),
     ("control step max, whole run (ms)", "step_max_ms", "{:.0f}"),
+    ("  in phase", "step_max_phase", "{}"),
     ("share of the window in control steps", "step_busy", "{:.0%}"),
     ("submitted / placed (ticks skipped)", "submitted_placed", "{}"),
     ("seen by their node (wrong node)", "seen_wrong", "{}"),
@@ -1324,16 +1361,22 @@ ROWS: list[tuple[str, str, str]] = [
     ("messages central rejected", "rejected", "{:d}"),
     ("broker: messages dropped", "broker_dropped", "{:d}"),
     ("central RSS at end (MB)", "rss_mb", "{:.0f}"),
+    ("simulators' RSS at end (MB)", "sim_rss_mb", "{:.0f}"),
     ("central CPU in the window (s)", "cpu_s", "{:.1f}"),
     ("central CPU, share of one core", "cpu_share", "{:.0%}"),
     ("bytes to each node (MB/h, mean)", "in_mb_h", "{:.2f}"),
+    ("  of it: its desired document", "in_desired_mb_h", "{:.3f}"),
+    ("  of it: its own document (central's side)", "in_node_doc_mb_h", "{:.3f}"),
+    ("  of it: the policy document (all senders)", "in_policy_mb_h", "{:.3f}"),
+    ("  of it: central's heartbeat", "in_heartbeat_mb_h", "{:.3f}"),
     ("bytes from each node (MB/h, mean)", "out_mb_h", "{:.2f}"),
     ("measured window (s)", "window_s", "{:.0f}"),
 ]
 RATIO_KEYS = {
     "fleet_up_s", "step_p50_ms", "step_p99_ms", "step_max_ms", "submit_call_p50_ms",
     "submit_call_p99_ms", "seen_p50_ms", "seen_p99_ms", "heal_p50_s", "heal_p99_s",
-    "merged_per_s", "rss_mb", "cpu_s", "cpu_share", "in_mb_h", "out_mb_h",
+    "merged_per_s", "rss_mb", "cpu_s", "cpu_share", "in_mb_h", "out_mb_h", "in_desired_mb_h",
+    "in_node_doc_mb_h", "in_policy_mb_h", "in_heartbeat_mb_h", "sim_rss_mb",
 }  # fmt: skip
 
 
@@ -1345,6 +1388,8 @@ def derived(s: dict[str, Any]) -> dict[str, Any]:
         out["converged_of"] = f"{s['converged']} / {s['healed']}"
     if "published" in s and "not_applied" in s:
         out["published_lost"] = f"{s['published']} / {s['not_applied']}"
+        if s.get("applied_twice"):
+            out["published_lost"] += f" (+{s['applied_twice']} redelivered)"
     if s.get("cpu_s") is not None and s.get("window_s"):
         out["cpu_share"] = s["cpu_s"] / s["window_s"]
     return out
@@ -1363,14 +1408,15 @@ def cell(s: dict[str, Any], key: str, fmt: str) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     rows = [derived(r) for r in results]
     heads = ["figure"] + [f"{r['nodes']:,} nodes" for r in rows]
-    ratio = len(rows) > 1
+    ran = [r for r in rows if r.get("phase") != "skipped"]  # the ratio: of sizes that ran
+    ratio = len(ran) > 1
     if ratio:
-        heads.append(f"{rows[-1]['nodes']:,} / {rows[0]['nodes']:,}")
+        heads.append(f"{ran[-1]['nodes']:,} / {ran[0]['nodes']:,}")
     lines = [heads]
     for label, key, fmt in ROWS:
         line = [label] + [cell(r, key, fmt) for r in rows]
         if ratio:
-            a, b = rows[0].get(key), rows[-1].get(key)
+            a, b = ran[0].get(key), ran[-1].get(key)
             ok = key in RATIO_KEYS and isinstance(a, int | float) and isinstance(b, int | float)
             line.append(f"x{b / a:.1f}" if ok and a else "")
         lines.append(line)
@@ -1424,6 +1470,9 @@ def main() -> None:
         help="nodes answer each other's policy step 1, as real ones do",
     )
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON too")
+    parser.add_argument(
+        "--up-s", type=float, default=600.0, help="longest wait for the fleet to come up"
+    )
     parser.add_argument("--force", action="store_true", help="run a size that may not fit")
     parser.add_argument(
         "--broker-queue",
@@ -1439,7 +1488,7 @@ def main() -> None:
             nodes=n, tasks_per_node=args.tasks, rate=args.rate, steady_s=args.steady_s,
             offline_s=args.offline_s, budget_s=args.budget_s,
             procs=args.procs or (1 if n <= 2000 else 2), peer_answers=args.peer_answers,
-            broker_queue=args.broker_queue,
+            broker_queue=args.broker_queue, up_s=args.up_s,
         )  # fmt: skip
         need = memory_needed_gb(scale)
         have = psutil.virtual_memory().available / 1e9
