@@ -20,9 +20,10 @@ one SQLite transaction, and each goes out only once it is on disk.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 
 from edgesched.sync.doc import DESIRED_PREFIX, PolicyDoc, client_id_for, desired_doc_name
 from edgesched.sync.journal import JournalSet
@@ -56,6 +57,8 @@ class DesiredDocs:
         self.docs: dict[str, PolicyDoc] = {}
         self.journals = JournalSet(store)
         self.writes = 0  # entries written or removed by the projection
+        self._batch: contextlib.ExitStack | None = None
+        self._open: set[str] = set()  # documents with a transaction open in the batch
 
     def doc(self, node_id: str, restored: PolicyDoc | None = None) -> PolicyDoc:
         """Node ``node_id``'s desired-state document (made, journaled and synced on first
@@ -94,6 +97,30 @@ class DesiredDocs:
 
     # --- the projection -------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every projection write inside lands in one transaction per document: one update
+        per document and step, not one per entry (an update per entry costs a journal row
+        and a message each, and pycrdt keeps ~3x the memory for entries written apart)."""
+        if self._batch is not None:  # nested: the outer batch commits
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            self._batch = stack
+            try:
+                yield
+            finally:
+                self._batch = None
+                self._open = set()
+
+    def _writing(self, node_id: str) -> PolicyDoc:
+        """Node ``node_id``'s document, inside the batch's transaction for it if batching."""
+        doc = self.doc(node_id)
+        if self._batch is not None and doc.name not in self._open:
+            self._batch.enter_context(doc.doc.transaction())
+            self._open.add(doc.name)
+        return doc
+
     def assignment(
         self, task_id: str, old: AssignmentEntry | None, new: AssignmentEntry | None
     ) -> None:
@@ -101,10 +128,10 @@ class DesiredDocs:
         if old is not None and old.node and (new is None or new.node != old.node):
             doc = self.docs.get(old.node)
             if doc is not None and doc.root("assignments").get(task_id) is not None:
-                doc.drop_assignment(task_id)
+                self._writing(old.node).drop_assignment(task_id)
                 self.writes += 1
         if new is not None and new.node:
-            self.doc(new.node).assign(task_id, new)
+            self._writing(new.node).assign(task_id, new)
             self.writes += 1
 
     def stop(self, key: str, order: StopOrder | None) -> None:
@@ -115,10 +142,10 @@ class DesiredDocs:
         if order is None:
             doc = self.docs.get(node_id)
             if doc is not None and doc.root("stops").get(key) is not None:
-                doc.drop_stop(task_id, node_id)
+                self._writing(node_id).drop_stop(task_id, node_id)
                 self.writes += 1
             return
-        self.doc(node_id).order_stop(task_id, node_id, order)
+        self._writing(node_id).order_stop(task_id, node_id, order)
         self.writes += 1
 
     def power(self, node_id: str, order: PowerOrder | None) -> None:
@@ -126,10 +153,10 @@ class DesiredDocs:
         if order is None:
             doc = self.docs.get(node_id)
             if doc is not None and doc.root("power").get(node_id) is not None:
-                del doc.root("power")[node_id]
+                del self._writing(node_id).root("power")[node_id]
                 self.writes += 1
             return
-        self.doc(node_id).set_power(node_id, order)
+        self._writing(node_id).set_power(node_id, order)
         self.writes += 1
 
     def match(
@@ -151,26 +178,38 @@ class DesiredDocs:
         before = self.writes
         for node_id in sorted(set(want) | set(self.docs) | set(orders)):
             held_a, held_s = want.get(node_id, ({}, {}))
-            doc = self.doc(node_id)
-            have_a = doc.assignments()
-            for task_id in sorted(set(have_a) - set(held_a)):
-                doc.drop_assignment(task_id)
-                self.writes += 1
-            for task_id, entry in sorted(held_a.items()):
-                if have_a.get(task_id) != entry:
-                    doc.assign(task_id, entry)
-                    self.writes += 1
-            have_s = doc.stops()
-            for key in sorted(set(have_s) - set(held_s)):
-                task_id, _, stop_node = key.rpartition("@")
-                doc.drop_stop(task_id, stop_node)
-                self.writes += 1
-            for key, order in sorted(held_s.items()):
-                if have_s.get(key) != order:
-                    task_id, _, stop_node = key.rpartition("@")
-                    doc.order_stop(task_id, stop_node, order)
-                    self.writes += 1
-            standing = orders.get(node_id)
-            if doc.power().get(node_id) != standing:
-                self.power(node_id, standing)
+            with self.doc(node_id).doc.transaction():  # one update per document
+                self._match_one(node_id, held_a, held_s, orders.get(node_id))
         return self.writes - before
+
+    def _match_one(
+        self,
+        node_id: str,
+        held_a: Mapping[str, AssignmentEntry],
+        held_s: Mapping[str, StopOrder],
+        standing: PowerOrder | None,
+    ) -> None:
+        """Make node ``node_id``'s document hold exactly these entries."""
+        doc = self.doc(node_id)
+        # decoded one by one and kept nowhere: a decoded view cached in every desired
+        # document would hold a second copy of the fleet's assignments
+        have_a = dict(doc.each("assignments", AssignmentEntry))
+        for task_id in sorted(set(have_a) - set(held_a)):
+            doc.drop_assignment(task_id)
+            self.writes += 1
+        for task_id, entry in sorted(held_a.items()):
+            if have_a.get(task_id) != entry:
+                doc.assign(task_id, entry)
+                self.writes += 1
+        have_s = dict(doc.each("stops", StopOrder))
+        for key in sorted(set(have_s) - set(held_s)):
+            task_id, _, stop_node = key.rpartition("@")
+            doc.drop_stop(task_id, stop_node)
+            self.writes += 1
+        for key, order in sorted(held_s.items()):
+            if have_s.get(key) != order:
+                task_id, _, stop_node = key.rpartition("@")
+                doc.order_stop(task_id, stop_node, order)
+                self.writes += 1
+        if doc.power_order(node_id) != standing:
+            self.power(node_id, standing)

@@ -417,28 +417,30 @@ class CentralEngine:
         fleet = _need(self.fleet)
         index = self.index
         desired = self.desired if project else None
-        keys = fleet.drain_changes("assignments")
-        every = partial(fleet.each, "assignments", AssignmentEntry)
-        for key, entry in _changed(keys, every, fleet.assignment, index.assignments):
-            old = index.assignments.get(key)
-            if entry != old:
-                index.set_assignment(key, entry)
-                if desired is not None:
-                    desired.assignment(key, old, entry)
-        keys = fleet.drain_changes("stops")
-        for key, stop in _changed(keys, partial(fleet.each, "stops", StopOrder), fleet.stop,
-                                  index.stops):  # fmt: skip
-            if stop != index.stops.get(key):
-                index.set_stop(key, stop)
-                if desired is not None:
-                    desired.stop(key, stop)
-        keys = fleet.drain_changes("power")
-        every_order = partial(fleet.each, "power", PowerOrder)
-        for key, order in _changed(keys, every_order, fleet.power_order, index.orders):
-            if order != index.orders.get(key):
-                index.set_order(key, order)
-                if desired is not None:
-                    desired.power(key, order)
+        # one transaction per desired document for all this call projects
+        with contextlib.nullcontext() if desired is None else desired.batch():
+            keys = fleet.drain_changes("assignments")
+            every = partial(fleet.each, "assignments", AssignmentEntry)
+            for key, entry in _changed(keys, every, fleet.assignment, index.assignments):
+                old = index.assignments.get(key)
+                if entry != old:
+                    index.set_assignment(key, entry)
+                    if desired is not None:
+                        desired.assignment(key, old, entry)
+            keys = fleet.drain_changes("stops")
+            for key, stop in _changed(keys, partial(fleet.each, "stops", StopOrder), fleet.stop,
+                                      index.stops):  # fmt: skip
+                if stop != index.stops.get(key):
+                    index.set_stop(key, stop)
+                    if desired is not None:
+                        desired.stop(key, stop)
+            keys = fleet.drain_changes("power")
+            every_order = partial(fleet.each, "power", PowerOrder)
+            for key, order in _changed(keys, every_order, fleet.power_order, index.orders):
+                if order != index.orders.get(key):
+                    index.set_order(key, order)
+                    if desired is not None:
+                        desired.power(key, order)
         dirty, self._dirty_nodes = self._dirty_nodes, set()
         for node_id in sorted(dirty):
             replica = self.replicas.replicas.get(node_id)
@@ -717,6 +719,20 @@ class CentralEngine:
         specs = [e.task_spec for e in entries.values()]
         pins = {t: (e.pin or None) if t in index.pending else None for t, e in entries.items()}
         choices = self._choose(specs, pins)
+        with fleet.doc.transaction():  # the batch's decisions: one update of the fleet
+            self._write_placements(now, specs, entries, choices)
+        self.sync_index()
+        self._placed_version = index.version
+
+    def _write_placements(
+        self,
+        now: float,
+        specs: list[TaskSpec],
+        entries: Mapping[str, AssignmentEntry],
+        choices: Mapping[str, Choice],
+    ) -> None:
+        fleet = _need(self.fleet)
+        index = self.index
         for spec in specs:
             entry = entries[spec.id]
             choice = choices[spec.id]
@@ -739,15 +755,14 @@ class CentralEngine:
             )  # fmt: skip
             self._event("failover", f"{spec.id}: {old} -> {choice.node_id} (epoch {epoch})",
                         node=choice.node_id, task=spec.id)  # fmt: skip
-        self.sync_index()
-        self._placed_version = index.version
 
     def _prune(self, now: float, mine: Shards | None = None) -> None:
         """Forget assignments finished (or cancelled) longer than the retention ago."""
         fleet = _need(self.fleet)
         done = [t for t in self.index.forgettable(now) if mine is None or mine(t)]
-        for task_id in done:
-            fleet.drop_assignment(task_id)
+        with fleet.doc.transaction():
+            for task_id in done:
+                fleet.drop_assignment(task_id)
         if done:
             self._event("pruned", f"{len(done)} finished assignments forgotten")
 
@@ -777,14 +792,19 @@ class CentralEngine:
         busy = {table.nodes[row].id for row, placed in enumerate(table.on_node) if placed}
         reports = {n: m.power for n, m in index.members.items()}
         config = self._policy_config()
-        for order in power_orders(cluster, busy, waiting, config, index.orders, reports):
-            fleet.set_power(order.node_id, order.to_order())
-            verb = "park" if order.state == PARKED else "wake"
-            self._event(verb, f"{order.node_id}: {order.reason}", node=order.node_id)
+        with fleet.doc.transaction():
+            for order in power_orders(cluster, busy, waiting, config, index.orders, reports):
+                fleet.set_power(order.node_id, order.to_order())
+                verb = "park" if order.state == PARKED else "wake"
+                self._event(verb, f"{order.node_id}: {order.reason}", node=order.node_id)
         self.sync_index()
         self._power_at = (index.version, now)
 
     def _reconcile(self, now: float, mine: Shards | None = None) -> None:
+        with _need(self.fleet).doc.transaction():  # one update of the fleet for the step
+            self._settle(now, mine)
+
+    def _settle(self, now: float, mine: Shards | None) -> None:
         fleet = _need(self.fleet)
         index = self.index
         for settled in index.settlements(self.reconcile_policy):

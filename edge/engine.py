@@ -462,11 +462,13 @@ class EdgeEngine:
             )
         )
         centrals = frozenset(client_id_for(c) for c in self.edge.centrals)
-        session.add(  # read only: central's fleet-wide policy; only centrals author it
-            DocPeer(self.policy, self.edge.node_id, writers=centrals)
+        # Read only, and from the centrals only: they author both documents, and hearing
+        # every other node's step 1 of the policy would grow our traffic with the fleet.
+        session.add(  # central's fleet-wide policy
+            DocPeer(self.policy, self.edge.node_id, writers=centrals, listen_to=self.edge.centrals)
         )
-        session.add(  # read only: our shard of central's desired state
-            DocPeer(self.desired, self.edge.node_id, writers=centrals)
+        session.add(  # our shard of central's desired state
+            DocPeer(self.desired, self.edge.node_id, writers=centrals, listen_to=self.edge.centrals)
         )
         return session
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Protocol
 
 import aiomqtt
@@ -81,6 +81,7 @@ class DocPeer:
         accept: Callable[[str, int], bool] | None = None,
         writers: frozenset[int] | None = None,
         subscribe: bool = True,
+        listen_to: Collection[str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``before_publish`` is awaited before anything leaves: the owner's way to make sure
@@ -93,7 +94,10 @@ class DocPeer:
         author content in this document (a node's own document: the node's alone); an update
         carrying operations of any other client id is refused whole, whoever relays it.
         ``subscribe=False`` for a peer whose
-        messages arrive through a wildcard another channel subscribes. ``host``, ``port``,
+        messages arrive through a wildcard another channel subscribes. ``listen_to``: hear
+        only these peers (their sender topics) instead of every peer of the document: a
+        node following central's documents hears the centrals, not every other node's
+        step 1 (which would grow each node's traffic with the fleet). ``host``, ``port``,
         ``keepalive``, ``session_expiry_s`` and the backoff apply only to :meth:`run`, the
         stand-alone mode with a connection of its own."""
         self.doc = doc
@@ -112,9 +116,14 @@ class DocPeer:
         self.peer_id = peer_id
         self.topic = wire.sync_topic(doc.name, peer_id)  # validates both names
         self.filter = wire.sync_filter(doc.name)
-        self.routes: tuple[str, ...] = (self.filter,)
+        heard = (
+            (self.filter,)
+            if listen_to is None
+            else tuple(wire.sync_topic(doc.name, p) for p in sorted(set(listen_to)))
+        )
+        self.routes: tuple[str, ...] = heard
         self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
-            ((self.filter, SubscribeOptions(qos=1, noLocal=True)),) if subscribe else ()
+            tuple((f, SubscribeOptions(qos=1, noLocal=True)) for f in heard) if subscribe else ()
         )
         self.host = host
         self.port = port

@@ -225,7 +225,11 @@ async def test_central_parks_idle_nodes_and_wakes_one_for_work(
             return entry.get("node") if entry.get("state") == "active" else None
 
         target = await until(placed_on, 30, "the task placed on a woken node")
-        assert power(nodes[target]) == ACTIVE
+        # Woken by central's order, or by the node itself if central placed it before the
+        # node's park report reached it (the report is in flight for a few ms): active either way.
+        await until(lambda: power(nodes[target]) == ACTIVE, 10, "the target awake")
+        _, events = await asyncio.to_thread(central.get, "/v1/events")
+        assert any(e["kind"] == "wake" for e in events["events"]), events
         await until(
             lambda: nodes[target].tasks().get("wake-me", {}).get("state") == "running",
             20,
