@@ -15,7 +15,10 @@ node), synced by the node's own DocPeer as a real node's (:class:`AssignmentFeed
 assignment is started (a running ``TaskReport`` with its assignment) and exits ``--run-s``
 later. The fleet-wide policy document (mode, tidal profile, models) is held once per simulator
 process (every node holds the same replica of it; one copy stands for all of them), and each
-node sends its own step 1 of it when it connects.
+node sends its own step 1 of it when it connects. As a real node's peers of central's documents
+(``DocPeer(..., listen_to=centrals)``), a simulated node hears ``policy`` and its own
+``desired-<id>`` from the centrals only (their sender topics, ``.../sync/<central>``): no other
+node's frames of either reach it, and none are counted as received (:func:`node_subscriptions`).
 
 Per size: seed central's fleet document with the assignments the nodes already run (the running
 engine projects them into the desired documents; the harness waits for it), bring the fleet up
@@ -33,7 +36,7 @@ a wall-clock budget; a size that overruns it is killed and printed as "did not f
 budget" with what it measured so far.
 
     .venv/bin/python bench/bench_central_scale.py [--nodes 100,1000] [--budget-s 900]
-        [--rate 10] [--steady-s 30] [--offline-s 10] [--procs N] [--peer-answers]
+        [--rate 10] [--steady-s 30] [--offline-s 10] [--procs N]
 
 ``make bench`` runs the defaults. Run it from a scratch directory (``cd /tmp``): each size
 works in a temporary directory of its own. :func:`memory_needed_gb` estimates what a size
@@ -97,6 +100,9 @@ from edgesched.sync.topics import HEARTBEAT_TOPIC
 log = logging.getLogger("bench.central_scale")
 
 CENTRAL_ID = "central"
+#: The centrals a node follows (``EdgeConfig.centrals``): the only senders it hears of
+#: central's documents (``policy``, its ``desired-<id>``).
+CENTRALS: tuple[str, ...] = (CENTRAL_ID,)
 SUBMISSION_PREFIX = "sub"
 #: Mosquitto publishes its $SYS counters every this many seconds (the dropped-message count).
 SYS_DROPPED = "$SYS/broker/publish/messages/dropped"
@@ -125,7 +131,6 @@ class Scale:
     budget_s: float = 900.0
     procs: int = 1
     broker_queue: int | None = None  # max_queued_messages of the bench broker (None: default)
-    peer_answers: bool = False  # nodes answer each other's policy step 1 (as real ones do)
     seed: int = 1
 
 
@@ -218,8 +223,10 @@ class AssignmentFeed:
     starting empty like a fresh node's, synced by its own :class:`DocPeer` as a real node's
     (its step 1 on ``.../desired-<node>/sync/<node>`` on every connect, central's step 2 and
     live updates on ``.../sync/<central>``); the feed watches the replica's changed keys and
-    decodes only those (``PolicyDoc.assignment``). If assignments move again, this class and
-    :func:`seed_central_assignments` are what change."""
+    decodes only those (``PolicyDoc.assignment``). As a real node's, the peer hears the
+    centrals only (``listen_to``); :attr:`routes` are the topics its replica is fed from. If
+    assignments move again, this class and :func:`seed_central_assignments` are what
+    change."""
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
@@ -228,6 +235,7 @@ class AssignmentFeed:
         self._changed: set[str] = set()
         root: Map[Any] = self.doc.doc.get("assignments", type=Map)
         self._subscription = root.observe(self._on_change)
+        self.routes = self.peer_routes(node_id)
 
     @staticmethod
     def node_doc(node_id: str) -> str:
@@ -239,14 +247,24 @@ class AssignmentFeed:
         """The node whose assignments document ``doc`` is (None: not one)."""
         return doc[len(DESIRED_PREFIX) :] if doc.startswith(DESIRED_PREFIX) else None
 
+    @staticmethod
+    def peer_routes(node_id: str) -> tuple[str, ...]:
+        """The topics node ``node_id``'s desired replica is fed from: the centrals' sender
+        topics of its desired document (what a real node's peer subscribes)."""
+        return tuple(wire.sync_topic(desired_doc_name(node_id), c) for c in sorted(CENTRALS))
+
     def peer(self) -> DocPeer:
-        """The node's peer of its replica: read only, only centrals author it."""
-        return DocPeer(
+        """The node's peer of its replica: read only, only centrals author it, and it hears
+        only them (edge/engine.py builds a real node's so)."""
+        peer = DocPeer(
             self.doc,
             self.node_id,
-            writers=frozenset({client_id_for(CENTRAL_ID)}),
+            writers=frozenset(client_id_for(c) for c in CENTRALS),
+            listen_to=CENTRALS,
             subscribe=False,  # the simulator's connection subscribes for it
         )
+        assert peer.routes == self.routes, (peer.routes, self.routes)
+        return peer
 
     def _on_change(self, event: Any) -> None:  # a pycrdt MapEvent: its changed keys
         self._changed.update(str(k) for k in event.keys)
@@ -267,13 +285,26 @@ class AssignmentFeed:
 
 
 #: What a node receives, by source: central's frames of its own document and of its desired
-#: document, the fleet-wide policy document's frames (central's and every other node's), and
-#: central's heartbeat.
+#: document, central's frames of the fleet-wide policy document, and central's heartbeat.
 RECEIVED_KINDS = ("node_doc", "desired", "policy", "heartbeat")
 
 #: The fleet-wide documents every node replicates (mode, tidal profile, models); one replica
-#: per simulator process stands for all of its nodes'.
+#: per simulator process stands for all of its nodes'. A node hears them from the centrals only.
 SHARED_DOCS: tuple[str, ...] = ("policy",)
+
+
+def node_subscriptions(ids: Iterable[str]) -> list[tuple[str, SubscribeOptions]]:
+    """What a simulator's connection subscribes for its nodes ``ids``: what real nodes'
+    sessions subscribe. The shared documents and each node's desired document from the
+    centrals only (their sender topics, as ``DocPeer(..., listen_to=centrals)``), each node's
+    own document from every peer (``.../sync/+``: central's replicas), the heartbeat."""
+    qos1 = SubscribeOptions(qos=1, noLocal=True)
+    subs = [(wire.sync_topic(d, c), qos1) for d in SHARED_DOCS for c in sorted(CENTRALS)]
+    subs.append((HEARTBEAT_TOPIC, SubscribeOptions(qos=0)))
+    for node_id in ids:
+        subs.append((wire.sync_filter(f"node-{node_id}"), qos1))
+        subs += [(route, qos1) for route in AssignmentFeed.peer_routes(node_id)]
+    return subs
 
 
 # --- the broker -------------------------------------------------------------------------------
@@ -361,8 +392,8 @@ class SimNode:
         self.online = False
         self.serving: list[asyncio.Task[None]] = []  # the peers' send loops while online
         self.bytes_in = 0  # central's frames on our two documents' topics
-        self.bytes_out = 0  # status, telemetry, our policy step 1s and answers
-        self.shared_in = 0  # broadcast bytes (policy, heartbeat) while we were online
+        self.bytes_out = 0  # status, telemetry, our policy step 1s and answers (to central)
+        self.shared_in = 0  # broadcast bytes (central's policy frames, heartbeat) while online
         self.shared_mark = 0
         self.online_s = 0.0
         self.online_since = 0.0
@@ -401,7 +432,7 @@ class Simulator:
             "policy", client_id_for(f"bench-sim-{plan.index}"), snapshot, []
         )
         self.reassembler = wire.Reassembler()
-        self.shared = 0  # bytes every online node receives (policy frames, heartbeats)
+        self.shared = 0  # bytes every online node receives (central's policy frames, heartbeats)
         #: bytes our nodes received, by document (summed over the nodes that got them)
         self.received: dict[str, int] = dict.fromkeys(RECEIVED_KINDS, 0)
         self.received_mark: dict[str, int] = dict(self.received)
@@ -414,8 +445,9 @@ class Simulator:
         self.frozen = False
         self.counts: dict[str, int] = dict.fromkeys(
             ("policy_step1_sent", "policy_step1_heard", "policy_answers",
-             "frames_from_central", "desired_frames_from_central", "dropped_while_offline",
-             "telemetry", "bad_policy_frames"),
+             "policy_frames_from_central", "frames_from_central", "desired_frames_from_central",
+             "frames_not_from_central", "dropped_while_offline", "telemetry",
+             "bad_policy_frames"),
             0,
         )  # fmt: skip
         self.broker_dropped = 0
@@ -518,16 +550,9 @@ class Simulator:
         )  # fmt: skip
         async with client:
             self.client = client
-            subs = [(wire.sync_filter(d), SubscribeOptions(qos=1, noLocal=True))
-                    for d in SHARED_DOCS]  # fmt: skip
-            subs.append((HEARTBEAT_TOPIC, SubscribeOptions(qos=0)))
+            subs = node_subscriptions(self.nodes)
             if self.plan.index == 0:
                 subs.append((SYS_DROPPED, SubscribeOptions(qos=0)))
-            subs += [
-                (wire.sync_filter(name), SubscribeOptions(qos=1, noLocal=True))
-                for n in self.nodes.values()
-                for name in (n.doc.name, AssignmentFeed.node_doc(n.id))
-            ]
             for start in range(0, len(subs), 500):
                 await client.subscribe(subs[start : start + 500])
             loops = [
@@ -587,30 +612,20 @@ class Simulator:
         await self.client.publish(will.topic, will.payload, qos=1, retain=True)
 
     async def policy_step1(self, node: SimNode) -> None:
-        """The node's policy peer's step 1 (on every connect). Every other node's policy peer
-        answers it: those of this process only with ``peer_answers`` (the broker's no-local
-        keeps it from this connection), counted either way."""
+        """The node's policy peer's step 1 (on every connect), on its own sender topic: heard
+        by the centrals only (no node subscribes another's), which answer it."""
         for name in SHARED_DOCS:
             sv = self.policy.state_vector()
             await self.publish_as(node, name, wire.Kind.SYNC, wire.step1_payload(sv))
             self.counts["policy_step1_sent"] += 1
-            if self.scale.peer_answers:
-                answer = wire.step2_payload(self.policy.diff(sv))
-                for other in self.nodes.values():
-                    if other.online and other is not node:
-                        await self.publish_as(other, name, wire.Kind.SYNC, answer)
-                        self.counts["policy_answers"] += 1
 
     async def publish_as(self, node: SimNode, doc: str, kind: wire.Kind, payload: bytes) -> None:
-        """A frame of a shared document (the policy) as ``node`` sends it; every other node
-        hears it (the broker's no-local hides it from this connection, so it is counted)."""
+        """A frame of a shared document (the policy) as ``node`` sends it, to the centrals:
+        no other node hears it, so it is counted as sent only."""
         assert self.client is not None
         for frame in wire.encode(kind, doc, node.doc.client_id, payload, epoch=0):
             await self.client.publish(wire.sync_topic(doc, node.id), frame, qos=1)
             node.bytes_out += len(frame)
-            self.shared += len(frame)
-            node.shared_mark += len(frame)  # not to itself
-            self.received["policy"] += len(frame) * (self.online_count - int(node.online))
 
     async def dispatch(self, client: aiomqtt.Client) -> None:
         async for message in client.messages:
@@ -628,12 +643,16 @@ class Simulator:
             if len(parts) != 6:
                 continue
             doc, sender = parts[3], parts[5]
-            if doc in SHARED_DOCS:
+            owner = AssignmentFeed.node_of(doc)
+            if (doc in SHARED_DOCS or owner is not None) and sender not in CENTRALS:
+                self.counts["frames_not_from_central"] += 1  # not subscribed: never happens
+                continue
+            if doc in SHARED_DOCS:  # central's, to every online node
                 self.shared += len(payload)
                 self.received["policy"] += len(payload) * self.online_count
+                self.counts["policy_frames_from_central"] += 1
                 await self.on_policy(sender, payload)
                 continue
-            owner = AssignmentFeed.node_of(doc)
             if owner is not None:
                 target = self.nodes.get(owner)
             else:
@@ -665,12 +684,10 @@ class Simulator:
             self.counts["bad_policy_frames"] += 1
             return
         online = [n for n in self.nodes.values() if n.online and n.id != sender]
-        if sync.step == YSyncMessageType.SYNC_STEP1:
+        if sync.step == YSyncMessageType.SYNC_STEP1:  # central's: every node's peer answers
             self.counts["policy_step1_heard"] += 1
-            if sender != CENTRAL_ID and not self.scale.peer_answers:
-                return
             answer = wire.step2_payload(self.policy.diff(sync.data))
-            for node in online:  # every node's policy peer answers every step 1
+            for node in online:
                 await self.publish_as(node, "policy", wire.Kind.SYNC, answer)
                 self.counts["policy_answers"] += 1
             return
@@ -1367,7 +1384,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("bytes to each node (MB/h, mean)", "in_mb_h", "{:.2f}"),
     ("  of it: its desired document", "in_desired_mb_h", "{:.3f}"),
     ("  of it: its own document (central's side)", "in_node_doc_mb_h", "{:.3f}"),
-    ("  of it: the policy document (all senders)", "in_policy_mb_h", "{:.3f}"),
+    ("  of it: the policy document (central's)", "in_policy_mb_h", "{:.3f}"),
     ("  of it: central's heartbeat", "in_heartbeat_mb_h", "{:.3f}"),
     ("bytes from each node (MB/h, mean)", "out_mb_h", "{:.2f}"),
     ("measured window (s)", "window_s", "{:.0f}"),
@@ -1443,10 +1460,11 @@ def table(results: list[dict[str, Any]]) -> str:
         if counts:
             sent = counts["policy_step1_sent"]
             text.append(
-                f"  simulators: {sent} policy step 1s sent by nodes, {counts['policy_answers']} "
-                f"answered by other nodes (a real fleet: about {sent * (r['nodes'] - 1):,}, "
-                f"every other node's policy peer answers each; --peer-answers), "
-                f"{counts['frames_from_central']} node-document and "
+                f"  simulators: {sent} policy step 1s sent by nodes (to central only), "
+                f"{counts['policy_frames_from_central']} policy frames from central "
+                f"({counts['policy_step1_heard']} step 1s, {counts['policy_answers']} node "
+                f"answers), {counts['frames_not_from_central']} frames of central's documents "
+                f"from anyone else, {counts['frames_from_central']} node-document and "
                 f"{counts['desired_frames_from_central']} desired-document frames from central "
                 f"({counts['desired_step1_out']} desired step 1s sent, "
                 f"{counts['desired_step2_in']} answered), "
@@ -1464,11 +1482,6 @@ def main() -> None:
     parser.add_argument("--offline-s", type=float, default=10.0)
     parser.add_argument("--tasks", type=int, default=100, help="task entries per node")
     parser.add_argument("--procs", type=int, default=0, help="simulator processes (0: auto)")
-    parser.add_argument(
-        "--peer-answers",
-        action="store_true",
-        help="nodes answer each other's policy step 1, as real ones do",
-    )
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON too")
     parser.add_argument(
         "--up-s", type=float, default=600.0, help="longest wait for the fleet to come up"
@@ -1487,8 +1500,8 @@ def main() -> None:
         scale = Scale(
             nodes=n, tasks_per_node=args.tasks, rate=args.rate, steady_s=args.steady_s,
             offline_s=args.offline_s, budget_s=args.budget_s,
-            procs=args.procs or (1 if n <= 2000 else 2), peer_answers=args.peer_answers,
-            broker_queue=args.broker_queue, up_s=args.up_s,
+            procs=args.procs or (1 if n <= 2000 else 2), broker_queue=args.broker_queue,
+            up_s=args.up_s,
         )  # fmt: skip
         need = memory_needed_gb(scale)
         have = psutil.virtual_memory().available / 1e9

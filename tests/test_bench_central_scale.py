@@ -3,7 +3,8 @@ real Mosquitto and one simulator process for 8 nodes, a few seconds of submissio
 Its figures must be real: the seeded assignments projected by the running engine into each
 node's desired-state document and synced to that node's replica, steps timed, every placed
 submission seen (through its desired document) by the node central named, the healed node
-converged both ways, and what the nodes published all applied at central."""
+converged both ways, what the nodes published all applied at central, and each node hearing
+central's documents (policy, its desired document) from central only, as a real node does."""
 
 from __future__ import annotations
 
@@ -13,6 +14,34 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import bench_central_scale as bench
+
+from edgesched.sync.doc import desired_doc_name
+from edgesched.sync.peer import DocPeer
+from edgesched.sync.topics import HEARTBEAT_TOPIC
+
+
+def test_nodes_hear_centrals_documents_from_the_centrals_only() -> None:
+    """The simulator subscribes what real nodes' sessions do: the policy and each node's
+    desired document on the centrals' sender topics only (no ``+``, so no other node's step 1
+    reaches a node), each node's own document from every peer, the heartbeat."""
+    ids = ["sim00000", "sim00001"]
+    topics = [t for t, _ in bench.node_subscriptions(ids)]
+    assert len(topics) == len(set(topics))
+    assert set(topics) == {
+        "edgesched/v1/doc/policy/sync/central",
+        HEARTBEAT_TOPIC,
+        "edgesched/v1/doc/node-sim00000/sync/+",
+        "edgesched/v1/doc/node-sim00001/sync/+",
+        "edgesched/v1/doc/desired-sim00000/sync/central",
+        "edgesched/v1/doc/desired-sim00001/sync/central",
+    }
+    # The feed's peer is built as a real node's (listen_to the centrals), and routes so.
+    feed = bench.AssignmentFeed("sim00000")
+    peer = feed.peer()
+    assert peer.routes == feed.routes == ("edgesched/v1/doc/desired-sim00000/sync/central",)
+    real = DocPeer(feed.doc, "sim00000", listen_to=bench.CENTRALS)  # edge/engine.py's
+    assert {t for t, _ in real.subscriptions} == set(feed.routes)
+    assert feed.node_doc("sim00000") == desired_doc_name("sim00000")
 
 
 async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
@@ -64,6 +93,11 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     assert counts["desired_frames_from_central"] > 0
     assert counts["desired_rejected_updates"] == counts["desired_rejected_senders"] == 0
     assert counts["telemetry"] > 0
+    # Central's documents reached the nodes from central only: its policy answers to the
+    # nodes' step 1s (their bytes counted), nothing of another node's.
+    assert counts["frames_not_from_central"] == 0
+    assert counts["policy_frames_from_central"] > 0 and result["in_policy_mb_h"] > 0
+    assert result["in_desired_mb_h"] > 0 and result["in_heartbeat_mb_h"] > 0
     # Central's own process, and bytes both ways for every node.
     assert result["cpu_s"] > 0 and result["rss_mb"] > 20
     assert result["in_mb_h"] > 0 and result["out_mb_h"] > 0
