@@ -405,9 +405,11 @@ class SyncedDoc:
         decoded: dict[str, _E] | None = self._decoded.get(name)
         root = self.root(name)
         if dirty is None or decoded is None:
-            decoded = decode_map(
-                cls, normalise(root.to_py()), self.refusals, where=name, memo=self.memo(name)
-            )
+            # No per-entry memo for these maps: it would hold a raw copy of every entry (half
+            # of central's memory for its replicas' tasks), and after the first decode only the
+            # changed keys are decoded anyway (a whole-map decode again comes only with a new
+            # epoch, at a few microseconds per entry).
+            decoded = decode_map(cls, normalise(root.to_py()), self.refusals, where=name)
             self._decoded[name] = decoded
         else:
             for key in dirty:
