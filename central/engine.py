@@ -59,7 +59,7 @@ from edgesched.core.task import TaskSpec
 from edgesched.policies.models import ActiveModels, ModelBlob
 from edgesched.policies.ortsession import ModelLoadError
 from edgesched.rest.server import ApiStarter
-from edgesched.sync.doc import PolicyDoc, SyncedDoc, client_id_for, normalise
+from edgesched.sync.doc import NodeDoc, PolicyDoc, SyncedDoc, client_id_for, normalise
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.reconcile import ReconcilePolicy
@@ -67,6 +67,7 @@ from edgesched.sync.schema import (
     AssignmentEntry,
     AssignmentState,
     ModelEntry,
+    NodeView,
     PowerOrder,
     StopOrder,
     TaskReport,
@@ -446,7 +447,14 @@ class CentralEngine:
             replica = self.replicas.replicas.get(node_id)
             if replica is None:
                 continue
-            index.update_node(node_id, replica.doc.typed(), replica.doc.drain_changes("tasks"))
+            doc = replica.doc
+            changed = doc.drain_changes("tasks")
+            # Only what changed is decoded: the changed tasks one by one (the whole map only
+            # when it may all have changed), the registration and the power report.
+            tasks: Mapping[str, TaskReport] = doc.tasks() if changed is None else _Tasks(doc)
+            index.update_node(
+                node_id, NodeView(doc.registration(), tasks, doc.power_report()), changed
+            )
             index.set_fresh(node_id, self.is_fresh(node_id))
             if desired is not None:
                 desired.doc(node_id)  # a channel for its step 1, before anything is assigned
@@ -1100,6 +1108,26 @@ class CentralEngine:
         self.metrics.broker_connected.set(1 if status["broker_connected"] else 0)
         for kind, count in status["rejected"].items():
             self.metrics.rejected.labels(kind).set(count)
+
+
+class _Tasks(Mapping[str, TaskReport]):
+    """A node document's tasks, each decoded when asked for (the index asks only for the
+    changed ones)."""
+
+    def __init__(self, doc: NodeDoc) -> None:
+        self.doc = doc
+
+    def __getitem__(self, task_id: str) -> TaskReport:
+        report = self.doc.task(task_id)
+        if report is None:
+            raise KeyError(task_id)
+        return report
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.doc.tasks())
+
+    def __len__(self) -> int:
+        return len(self.doc.tasks())
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from edgesched.central.placement import (
 )
 from edgesched.central.power import ACTIVE, PARKED, reported
 from edgesched.core.model import Node, NodeState, Placement, Task
-from edgesched.core.nodetable import NodeTable, resource_vector
+from edgesched.core.nodetable import NodeTable
 from edgesched.core.task import RestartPolicy
 from edgesched.sync.reconcile import ReconcilePolicy
 from edgesched.sync.schema import (
@@ -376,12 +376,24 @@ class FleetIndex:
     def _footprint_changed(self, node_id: str) -> None:
         member = self.members[node_id]
         tasks = [member.footprint[t] for t in sorted(member.footprint)]
-        member.placements = [Placement(t, node_id, t.submitted_at) for t in tasks]
-        used = np.zeros(4)
+        held = {p.task.id: p for p in member.placements}
+        placements = []
+        for t in tasks:  # the unchanged tasks keep their Placement
+            p = held.get(t.id)
+            placements.append(
+                p if p is not None and p.task is t else Placement(t, node_id, t.submitted_at)
+            )
+        member.placements = placements
+        cpu = mem = accel = iops = 0.0
         usage: dict[str, float] = {}
         for t in tasks:
-            used += resource_vector(t.demand)
-            usage[t.workload] = usage.get(t.workload, 0.0) + t.demand.cpu
+            d = t.demand
+            cpu += d.cpu
+            mem += d.mem_gib
+            accel += d.accel
+            iops += d.iops_k
+            usage[t.workload] = usage.get(t.workload, 0.0) + d.cpu
+        used = np.array([cpu, mem, accel, iops])
         old_usage = member.usage
         member.used = used
         member.usage = usage
