@@ -743,6 +743,11 @@ def fieldtest_list() -> None:
         typer.echo(f"{s.name:<26} {tag:<6} {s.description}")
 
 
+_BROKER_HELP = (
+    "mosquitto, or nats: a 3-member NATS cluster (MQTT 3.1.1), a member per namespace as root."
+)
+
+
 def _fieldtest_runs(
     scenarios: list[str],
     seeds: list[int],
@@ -751,6 +756,7 @@ def _fieldtest_runs(
     nodes: int,
     sites: int | None = None,
     duration: float | None = None,
+    broker: str = "mosquitto",
 ) -> list[dict[str, Any]]:
     import asyncio
 
@@ -768,6 +774,7 @@ def _fieldtest_runs(
             try:
                 result = asyncio.run(
                     run_scenario(name, seed, where, nodes=nodes, sites=sites, backend=backend,
+                                 broker=broker,
                                  duration_s=duration if SCENARIOS[name].soak else None,
                                  progress=lambda m: err.print(f"[dim]{m}[/dim]"))
                 )  # fmt: skip
@@ -796,6 +803,7 @@ def fieldtest_run(
         "out/fieldtest"
     ),
     backend: Annotated[str, typer.Option(help="auto, netns (root) or proxy.")] = "auto",
+    broker: Annotated[str, typer.Option(help=_BROKER_HELP)] = "mosquitto",
     nodes: Annotated[int, typer.Option(help="Edge nodes.", min=1, max=20)] = 3,
     sites: Annotated[
         int | None,
@@ -811,7 +819,8 @@ def fieldtest_run(
     ] = None,
 ) -> None:
     """Run one scenario; write report.json, report.md and timeline.png; exit 1 on FAIL."""
-    reports = _fieldtest_runs([scenario], [seed], workdir, backend, nodes, sites, duration)
+    reports = _fieldtest_runs([scenario], [seed], workdir, backend, nodes, sites, duration,
+                              broker)  # fmt: skip
     raise typer.Exit(0 if all(r["ok"] for r in reports) else 1)
 
 
@@ -829,6 +838,9 @@ def fieldtest_matrix(
         "out/fieldtest"
     ),
     backend: Annotated[str, typer.Option(help="auto, netns (root) or proxy.")] = "auto",
+    broker: Annotated[str, typer.Option(help=_BROKER_HELP + " NATS skips the site scenarios.")] = (
+        "mosquitto"
+    ),
 ) -> None:
     """The quick matrix (what CI runs), or every scenario, optionally with the soak; a summary
     in matrix.json and a table in matrix.md."""
@@ -837,8 +849,10 @@ def fieldtest_matrix(
 
     names = [s.name for s in SCENARIOS.values() if not s.soak] if all_ else list(QUICK)
     names += ["soak"] if soak else []
+    if broker == "nats":  # sites are Mosquitto bridges
+        names = [n for n in names if not SCENARIOS[n].sites]
     reports = _fieldtest_runs(names, list(range(1, seeds + 1)), workdir, backend, 3,
-                              duration=duration)  # fmt: skip
+                              duration=duration, broker=broker)  # fmt: skip
     summary = [
         {k: r[k] for k in ("scenario", "seed", "backend", "ok", "max_heal_convergence_s")}
         | {"lost": len(r["verdict"]["lost"]), "duplicates": len(r["verdict"]["duplicates"]),

@@ -64,6 +64,8 @@ def to_markdown(report: Mapping[str, Any], picture: str | None = None) -> str:
 
 def _sites(report: Mapping[str, Any]) -> str:
     topo = report.get("topology") or {}
+    if report.get("broker") == "nats":
+        return ", on a 3-member NATS cluster (central on nats1, gw-i on nats(i mod 3 + 1))"
     if not topo.get("sites"):
         return ", all on central's broker"
     members: dict[str, list[str]] = {}
@@ -140,6 +142,7 @@ def matrix_markdown(reports: Sequence[Mapping[str, Any]]) -> str:
         v = r["verdict"]
         heals = ", ".join(_heal(h, short=True) for h in r.get("heals", [])) or "(no heal)"
         backend = r["backend"] + (" + proxy" if "proxy on every node" in r.get("links", "") else "")
+        backend += " (NATS x3)" if r.get("broker") == "nats" else ""
         lines.append(
             f"| {r['scenario']} | {r['seed']} | {backend} | {len(r['topology']['sites'])} "
             f"| {v['acknowledged']} | {v['offline_decisions']} | {len(v['lost'])} "

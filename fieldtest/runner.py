@@ -1,8 +1,13 @@
 """Run one field-test scenario against real processes and judge it.
 
-A broker (Mosquitto), central and N edge nodes run as separate processes; with sites, each
-site has a broker of its own bridged to central's (:mod:`.brokers`) and its nodes connect to
-it. With root every host lives in a network namespace (:mod:`.netns`: the kernel cuts links;
+A broker (Mosquitto, or with ``broker="nats"`` a three-member NATS cluster serving MQTT 3.1.1,
+:mod:`.natscluster`), central and N edge nodes run as separate processes; with sites, each
+site has a Mosquitto of its own bridged to central's (:mod:`.brokers`) and its nodes connect to
+it. On NATS central is on the first member and the nodes are spread over the members (gw-*i* on
+nats(*i* mod 3 + 1)), each configured with the other members as ``hosts``; as root each member
+is a namespace of its own, and a cut of central's host cuts its member with it.
+
+With root every host lives in a network namespace (:mod:`.netns`: the kernel cuts links;
 a site broker sits on its site's LAN and on the WAN, and a WAN cut takes its WAN link down);
 without root every link goes through a :class:`~edgesched.fieldtest.faultproxy.FaultProxy`
 (a node's to its broker, a site broker's WAN link to central's). A scenario that needs latency
@@ -48,6 +53,13 @@ from edgesched.fieldtest.checker import (
     undelivered,
 )
 from edgesched.fieldtest.faultproxy import FaultProxy
+from edgesched.fieldtest.natscluster import (
+    Member,
+    NatsCluster,
+    build_members,
+    nats_binary,
+    start_all,
+)
 from edgesched.fieldtest.netns import Fabric, Host, available, socket_in
 from edgesched.fieldtest.scenarios import BREAKS, SCENARIOS, Fault, Topology, schedule_for
 from edgesched.fieldtest.workload import TidalWindow, submit_loop
@@ -58,6 +70,14 @@ from edgesched.rest.client import ApiClient, ApiError, ApiTarget
 KEEPALIVE_S = 2
 LEASE_S = 2.0
 BROKER_PORT = 1883  # in the namespaces, where every host has its own addresses
+BROKERS = ("mosquitto", "nats")
+#: Members of the NATS cluster (``--broker nats``); central is on the first.
+NATS_MEMBERS = 3
+#: Central's ``silent_after_s`` on NATS: a node's will is lost when its member dies or is cut
+#: off, so central calls such a node away by its silence (nodes send telemetry every second).
+NATS_SILENT_AFTER_S = 5.0
+#: How long a NATS member may stay unacknowledged with a QoS 1 message (the tests' value).
+NATS_ACK_WAIT = "5s"
 #: The test hook of ``edgesched edge run`` / ``central run`` that offsets the wall clock.
 SKEW_ENV = "EDGESCHED_CLOCK_SKEW_S"
 #: Seconds from writing the configs to the workload's start, about (the processes come up):
@@ -170,6 +190,7 @@ class Run:
     nodes: int = 3
     backend: str = ""
     sites: int = 0
+    broker: str = "mosquitto"
     history: list[Submission] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)  # samples of node modes
     faults_done: list[dict[str, Any]] = field(default_factory=list)
@@ -194,6 +215,9 @@ class Harness:
         self.fabric: Fabric | None = None
         self.hosts: dict[str, Host] = {}
         self.proxies: dict[str, FaultProxy] = {}  # a node's, a site's WAN, central's own
+        #: On NATS: a peer's proxies to the members after its first (its ``hosts``).
+        self.alt_proxies: dict[str, list[FaultProxy]] = {}
+        self.nats: NatsCluster | None = None
         self.brokers: dict[str, Proc] = {}  # "broker" (central's) and one per site
         self.central: Service | None = None
         self.services: dict[str, Service] = {}
@@ -204,11 +228,15 @@ class Harness:
     @property
     def links(self) -> str:
         """How links are cut, for the report."""
+        on = ""
+        if self.run.broker == "nats":
+            on = f", a {NATS_MEMBERS}-member NATS cluster"
+            on += " (a member per namespace)" if self.fabric is not None else " on loopback"
         if self.fabric is None:
-            return "fault proxy on every link"
+            return "fault proxy on every link" + on
         if any(n in self.proxies for n in self.node_ids):
-            return "network namespaces (kernel faults) + a fault proxy on every node link"
-        return "network namespaces (kernel faults)"
+            return "network namespaces (kernel faults) + a fault proxy on every node link" + on
+        return "network namespaces (kernel faults)" + on
 
     async def __aenter__(self) -> Harness:
         try:
@@ -226,9 +254,11 @@ class Harness:
     async def _start(self) -> None:
         wd = self.run.workdir
         wd.mkdir(parents=True, exist_ok=True)
-        exe = mosquitto_path()
+        nats = self.run.broker == "nats"
+        exe = mosquitto_path() if not nats else nats_binary()
         if exe is None:
-            raise RuntimeError("mosquitto is not installed (make setup installs it)")
+            what = "nats-server (apt-get install nats-server)" if nats else "mosquitto"
+            raise RuntimeError(f"{what} is not installed (make setup installs mosquitto)")
         tidal_at = self.scenario.tidal_at
         if tidal_at is None:
             tidal_at = (self.duration_s or self.scenario.duration_s) / 2
@@ -244,6 +274,12 @@ class Harness:
                 home = self.topo.site_of(node)
                 lan = "br0" if home is None else f"lan{self.topo.sites.index(home) + 1}"
                 self.hosts[node] = self.fabric.add_host(node, lan)
+            if nats:
+                for i in range(1, NATS_MEMBERS + 1):
+                    self.hosts[f"nats{i}"] = self.fabric.add_host(f"nats{i}")
+        if nats:
+            await self._start_nats()
+            return
         central_addr = self._broker("broker", "central", exe, None)
         # Where each node's broker is: central's, or its site's (bridged over the WAN).
         node_broker: dict[str, tuple[str, int]] = {}
@@ -259,7 +295,7 @@ class Harness:
         if self.fabric is None:
             central_port = (await self._proxy("central", *central_addr))[1]
         self.central = self._service(
-            "central", "central", central_port, "127.0.0.1",
+            "central", "central", [f"127.0.0.1:{central_port}"],
             {"central_id": "central", "failover_after_s": 4.0, "heartbeat_s": 0.5,
              "snapshot_s": 1.0, "cycle_s": 0.5},
         )  # fmt: skip
@@ -273,7 +309,52 @@ class Harness:
             home = self.topo.site_of(node)
             if home is not None:
                 settings["site"] = home
-            self.services[node] = self._service(node, "edge", port, host, settings)
+            self.services[node] = self._service(node, "edge", [f"{host}:{port}"], settings)
+        for service in [self.central, *self.services.values()]:
+            await self._wait_up(service)
+
+    async def _start_nats(self) -> None:
+        """The NATS cluster (ready), then central on nats1 and gw-*i* on nats(*i* mod 3 + 1),
+        each with the other members as ``hosts`` (through a fault proxy per member where
+        the link is proxied, so a cut link cuts every address)."""
+        root = self.run.workdir / "nats"
+        shutil.rmtree(root, ignore_errors=True)  # no JetStream state of an earlier run
+        root.mkdir()
+        hosts = None
+        if self.fabric is not None:
+            hosts = [self.hosts[f"nats{i}"] for i in range(1, NATS_MEMBERS + 1)]
+        members = build_members(root, NATS_MEMBERS, hosts=hosts, ack_wait=NATS_ACK_WAIT)
+        self.nats = NatsCluster(members, root, self.fabric, self.hosts.get("central"))
+        await asyncio.to_thread(start_all, self.nats, 40.0)
+
+        def order(first: int) -> list[Member]:
+            return [members[(first + k) % len(members)] for k in range(len(members))]
+
+        async def addrs(name: str, first: int, ns: str | None, proxied: bool) -> list[str]:
+            out = []
+            for k, member in enumerate(order(first)):
+                host, port = member.mqtt_host, member.mqtt_port
+                if proxied:
+                    proxy_name = name if k == 0 else f"{name}~{member.name}"
+                    host, port = await self._proxy(proxy_name, host, port, ns=ns)
+                    if k > 0:
+                        self.alt_proxies.setdefault(name, []).append(self.proxies.pop(proxy_name))
+                out.append(f"{host}:{port}")
+            return out
+
+        central = await addrs("central", 0, None, self.fabric is None)
+        self.central = self._service(
+            "central", "central", central, {"central_id": "central", "failover_after_s": 4.0,
+             "heartbeat_s": 0.5, "snapshot_s": 1.0, "cycle_s": 0.5,
+             "silent_after_s": NATS_SILENT_AFTER_S},
+        )  # fmt: skip
+        for i, node in enumerate(self.node_ids, 1):
+            proxied = self.fabric is None or self.scenario.proxy_links
+            ns = None if self.fabric is None else self.hosts[node].ns
+            where = await addrs(node, i % len(members), ns, proxied)
+            settings: dict[str, Any] = {"node_id": node, "lease_s": LEASE_S, "cycle_s": 0.2,
+                                        "sample_s": 1.0, "stop_grace_s": 1.0}  # fmt: skip
+            self.services[node] = self._service(node, "edge", where, settings)
         for service in [self.central, *self.services.values()]:
             await self._wait_up(service)
 
@@ -318,17 +399,25 @@ class Harness:
         return "127.0.0.1", proxy.port
 
     def _service(
-        self, name: str, tier: str, port: int, broker_host: str, settings: dict[str, Any]
+        self, name: str, tier: str, brokers: list[str], settings: dict[str, Any]
     ) -> Service:
+        """Write ``name``'s config and start it. ``brokers``: ``"host:port"``, the first its
+        broker, any others the members of a cluster to try in turn (``hosts``, MQTT 3.1.1)."""
         d = self.run.workdir / name
         d.mkdir(exist_ok=True)
         state = d / "state"
         section = "central" if tier == "central" else "edge"
         lines = [f"[{section}]", f'state_dir = "{state}"', "api_port = 0"]
         lines += [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+        broker_host, port = brokers[0].rsplit(":", 1)
         lines += [f"[{section}.mqtt]", f'host = "{broker_host}"', f"port = {port}",
                   f"keepalive_s = {KEEPALIVE_S}", "reconnect_max_s = 1.0"]  # fmt: skip
-        if broker_host != "127.0.0.1":
+        if self.run.broker == "nats":
+            lines += [
+                'protocol = "3.1.1"  # NATS refuses MQTT 5',
+                f"hosts = {json.dumps(brokers[1:])}",
+            ]
+        if any(not b.startswith("127.0.0.1:") for b in brokers):
             lines.append("allow_plain_remote = true  # a lab network of the harness's own")
         lines += self.tidal.config_lines()
         config = d / f"{name}.toml"
@@ -380,6 +469,11 @@ class Harness:
         elif action in ("stop", "cont"):
             sig = signal.SIGSTOP if action == "stop" else signal.SIGCONT
             self.services[target].proc.signal(sig)
+        elif action == "broker-restart" and self.nats is not None:
+            member = self.nats.members[0]  # central's
+            await asyncio.to_thread(member.stop)
+            await asyncio.sleep(0.5)
+            member.start()
         elif action == "broker-restart":
             broker = self.brokers["broker"]
             await asyncio.to_thread(broker.stop)
@@ -490,16 +584,18 @@ class Harness:
                 self.proxies[target].blackhole()
             return
         if self.fabric is not None and action != "latency":
-            if action in ("isolate", "wan-cut"):
-                self.fabric.isolate(target)
-            elif action == "heal":
-                self.fabric.heal(target)
-            elif action == "reset":
-                self.fabric.reset_tcp(target)
-            elif action == "throttle":
-                self.fabric.limit(target, "64kbit")
-            else:
-                self.fabric.one_way(target, "in" if action == "drop-in" else "out")
+            # Central's host on NATS: central and its member (a partition of the member).
+            for host in [target, *(["nats1"] if target == "central" and self.nats else [])]:
+                if action in ("isolate", "wan-cut"):
+                    self.fabric.isolate(host)
+                elif action == "heal":
+                    self.fabric.heal(host)
+                elif action == "reset":
+                    self.fabric.reset_tcp(host)
+                elif action == "throttle":
+                    self.fabric.limit(host, "64kbit")
+                else:
+                    self.fabric.one_way(host, "in" if action == "drop-in" else "out")
             if action != "heal":
                 return
         for proxy in self._proxies_of(target):
@@ -520,14 +616,17 @@ class Harness:
                 proxy.one_way("c2s" if action == "drop-in" else "s2c")
 
     def _proxies_of(self, target: str) -> list[FaultProxy]:
+        """The proxies on ``target``'s link: to its broker, and on NATS to every member."""
         if target != "central":
-            return [self.proxies[target]] if target in self.proxies else []
-        if self.fabric is not None:
+            names = [target]
+        elif self.fabric is not None:
             return []  # central's host is cut by the kernel
-        # Cutting central's host cuts every link to its broker, central's own included: the
-        # nodes' (no sites) or the site brokers' WAN links.
-        names = ["central", *(self.topo.sites or self.node_ids)]
-        return [self.proxies[n] for n in names if n in self.proxies]
+        else:
+            # Cutting central's host cuts every link to its broker, central's own included:
+            # the nodes' (no sites) or the site brokers' WAN links.
+            names = ["central", *(self.topo.sites or self.node_ids)]
+        out = [self.proxies[n] for n in names if n in self.proxies]
+        return out + [p for n in names for p in self.alt_proxies.get(n, [])]
 
     async def heal_all(self) -> None:
         for name in [*self.node_ids, *self.topo.sites, "central"]:
@@ -552,7 +651,9 @@ class Harness:
             await asyncio.to_thread(self.central.proc.stop)
         for broker in reversed(list(self.brokers.values())):
             await asyncio.to_thread(broker.stop)
-        for proxy in self.proxies.values():
+        if self.nats is not None:
+            await asyncio.to_thread(self.nats.stop)
+        for proxy in [*self.proxies.values(), *(p for ps in self.alt_proxies.values() for p in ps)]:
             await proxy.__aexit__(None, None, None)
         if self.fabric is not None:
             self.fabric.close()
@@ -736,12 +837,14 @@ async def run_scenario(
     nodes: int = 3,
     sites: int | None = None,
     backend: str = "auto",
+    broker: str = "mosquitto",
     duration_s: float | None = None,
     quiet_timeout_s: float = 30.0,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
     """Run it; return the report (also written to ``workdir/report.json``). ``sites``: bridged
-    site brokers (default: as many as the scenario needs); ``duration_s``: a soak's length."""
+    site brokers (default: as many as the scenario needs); ``duration_s``: a soak's length;
+    ``broker``: ``mosquitto`` or ``nats`` (a three-member cluster; no sites)."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; see `edgesched fieldtest list`")
     spec = SCENARIOS[scenario]
@@ -752,8 +855,15 @@ async def run_scenario(
         raise ValueError(f"{sites} sites need at least as many nodes, got {nodes}")
     if duration_s is not None and not spec.soak:
         raise ValueError("--duration applies to the soak only")
+    if broker not in BROKERS:
+        raise ValueError(f"unknown broker {broker!r}: one of {', '.join(BROKERS)}")
+    if broker == "nats" and sites:
+        raise ValueError(
+            f"{scenario}: sites are Mosquitto bridges; on NATS (leaf nodes, not tried) "
+            "run a scenario without sites"
+        )
     chosen = choose_backend(backend)
-    run = Run(scenario, seed, workdir, nodes, chosen, sites)
+    run = Run(scenario, seed, workdir, nodes, chosen, sites, broker)
     rng = random.Random(seed)
     async with Harness(run, chosen, duration_s) as harness:
         duration = duration_s or spec.duration_s
@@ -807,6 +917,7 @@ async def run_scenario(
         "scenario": scenario,
         "seed": seed,
         "backend": chosen,
+        "broker": broker,
         "nodes": harness.node_ids,
         **extra,
         "duration_s": duration,
