@@ -101,3 +101,24 @@ async def test_a_failed_batch_keeps_every_update_queued(
         for doc in docs:
             again = await PolicyDoc.load_from(store, doc.name, 9)
             assert again.content_hash() == doc.content_hash()
+
+
+def test_an_older_centrals_assignments_move_from_policy_to_fleet() -> None:
+    from edgesched.central.engine import _move_desired_state
+    from edgesched.core.policy import PolicyMode
+
+    policy = PolicyDoc("policy", client_id_for("central"))
+    policy.set_mode(PolicyMode.ENERGY)
+    policy.assign("old-1", entry("old-1", "gw-a"))
+    policy.order_stop("old-1", "gw-b", StopOrder(epoch=1, winner="gw-a", at=1.0))
+    policy.set_power("gw-c", PowerOrder(state="parked", reason="idle", at=2.0))
+    fleet = PolicyDoc("fleet", client_id_for("central"))
+    fleet.assign("new-1", entry("new-1", "gw-b"))  # the fleet's own entries stay
+    assert _move_desired_state(policy, fleet) == 3
+    assert set(fleet.assignments()) == {"old-1", "new-1"}
+    assert fleet.assignments()["old-1"] == entry("old-1", "gw-a")
+    assert set(fleet.stops()) == {"old-1@gw-b"} and set(fleet.power()) == {"gw-c"}
+    # the policy document keeps only the fleet-wide settings
+    assert policy.assignments() == {} and policy.stops() == {} and policy.power() == {}
+    assert policy.mode() is PolicyMode.ENERGY
+    assert _move_desired_state(policy, fleet) == 0  # once
