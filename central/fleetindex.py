@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,8 +43,8 @@ from edgesched.central.placement import (
     report_task,
     settle,
 )
-from edgesched.central.power import ACTIVE, PARKED, reported
-from edgesched.core.model import Node, NodeState, Placement, Task
+from edgesched.central.power import PARKED, powered, reported
+from edgesched.core.model import Node, Placement, Task
 from edgesched.core.nodetable import NodeTable
 from edgesched.core.task import RestartPolicy
 from edgesched.sync.reconcile import ReconcilePolicy
@@ -428,21 +428,12 @@ class FleetIndex:
             except ValueError as exc:
                 why = str(exc)
         if node is not None:
-            node = self._powered(node_id, node, member.power)
+            node = powered(node, member.power, self.orders.get(node_id))
         if node != member.node:
             member.node = node
             self._table = None
             self.version += 1
         member.why = why
-
-    def _powered(self, node_id: str, node: Node, report: PowerReport) -> Node:
-        """``node`` with its power state (as :func:`edgesched.central.power.with_power`)."""
-        if report.state == PARKED:
-            standing = self.orders.get(node_id)
-            ordered = None if standing is None else standing.state
-            state = NodeState.WAKING if ordered == ACTIVE else NodeState.PARKED
-            return replace(node, state=state, idle_since=None)
-        return replace(node, state=NodeState.ACTIVE, idle_since=report.idle_since)
 
     def _build_table(self) -> NodeTable:
         ids = sorted(n for n, m in self.members.items() if m.node is not None)

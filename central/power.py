@@ -61,19 +61,23 @@ def with_power(
     reports: Mapping[str, PowerReport],
     orders: Mapping[str, schema.PowerOrder],
 ) -> FleetView:
-    """``view`` with each node's power state: parked as it reports, *waking* when central
-    ordered it active but it still reports parked, active otherwise; and its idle time."""
-    nodes: list[Node] = []
-    for node in view.nodes:
-        report = reports.get(node.id, PowerReport())
-        if report.state == PARKED:
-            standing = orders.get(node.id)
-            ordered = None if standing is None else standing.state
-            core_state = NodeState.WAKING if ordered == ACTIVE else NodeState.PARKED
-            nodes.append(replace(node, state=core_state, idle_since=None))
-        else:
-            nodes.append(replace(node, state=NodeState.ACTIVE, idle_since=report.idle_since))
-    return replace(view, nodes=tuple(nodes))
+    """``view`` with each node's power state (:func:`powered`)."""
+    nodes = tuple(
+        powered(node, reports.get(node.id, PowerReport()), orders.get(node.id))
+        for node in view.nodes
+    )
+    return replace(view, nodes=nodes)
+
+
+def powered(node: Node, report: PowerReport, standing: schema.PowerOrder | None) -> Node:
+    """``node`` with its power state: parked as it reports, *waking* when central's
+    ``standing`` order is active but it still reports parked, active otherwise; and its idle
+    time."""
+    if report.state == PARKED:
+        ordered = None if standing is None else standing.state
+        state = NodeState.WAKING if ordered == ACTIVE else NodeState.PARKED
+        return replace(node, state=state, idle_since=None)
+    return replace(node, state=NodeState.ACTIVE, idle_since=report.idle_since)
 
 
 def power_orders(
