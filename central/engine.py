@@ -309,12 +309,17 @@ class CentralEngine:
         self._adopt_policy()
         self.policy.on_remote_change(lambda _sender: self._adopt_policy())  # a peer switched
         self._journal = DocJournal(self.policy, self.store)
-        writers = {client_id} | {client_id_for(p) for p in self.central.peers}
+        self._sync_central_doc(self.policy, self._journal)
+
+    def _sync_central_doc(self, doc: PolicyDoc, journal: DocJournal) -> None:
+        """Sync a document the central replicas co-write (and only they author) as a channel,
+        each local update on disk before it leaves."""
+        writers = {client_id_for(c) for c in (self.central.central_id, *self.central.peers)}
         self.session.add(
             DocPeer(
-                self.policy,
+                doc,
                 self.central.central_id,
-                before_publish=self._journal.flushed,  # on disk before it leaves
+                before_publish=journal.flushed,
                 writers=frozenset(writers),
                 subscribe=False,  # the replicas' wildcard subscription carries it
             )
@@ -333,16 +338,7 @@ class CentralEngine:
         moved = _move_desired_state(_need(self.policy), fleet)
         if moved:
             log.warning("moved %d entries of the policy document into the fleet document", moved)
-        writers = {client_id} | {client_id_for(p) for p in self.central.peers}
-        self.session.add(
-            DocPeer(
-                fleet,
-                self.central.central_id,
-                before_publish=self._fleet_journal.flushed,
-                writers=frozenset(writers),
-                subscribe=False,  # the replicas' wildcard subscription carries it
-            )
-        )
+        self._sync_central_doc(fleet, self._fleet_journal)
         self.desired = DesiredDocs(
             self.central.central_id,
             self.session,
