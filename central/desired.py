@@ -29,7 +29,7 @@ from edgesched.sync.doc import DESIRED_PREFIX, PolicyDoc, client_id_for, desired
 from edgesched.sync.journal import JournalSet
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import AssignmentEntry, PowerOrder, StopOrder
-from edgesched.sync.security import accept_sender
+from edgesched.sync.security import sender_check
 from edgesched.sync.session import MqttSession
 from edgesched.sync.store import Store
 
@@ -68,14 +68,12 @@ class DesiredDocs:
             return doc
         doc = restored or PolicyDoc(desired_doc_name(node_id), self.client_id)
         journal = self.journals.add(doc)
-        expected = {node_id: client_id_for(node_id)}
-        expected |= {c: client_id_for(c) for c in self.centrals}
         self.session.add(
             DocPeer(
                 doc,
                 self.central_id,
                 before_publish=journal.flushed,  # on disk before it leaves
-                accept=lambda topic, claimed: accept_sender(topic, claimed, expected),
+                accept=sender_check(node_id, self.centrals),
                 writers=frozenset(client_id_for(c) for c in self.centrals),
                 subscribe=False,  # central's wildcard subscription carries its messages
                 clock=self.clock,

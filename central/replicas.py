@@ -32,7 +32,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import NodeView
-from edgesched.sync.security import accept_sender
+from edgesched.sync.security import sender_check
 from edgesched.sync.session import Listener, MqttSession
 from edgesched.sync.store import Store, StoreError
 from edgesched.sync.topics import DOC_SYNC_FILTER
@@ -130,12 +130,10 @@ class NodeReplicas(Listener):
             return self.replicas[node_id]
         name = f"{NODE_DOC_PREFIX}{node_id}"
         doc = doc or NodeDoc(name, self.client_id)
-        expected = {node_id: client_id_for(node_id)}
-        expected |= {c: client_id_for(c) for c in self.centrals}
         peer = DocPeer(
             doc,
             self.central_id,
-            accept=lambda topic, claimed: accept_sender(topic, claimed, expected),
+            accept=sender_check(node_id, self.centrals),
             writers=frozenset({client_id_for(node_id)}),
             subscribe=False,  # the wildcard subscription carries its messages
             clock=self.clock,

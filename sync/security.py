@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from edgesched.sync import wire
+from edgesched.sync.doc import client_id_for
 
 #: What a node id / central id / MQTT username may look like. No ``/``, ``+``, ``#``, spaces or
 #: ``%``: the name is substituted into ACL topic patterns and must stay one topic level.
@@ -417,6 +418,13 @@ def write_password_file(path: Path, users: Mapping[str, str]) -> Path:
 
 
 _SYNC_TOPIC = re.compile(rf"{re.escape(ROOT)}/doc/([^/+#]+)/sync/([^/+#]+)")
+
+
+def sender_check(node_id: str, centrals: Iterable[str]) -> Callable[[str, int], bool]:
+    """The ``accept`` of a central peer of node ``node_id``'s documents: :func:`accept_sender`
+    with the node itself and the central replicas as the expected senders."""
+    expected = {node_id: client_id_for(node_id)} | {c: client_id_for(c) for c in centrals}
+    return lambda topic, claimed: accept_sender(topic, claimed, expected)
 
 
 def accept_sender(topic: str, claimed_client_id: int, expected: Mapping[str, int]) -> bool:
