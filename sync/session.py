@@ -192,6 +192,50 @@ class Listener:
         return None
 
 
+@dataclass(frozen=True)
+class _Wildcard:
+    """A route with wildcards, split once: the same answer as ``aiomqtt.Topic.matches``
+    (``$share/<group>/`` dropped, ``+`` one level, a trailing ``#`` the rest, the parent
+    included), without building and splitting the filter for every message."""
+
+    levels: tuple[str, ...]
+    #: The literal levels before the first wildcard, joined (empty if it starts with one).
+    prefix: str
+    #: Whether levels follow the prefix (then a topic must continue it with "/").
+    more: bool
+
+    @classmethod
+    def compile(cls, route: str) -> _Wildcard:
+        aiomqtt.Wildcard(route)  # ValueError for what aiomqtt refuses to match against
+        levels = route.split("/")
+        if levels[0] == "$share":
+            levels = levels[2:]
+        literal: list[str] = []
+        for level in levels:
+            if level in ("+", "#"):
+                break
+            literal.append(level)
+        return cls(tuple(levels), "/".join(literal), len(literal) < len(levels))
+
+    def may_match(self, topic: str) -> bool:
+        """False only if ``topic`` cannot match (its leading levels differ): a cheap test."""
+        prefix = self.prefix
+        if not prefix:
+            return True
+        if not self.more:
+            return topic == prefix
+        return topic.startswith(prefix) and (len(topic) == len(prefix) or topic[len(prefix)] == "/")
+
+    def matches(self, topic_levels: list[str]) -> bool:
+        count = len(topic_levels)
+        for i, level in enumerate(self.levels):
+            if level == "#":
+                return True
+            if i >= count or (level != "+" and level != topic_levels[i]):
+                return False
+        return len(self.levels) == count
+
+
 class MqttSession:
     """One aiomqtt client for many channels: connect, subscribe, dispatch, reconnect.
 
@@ -228,8 +272,8 @@ class MqttSession:
         self.channels: list[Channel] = []
         #: route -> (order added, channel) for routes a lookup finds (see the class docstring)
         self._exact: dict[str, tuple[int, Channel]] = {}
-        #: (order added, channel, its other routes), in order
-        self._general: list[tuple[int, Channel, tuple[str, ...]]] = []
+        #: (order added, channel, its other routes compiled), in order
+        self._general: list[tuple[int, Channel, tuple[_Wildcard, ...]]] = []
         self.connected = False
         self.stats: dict[str, int] = {"connects": 0, "messages_in": 0, "unrouted": 0}
         self._added: asyncio.Queue[Channel] = asyncio.Queue()
@@ -248,8 +292,13 @@ class MqttSession:
         general = []
         for route in channel.routes:
             head, _, last = route.rpartition("/")
-            if "#" in route or "+" in head or ("+" in last and (last != "+" or not head)):
-                general.append(route)
+            if (
+                "#" in route
+                or "+" in head
+                or ("+" in last and (last != "+" or not head))
+                or route.startswith("$share/")  # matched without its first two levels
+            ):
+                general.append(_Wildcard.compile(route))
             else:
                 self._exact.setdefault(route, (order, channel))
         if general:
@@ -265,11 +314,15 @@ class MqttSession:
             last_plus = self._exact.get(f"{head}/+")
             if last_plus is not None and (best is None or last_plus[0] < best[0]):
                 best = last_plus
+        levels: list[str] | None = None  # split once, and only if a literal prefix fits
         for order, channel, routes in self._general:
             if best is not None and order > best[0]:
                 break
-            if any(topic.matches(r) for r in routes):
-                return channel
+            for route in routes:
+                if route.may_match(name):
+                    levels = name.split("/") if levels is None else levels
+                    if route.matches(levels):
+                        return channel
         return None if best is None else best[1]
 
     def _client(self) -> aiomqtt.Client:

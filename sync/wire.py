@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pycrdt import YMessageType, YSyncMessageType, create_update_message, write_message
 
@@ -59,6 +59,10 @@ MAX_EPOCH = 0xFFFFFFFF
 class Kind(IntEnum):
     SYNC = 1  # a y-sync message (step 1 or step 2)
     UPDATE = 2  # a y-sync update message + the sender's state vector after it
+
+
+_KINDS = {int(k): k for k in Kind}
+_STEPS = {int(s): s for s in YSyncMessageType}
 
 
 class FrameError(ValueError):
@@ -152,8 +156,16 @@ class Frame:
     chunk: bytes
 
 
+_Fields = tuple[Kind, int, int, int, int, int, int, int, int, bytes]
+
+
 def decode_frame(data: bytes) -> Frame:
     """Parse and check one frame; :class:`FrameError` says why it is not one."""
+    return Frame(*_parse_frame(data))
+
+
+def _parse_frame(data: bytes) -> _Fields:
+    """:func:`decode_frame`'s checks, the fields as a tuple (in :class:`Frame`'s order)."""
     if len(data) < HEADER_SIZE:
         raise FrameError(f"frame of {len(data)} bytes is shorter than the header")
     magic, version, kind, sender, epoch, mid, index, count, offset, total, total_crc, crc = (
@@ -166,10 +178,9 @@ def decode_frame(data: bytes) -> Frame:
     chunk = bytes(data[HEADER_SIZE:])
     if _frame_crc(bytes(data[: HEADER_SIZE - 4]), chunk) != crc:
         raise FrameError("frame CRC mismatch")
-    try:
-        k = Kind(kind)
-    except ValueError:
-        raise FrameError(f"unknown kind {kind}") from None
+    k = _KINDS.get(kind)
+    if k is None:
+        raise FrameError(f"unknown kind {kind}")
     if count < 1 or index >= count:
         raise FrameError(f"chunk index {index} out of count {count}")
     if offset + len(chunk) > total:
@@ -180,11 +191,10 @@ def decode_frame(data: bytes) -> Frame:
         raise FrameError(f"{count} chunks for {total} bytes")
     if count == 1 and (offset != 0 or len(chunk) != total):
         raise FrameError("single-chunk frame does not carry the whole payload")
-    return Frame(k, sender, epoch, mid, index, count, offset, total, total_crc, chunk)
+    return (k, sender, epoch, mid, index, count, offset, total, total_crc, chunk)
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
     kind: Kind
     sender: int
     msg_id: int
@@ -242,21 +252,24 @@ class Reassembler:
 
     def feed(self, data: bytes, now: float | None = None) -> Message | None:
         now = self.clock() if now is None else now
-        self._evict(now)
+        if self._partials:
+            self._evict(now)
         try:
-            frame = decode_frame(data)
+            fields = _parse_frame(data)
         except FrameError:
             self.stats["rejected"] += 1
             raise
-        if frame.total > self.max_bytes:
+        kind, sender, epoch, msg_id, _index, count, _offset, total, total_crc, chunk = fields
+        if total > self.max_bytes:
             self.stats["rejected"] += 1
-            raise FrameError(f"message of {frame.total} bytes exceeds {self.max_bytes}")
-        key = (frame.sender, frame.msg_id)
+            raise FrameError(f"message of {total} bytes exceeds {self.max_bytes}")
+        key = (sender, msg_id)
         if key in self._done:
             self.stats["duplicates"] += 1
             return None
-        if frame.count == 1:
-            return self._complete(key, frame, frame.chunk)
+        if count == 1:  # the whole message in one frame: no Frame object needed
+            return self._complete(key, Message(kind, sender, msg_id, chunk, epoch), total_crc)
+        frame = Frame(*fields)
         partial = self._partials.get(key)
         if partial is None:
             partial = self._partials[key] = _Partial(frame, now)
@@ -297,17 +310,19 @@ class Reassembler:
         if end != frame.total:
             self.stats["rejected"] += 1
             raise FrameError("chunks do not add up to the payload length")
-        return self._complete(key, frame, b"".join(p.chunk for p in parts))
+        payload = b"".join(p.chunk for p in parts)
+        message = Message(frame.kind, frame.sender, frame.msg_id, payload, frame.epoch)
+        return self._complete(key, message, frame.total_crc)
 
-    def _complete(self, key: tuple[int, int], frame: Frame, payload: bytes) -> Message:
-        if zlib.crc32(payload) != frame.total_crc:
+    def _complete(self, key: tuple[int, int], message: Message, total_crc: int) -> Message:
+        if zlib.crc32(message.payload) != total_crc:
             self.stats["rejected"] += 1
             raise FrameError("payload CRC mismatch")
         self._done[key] = None
         while len(self._done) > self._remember:
             self._done.popitem(last=False)
         self.stats["completed"] += 1
-        return Message(frame.kind, frame.sender, frame.msg_id, payload, frame.epoch)
+        return message
 
 
 # --- epochs ---------------------------------------------------------------------------------
@@ -388,8 +403,7 @@ def update_payload(update: bytes, state_vector: bytes) -> bytes:
     return create_update_message(update) + write_message(state_vector)
 
 
-@dataclass(frozen=True)
-class SyncPayload:
+class SyncPayload(NamedTuple):
     step: YSyncMessageType
     data: bytes  # the state vector (step 1) or the update (step 2, update)
     state_vector: bytes | None  # the sender's state after it (Kind.UPDATE only)
@@ -399,10 +413,9 @@ def decode_sync(kind: Kind, payload: bytes) -> SyncPayload:
     """Parse a reassembled payload strictly: no missing and no trailing bytes."""
     if len(payload) < 2 or payload[0] != YMessageType.SYNC:
         raise FrameError("not a y-sync message")
-    try:
-        step = YSyncMessageType(payload[1])
-    except ValueError:
-        raise FrameError(f"unknown y-sync message type {payload[1]}") from None
+    step = _STEPS.get(payload[1])
+    if step is None:
+        raise FrameError(f"unknown y-sync message type {payload[1]}")
     data, pos = _read_bytes(payload, 2)
     sv: bytes | None = None
     if kind == Kind.UPDATE:

@@ -4,6 +4,7 @@ sync filter, the same answer as matching every channel's routes in order."""
 from __future__ import annotations
 
 import aiomqtt
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -62,3 +63,28 @@ def test_thousands_of_document_channels_route_by_lookup() -> None:
     assert session.route(aiomqtt.Topic("edgesched/v1/doc/node-zz/sync/zz")) is catch_all
     assert session.route(aiomqtt.Topic("edgesched/v1/central/c1/heartbeat")) is first
     assert session.route(aiomqtt.Topic("edgesched/v1/other")) is None
+
+
+@given(
+    st.lists(ROUTE_LEVEL, min_size=0, max_size=4),
+    st.booleans(),
+    st.lists(st.lists(LEVELS, min_size=1, max_size=6).map("/".join), min_size=1, max_size=20),
+)
+def test_shared_and_hashed_routes_match_as_aiomqtt_does(
+    levels: list[str], hashed: bool, topics: list[str]
+) -> None:
+    """``$share/<group>/`` is dropped from a route, ``#`` takes the rest (its parent level
+    included), as ``aiomqtt.Topic.matches`` has it."""
+    route = "/".join(["$share", "g", *levels, *(["#"] if hashed else [])])
+    session = MqttSession(Endpoint("127.0.0.1", 1883, "probe"))
+    probe = Probe("shared", (route,))
+    session.add(probe)
+    for name in topics:
+        topic = aiomqtt.Topic(name)
+        assert (session.route(topic) is probe) == topic.matches(route), (route, name)
+
+
+def test_a_route_aiomqtt_cannot_match_is_refused_when_added() -> None:
+    session = MqttSession(Endpoint("127.0.0.1", 1883, "probe"))
+    with pytest.raises(ValueError):
+        session.add(Probe("bad", ("edgesched/v1/node/a+/status",)))

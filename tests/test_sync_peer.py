@@ -13,6 +13,8 @@ from typing import Any
 import aiomqtt
 import pytest
 from conftest import Broker, free_port
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edgesched.core.task import TaskState
 from edgesched.sync import wire
@@ -411,3 +413,80 @@ def test_a_replica_that_authored_content_is_never_dropped() -> None:
         (only,) = wire.encode(wire.Kind.UPDATE, a.name, a.client_id, payload, 65536)
         peer.handle(wire.sync_topic("site-x", "a"), only)
     assert peer.stats["replica_drops"] == 0 and b.get("mine") == 1
+
+
+def _sv(entries: list[tuple[int, int]], pad: int = 0) -> bytes:
+    """A lib0 state vector of ``entries``; ``pad`` extra 0x80 continuation bytes in each
+    clock (non-canonical, still decodable when short enough)."""
+    from edgesched.sync.peer import _var_uint
+
+    def clock(value: int) -> bytes:
+        raw = bytearray(_var_uint(value))
+        if pad:
+            raw[-1] |= 0x80
+            raw += b"\x80" * (pad - 1) + b"\x00"
+        return bytes(raw)
+
+    return _var_uint(len(entries)) + b"".join(_var_uint(c) + clock(k) for c, k in entries)
+
+
+@given(
+    st.integers(1, 2**32 - 1),
+    st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**40)), max_size=3),
+    st.integers(0, 12),
+    st.binary(max_size=3),
+)
+def test_the_writer_fast_path_agrees_with_decoding(
+    writer: int, entries: list[tuple[int, int]], pad: int, tail: bytes
+) -> None:
+    """The writer check's shortcut says yes only where the decoded state vector is exactly
+    one entry, of the writer: every other vector goes through the full decode."""
+    from edgesched.sync.doc import decode_state_vector
+    from edgesched.sync.peer import _only_client, _var_uint
+
+    for vector in (_sv(entries, pad), _sv(entries, pad) + tail, _sv([(writer, 7)], pad) + tail):
+        if _only_client(vector, b"\x01" + _var_uint(writer)):
+            assert decode_state_vector(vector) == {writer: decode_state_vector(vector)[writer]}
+
+
+def test_an_update_merging_the_writer_and_another_is_refused() -> None:
+    """The writer's operations and a forger's in one update (the shortcut sees two
+    entries): refused whole, as before."""
+    from pycrdt import merge_updates
+
+    from edgesched.sync.doc import NodeDoc, client_id_for
+
+    writer = NodeDoc("node-gw1", client_id_for("gw1"))
+    forger = NodeDoc("node-gw1", client_id_for("gw2"))
+    replica = NodeDoc("node-gw1", client_id_for("central"))
+    peer = DocPeer(replica, "central", writers=frozenset({writer.client_id}))
+    writer.put_task("t1", report("running"))
+    forger.put_task("evil", report("running"))
+    merged = merge_updates(writer.diff(), forger.diff())
+    payload = wire.update_payload(merged, writer.state_vector())
+    (frame,) = wire.encode(wire.Kind.UPDATE, writer.name, writer.client_id, payload, 65536)
+    peer.handle(wire.sync_topic("node-gw1", "gw1"), frame)
+    assert peer.stats["rejected_updates"] == 1
+    assert replica.task("t1") is None and replica.task("evil") is None
+
+
+def test_a_sender_at_our_state_asks_no_resync_and_one_ahead_does() -> None:
+    from edgesched.sync.doc import NodeDoc, client_id_for
+
+    writer = NodeDoc("node-gw1", client_id_for("gw1"))
+    replica = NodeDoc("node-gw1", client_id_for("central"))
+    peer = DocPeer(replica, "central", writers=frozenset({writer.client_id}))
+    writer.put_task("t1", report("running"))
+    first = writer.diff()
+    writer.put_task("t2", report("running"))
+
+    def send(update: bytes, state_vector: bytes) -> None:
+        payload = wire.update_payload(update, state_vector)
+        for frame in wire.encode(wire.Kind.UPDATE, writer.name, writer.client_id, payload):
+            peer.handle(wire.sync_topic("node-gw1", "gw1"), frame)
+
+    send(first, writer.state_vector())  # the writer holds t2 too: we are behind
+    assert peer.stats["resync_requests"] == 1
+    send(writer.diff(), writer.state_vector())  # now we hold what it holds
+    assert peer.stats["resync_requests"] == 1
+    assert replica.state_vector() == writer.state_vector()
