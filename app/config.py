@@ -351,6 +351,9 @@ class CentralConfig:
     (document sync, telemetry, status) for longer than this reads offline ("silent"), since
     it was last heard: the liveness signal that does not need the broker's last will (a will
     is lost with a clustered broker's member, docs/brokers.md). 0 disables it.
+    ``cold_after_s``: a node's replica and desired-state document that nobody used for
+    between one and two of these periods are held as their encoded state only (about a tenth
+    of the memory) until next used (``edgesched.sync.freezer``). 0 keeps every document live.
     """
 
     central_id: str = "central"
@@ -369,6 +372,7 @@ class CentralConfig:
     placement_model: str = ""
     park_nodes: bool = False
     assignment_retention_s: float = 86_400.0
+    cold_after_s: float = 60.0
     nodes: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()
     etcd_endpoints: tuple[str, ...] = ()
@@ -650,6 +654,7 @@ def _parse_central(t: _Table) -> CentralConfig:
             shards=t.integer("shards", d.shards, low=1),
             lease_ttl_s=t.number("lease_ttl_s", d.lease_ttl_s, low=2),
             silent_after_s=t.number("silent_after_s", d.silent_after_s, low=0),
+            cold_after_s=t.number("cold_after_s", d.cold_after_s, low=0),
             mqtt=mqtt,
         )
     )

@@ -63,8 +63,11 @@ class Clock:
         return self.now
 
 
-def build(nodes: int, tasks: int, state_dir: Path) -> tuple[CentralEngine, Clock, list[str]]:
-    """A central engine holding ``nodes`` replicas with ``tasks`` entries each, all fresh."""
+def build(
+    nodes: int, tasks: int, state_dir: Path, *, cold: bool = False
+) -> tuple[CentralEngine, Clock, list[str]]:
+    """A central engine holding ``nodes`` replicas with ``tasks`` entries each, all fresh
+    (``cold``: each replica frozen once the index has read it, as a restored central's)."""
     clock = Clock()
     config = parse_config(
         {
@@ -73,6 +76,7 @@ def build(nodes: int, tasks: int, state_dir: Path) -> tuple[CentralEngine, Clock
                 "state_dir": str(state_dir),
                 "failover_after_s": GRACE_S,
                 "assignment_retention_s": 600.0,
+                "cold_after_s": 60.0 if cold else 0.0,  # (0: no freezer watches anything)
             }
         }
     )
@@ -119,6 +123,9 @@ def build(nodes: int, tasks: int, state_dir: Path) -> tuple[CentralEngine, Clock
         engine.liveness.nodes[node_id] = NodeStatus("online", now - 7200)
         engine._node_status_changed(node_id, engine.liveness.nodes[node_id])
         replica.peer.synced_at[node_id] = now - 7000
+        if cold:  # as a central restarted from SQLite: the index reads it, then it is frozen
+            engine._dirty_nodes.discard(node_id)
+            engine._restored(node_id)
     engine.events.clear()
     return engine, clock, running
 
@@ -151,10 +158,11 @@ def walk(engine: CentralEngine) -> float:
 async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        engine, clock, running = build(nodes, args.tasks, Path(tmp))
+        engine, clock, running = build(nodes, args.tasks, Path(tmp), cold=args.cold)
         built = time.perf_counter() - t0
         store = await Store.open(Path(tmp) / "central.db")
-        desired = DesiredDocs("central", engine.session, store, clock=clock)
+        freezer = engine.freezer if args.cold else None
+        desired = DesiredDocs("central", engine.session, store, clock=clock, freezer=freezer)
         first = timed(lambda: engine.sync_index(project=False))  # the index learns it all
         t0 = time.perf_counter()
         desired.match(engine.index.assignments, engine.index.stops, engine.index.orders)
@@ -164,6 +172,8 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
         journaled = time.perf_counter() - t0
         engine.desired = desired
         engine.control_step()
+        engine.settle_heap(full=True)  # as the engine does once it has started
+        rss_start = psutil.Process().memory_info().rss / 2**20
         idle = []
         for _ in range(args.steps):
             clock.now += 0.1
@@ -198,6 +208,8 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
                 engine.liveness.nodes[node_id] = status
                 engine._node_status_changed(node_id, status)
                 offline_at[node_id] = clock.now
+            if args.cold and step % args.sweep_every == 0:
+                engine.sweep_cold()  # (outside the timed step: it runs on its own timer)
             busy.append(timed(engine.control_step))
             t0 = time.perf_counter()
             await desired.journals.flush()  # the step's desired-state writes, one transaction
@@ -208,8 +220,9 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
             1 for e in policy.assignments().values() if e.state is AssignmentState.PENDING
         )
         failed_over = sum(1 for e in engine.events if e.kind == "failover")
-        full = walk(engine) if nodes <= args.walk_up_to else float("nan")
         rss = psutil.Process().memory_info().rss / 2**20
+        live, frozen, thaws = engine.freezer.live, engine.freezer.frozen, engine.freezer.thaws
+        full = walk(engine) if nodes <= args.walk_up_to else float("nan")  # (thaws them all)
         await store.close()
     return {
         "nodes": nodes,
@@ -227,9 +240,13 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
         "busy_p99": quantile(busy, 0.99),
         "walk_s": full,
         "rss_mib": rss,
+        "rss_start_mib": rss_start,
         "submitted": submitted,
         "left_pending": left_pending,
         "failed_over": failed_over,
+        "live": live,
+        "frozen": frozen,
+        "thaws": thaws,
     }
 
 
@@ -245,6 +262,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--changes", type=int, default=50)
     parser.add_argument("--walk-up-to", type=int, default=1000)
+    parser.add_argument(
+        "--cold", action=argparse.BooleanOptionalAction, default=True,
+        help="freeze unused documents (central's default cold_after_s); --no-cold: all live",
+    )  # fmt: skip
+    parser.add_argument("--sweep-every", type=int, default=10, help="steps per freezer sweep")
     args = parser.parse_args()
     sizes = [int(x) for x in args.nodes.split(",")]
     rows = []
@@ -260,7 +282,9 @@ def main() -> None:
             f"p50/p99 {row['busy_p50'] * 1000:.1f}/{row['busy_p99'] * 1000:.1f} ms (its desired-"
             f"state journal batch {row['flush_p50'] * 1000:.1f}/{row['flush_p99'] * 1000:.1f} ms)"
             f", full walk "
-            f"{row['walk_s']:.2f} s, RSS {row['rss_mib']:.0f} MiB; {row['submitted']} submitted, "
+            f"{row['walk_s']:.2f} s, RSS {row['rss_start_mib']:.0f} MiB before the steps, "
+            f"{row['rss_mib']:.0f} MiB after (documents: {row['live']} "
+            f"live, {row['frozen']} frozen, {row['thaws']} thaws); {row['submitted']} submitted, "
             f"{row['left_pending']} left pending, {row['failed_over']} failed over",
             flush=True,
         )

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 
 from edgesched.sync.doc import DESIRED_PREFIX, PolicyDoc, client_id_for, desired_doc_name
+from edgesched.sync.freezer import Freezer
 from edgesched.sync.journal import JournalSet
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import AssignmentEntry, PowerOrder, StopOrder
@@ -47,13 +48,16 @@ class DesiredDocs:
         *,
         centrals: Collection[str] = (),
         clock: Callable[[], float] = time.time,
+        freezer: Freezer | None = None,
     ) -> None:
+        """``freezer``: watches every desired-state document (frozen while unused)."""
         self.central_id = central_id
         self.client_id = client_id_for(central_id)
         self.session = session
         self.store = store
         self.centrals = frozenset(centrals) | {central_id}
         self.clock = clock
+        self.freezer = freezer
         self.docs: dict[str, PolicyDoc] = {}
         self.journals = JournalSet(store)
         self.writes = 0  # entries written or removed by the projection
@@ -80,6 +84,8 @@ class DesiredDocs:
             )
         )
         self.docs[node_id] = doc
+        if self.freezer is not None:
+            self.freezer.watch(doc)
         return doc
 
     async def load(self) -> int:
@@ -90,6 +96,8 @@ class DesiredDocs:
                 continue
             doc = await PolicyDoc.load_from(self.store, name, self.client_id)
             self.doc(name[len(DESIRED_PREFIX) :], doc)
+            if self.freezer is not None:
+                doc.freeze()  # until used: restoring all of them live would be the peak
             count += 1
         return count
 
@@ -176,8 +184,11 @@ class DesiredDocs:
         before = self.writes
         for node_id in sorted(set(want) | set(self.docs) | set(orders)):
             held_a, held_s = want.get(node_id, ({}, {}))
-            with self.doc(node_id).doc.transaction():  # one update per document
+            doc = self.doc(node_id)
+            with doc.doc.transaction():  # one update per document
                 self._match_one(node_id, held_a, held_s, orders.get(node_id))
+            if self.freezer is not None:
+                doc.freeze()  # one live at a time: the node's first step 1 thaws it
         return self.writes - before
 
     def _match_one(

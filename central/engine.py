@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import time
@@ -60,6 +61,7 @@ from edgesched.policies.models import ActiveModels, ModelBlob
 from edgesched.policies.ortsession import ModelLoadError
 from edgesched.rest.server import ApiStarter
 from edgesched.sync.doc import NodeDoc, PolicyDoc, SyncedDoc, client_id_for, normalise
+from edgesched.sync.freezer import Freezer
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.reconcile import ReconcilePolicy
@@ -85,6 +87,8 @@ MAX_EVENTS = 1000
 DEMAND_SAMPLE_S = 5.0
 #: How often the power stage runs when nothing changed (idle timers must still come due).
 POWER_EVERY_S = 5.0
+#: Every this many freezer sweeps, one full garbage collection (see settle_heap).
+FULL_COLLECTION_SWEEPS = 60
 #: A replica acts on its shards only while its lease stays valid this much longer (a step
 #: never outlives the lease that allowed it: see docs/scaling.md).
 LEASE_GUARD_S = 0.5
@@ -160,12 +164,17 @@ class CentralEngine:
             clock, site_of=self._site_of, silent_after_s=self.central.silent_after_s
         )
         self.telemetry = TelemetryCollector()
+        #: Freezes the replicas and desired documents unused for ``cold_after_s``.
+        self.freezer = Freezer()
+        self._thaws_counted = 0
+        self._sweeps = 0
         self.replicas = NodeReplicas(
             self.central.central_id,
             self.session,
             nodes=self.central.nodes,
             centrals=self.central.peers,
             clock=clock,
+            freezer=self.freezer if self.central.cold_after_s > 0 else None,
         )
         self.session.fallback = self.replicas
         self.session.add(self.heartbeat)
@@ -232,7 +241,7 @@ class CentralEngine:
             )
             await self._seed_demand()
             self.replicas.store = self._store
-            restored = await self.replicas.load()
+            restored = await self.replicas.load(learned=self._restored)
             log.info("central %s: %d node replicas restored", self.central.central_id, restored)
             await self._open_policy()
             await self._open_fleet()
@@ -265,6 +274,7 @@ class CentralEngine:
                     group.create_task(_need(self.desired).journals.run(), name="desired-log"),
                     group.create_task(self.session.run(), name="mqtt"),
                     group.create_task(self._snapshot_loop(), name="snapshots"),
+                    group.create_task(self._cold_loop(), name="cold-documents"),
                     group.create_task(self._control_loop(), name="control"),
                     group.create_task(self._forecast_loop(), name="forecast"),
                 ]
@@ -301,6 +311,37 @@ class CentralEngine:
             written = await self.replicas.persist_changed()
             if written:
                 self.metrics.snapshots.inc(written)
+
+    async def _cold_loop(self) -> None:
+        """Freeze the documents unused since the last sweep (every ``cold_after_s``)."""
+        if self.central.cold_after_s <= 0:
+            return
+        while True:
+            await asyncio.sleep(self.central.cold_after_s)
+            self.sweep_cold()
+
+    def sweep_cold(self) -> None:
+        """One sweep of the freezer (see :mod:`edgesched.sync.freezer`), counted in metrics.
+        The index reads every pending change first: a frozen replica is one it has read."""
+        if self.fleet is not None:
+            self.sync_index()
+        thaws = self.freezer.thaws
+        sweep = self.freezer.sweep()
+        self._sweeps += 1
+        self.settle_heap(full=self._sweeps % FULL_COLLECTION_SWEEPS == 0)
+        self.metrics.docs_frozen.set(sweep.frozen_total)
+        self.metrics.docs_frozen_bytes.set(sweep.frozen_bytes)
+        self.metrics.docs_live.set(sweep.live)
+        self.metrics.doc_thaws.inc(thaws - self._thaws_counted)
+        self._thaws_counted = thaws
+        if sweep.frozen:
+            log.debug(
+                "froze %d unused documents (%d frozen, %d bytes; %d live)",
+                sweep.frozen,
+                sweep.frozen_total,
+                sweep.frozen_bytes,
+                sweep.live,
+            )
 
     async def _open_policy(self) -> None:
         """Central's policy document, rebuilt from SQLite; journaled; synced as a channel."""
@@ -345,12 +386,29 @@ class CentralEngine:
             self.store,
             centrals=self.central.peers,
             clock=self.clock,
+            freezer=self.freezer if self.central.cold_after_s > 0 else None,
         )
         restored = await self.desired.load()
         self.sync_index(project=False)  # the index learns the restored fleet at once
         written = self.desired.match(self.index.assignments, self.index.stops, self.index.orders)
         log.info("desired-state documents: %d restored, %d entries brought up to date",
                  restored, written)  # fmt: skip
+        self.settle_heap(full=True)
+
+    def settle_heap(self, *, full: bool = False) -> None:
+        """Move what central holds now out of the garbage collector's sight (``gc.freeze``).
+
+        Central keeps millions of long-lived objects (the index, the decoded entries); each
+        full collection of the cyclic garbage collector walks all of them: 0.5 s at 1,000
+        nodes, inside whichever control step allocates at that moment (the step's p99 was
+        mostly that). Frozen objects are still freed by reference counting when dropped;
+        only a reference cycle that was alive when frozen is kept once it turns to garbage,
+        so ``full`` (at start, and every ``FULL_COLLECTION_SWEEPS`` sweeps) unfreezes,
+        collects once, and freezes again."""
+        if full:
+            gc.unfreeze()
+            gc.collect()
+        gc.freeze()
 
     def _event(
         self, kind: str, detail: str, *, node: str | None = None, task: str | None = None
@@ -359,6 +417,13 @@ class CentralEngine:
         self.events.append(event)
         self.metrics.events.labels(kind).inc()
         log.info("%s: %s", kind, detail)
+
+    def _restored(self, node_id: str) -> None:
+        """A replica restored from SQLite: the index learns it now, and it is frozen until a
+        node speaks (restoring all of them live first would hold the fleet's peak at once)."""
+        self._learn_node(node_id)
+        if self.replicas.freezer is not None:
+            self.replicas.replicas[node_id].doc.freeze()
 
     def _replica_changed(self, node_id: str) -> None:
         replica = self.replicas.replicas.get(node_id)
@@ -440,20 +505,27 @@ class CentralEngine:
                         desired.power(key, order)
         dirty, self._dirty_nodes = self._dirty_nodes, set()
         for node_id in sorted(dirty):
-            replica = self.replicas.replicas.get(node_id)
-            if replica is None:
-                continue
-            doc = replica.doc
-            changed = doc.drain_changes("tasks")
+            self._learn_node(node_id)
+            if desired is not None:
+                desired.doc(node_id)  # a channel for its step 1, before anything is assigned
+
+    def _learn_node(self, node_id: str) -> None:
+        """Tell the index what changed in ``node_id``'s replica, and its freshness."""
+        replica = self.replicas.replicas.get(node_id)
+        if replica is None:
+            return
+        doc = replica.doc
+        changed = doc.drain_changes("tasks")
+        # A frozen replica changed nothing since the index last read it (a change thaws it,
+        # and the freezer runs only after the index has read every change): no thaw.
+        if not (doc.frozen and changed == set()):
             # Only what changed is decoded: the changed tasks one by one (the whole map only
             # when it may all have changed), the registration and the power report.
             tasks: Mapping[str, TaskReport] = doc.tasks() if changed is None else _Tasks(doc)
-            index.update_node(
+            self.index.update_node(
                 node_id, NodeView(doc.registration(), tasks, doc.power_report()), changed
             )
-            index.set_fresh(node_id, self.is_fresh(node_id))
-            if desired is not None:
-                desired.doc(node_id)  # a channel for its step 1, before anything is assigned
+        self.index.set_fresh(node_id, self.is_fresh(node_id))
 
     async def submit(self, spec: TaskSpec, pin: str | None = None) -> dict[str, Any]:
         """Accept a task: placed now if a node can take it, else waiting (state ``pending``).
@@ -1025,20 +1097,23 @@ class CentralEngine:
     def node_summary(self, node_id: str) -> dict[str, Any]:
         replica = self.replicas.replicas[node_id]
         doc = replica.doc
-        tasks = doc.tasks()
+        self.sync_index()
+        member = self.index.members.get(node_id)  # the index's copy: no thaw of a cold replica
+        reports = member.reports if member is not None else doc.tasks()
         states: dict[str, int] = {}
-        for report in tasks.values():
+        for report in reports.values():
             states[report.state.value] = states.get(report.state.value, 0) + 1
         status = self.liveness.nodes.get(node_id)
         latest = self.telemetry.latest(node_id)
         heard = replica.peer.heard_at.get(node_id)
+        registration = member.registration if member is not None else doc.registration()
         return {
             "id": node_id,
             "status": self.liveness.state(node_id),
             "state": self.node_state(node_id),
             "status_since": None if status is None else status.since,
             "status_cause": None if status is None else status.cause,
-            "registration": None if (reg := doc.registration()) is None else reg.to_entry(),
+            "registration": None if (reg := registration) is None else reg.to_entry(),
             "document": {
                 "epoch": doc.epoch,
                 "content_hash": doc.content_hash(),

@@ -37,6 +37,22 @@ class CentralMetrics:
             "Fleet CPU cores forecast as the peak of the next 15 min (per-class model)",
             registry=r,
         )
+        self.docs_frozen = Gauge(
+            "edgesched_central_docs_frozen",
+            "Documents held as their encoded state only (unused for cold_after_s)",
+            registry=r,
+        )
+        self.docs_frozen_bytes = Gauge(
+            "edgesched_central_docs_frozen_bytes",
+            "Encoded bytes of the frozen documents",
+            registry=r,
+        )
+        self.docs_live = Gauge(
+            "edgesched_central_docs_live", "Watched documents held live", registry=r
+        )
+        self.doc_thaws = Counter(
+            "edgesched_central_doc_thaws", "Frozen documents thawed by a use", registry=r
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

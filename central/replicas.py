@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.freezer import Freezer
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import NodeView
 from edgesched.sync.security import sender_check
@@ -81,9 +82,11 @@ class NodeReplicas(Listener):
         nodes: Collection[str] = (),
         centrals: Collection[str] = (),
         clock: Callable[[], float] = time.time,
+        freezer: Freezer | None = None,
     ) -> None:
         """``nodes``: accept only these node ids (empty: any node that speaks for itself).
-        ``centrals``: fellow central replicas whose relayed messages are accepted too."""
+        ``centrals``: fellow central replicas whose relayed messages are accepted too.
+        ``freezer``: watches every replica's document (frozen while unused)."""
         self.central_id = central_id
         self.client_id = client_id_for(central_id)
         self.session = session
@@ -91,6 +94,7 @@ class NodeReplicas(Listener):
         self.allowed = frozenset(nodes)
         self.centrals = frozenset(centrals) | {central_id}
         self.clock = clock
+        self.freezer = freezer
         self.replicas: dict[str, Replica] = {}
         self.routes: tuple[str, ...] = (DOC_SYNC_FILTER,)
         self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
@@ -145,6 +149,8 @@ class NodeReplicas(Listener):
         peer.on_synced = lambda _sender: self._synced(node_id)
         self.replicas[node_id] = replica
         self.session.add(peer)
+        if self.freezer is not None:
+            self.freezer.watch(doc)
         return replica
 
     def _changed(self, node_id: str) -> None:
@@ -166,8 +172,9 @@ class NodeReplicas(Listener):
         document class's own cache)."""
         return {n: r.doc.typed() for n, r in self.replicas.items()}
 
-    async def load(self) -> int:
-        """Restore every node replica kept in SQLite; returns how many."""
+    async def load(self, learned: Callable[[str], None] | None = None) -> int:
+        """Restore every node replica kept in SQLite; returns how many. ``learned(node_id)``
+        runs after each one (the index reads it then: it may be frozen next)."""
         if self.store is None:
             return 0
         count = 0
@@ -181,7 +188,9 @@ class NodeReplicas(Listener):
             replica = self.add(node_id, doc)
             replica.persisted = (doc.epoch, doc.content_hash())
             count += 1
-            if self.on_change is not None:
+            if learned is not None:
+                learned(node_id)
+            elif self.on_change is not None:
                 self.on_change(node_id)  # (the index learns of restored replicas)
         return count
 

@@ -36,6 +36,15 @@ different histories under the same client clocks. :meth:`SyncedDoc.log_update` a
 when to rotate (:meth:`SyncedDoc.should_rotate`, at each compaction), so the owner needs to do
 nothing more than log every local update in order.
 
+**Cold documents.** A live pycrdt document costs about ten times its encoded state in memory
+(each entry is a block with its decoded value). :meth:`SyncedDoc.freeze` keeps only the
+encoded state of a document nobody has touched for a while (central freezes the replicas and
+desired documents of quiet nodes, see :class:`edgesched.sync.freezer.Freezer`); the state
+vector, a diff for a peer's state vector and a snapshot are answered from those bytes, and
+anything else (a remote update, a write, a read of the content) thaws it first, transparently:
+the content, the epoch and the client id are the same after a thaw, only the decoded caches
+are rebuilt.
+
 Multi-writer documents (:class:`PolicyDoc`, :class:`SiteDoc`) never rotate: a rotation cuts
 history at one point of one replica, and another writer's concurrent updates at the old epoch
 would then be dropped (lost writes); only agreement among the writers could pick the cut.
@@ -52,6 +61,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
+import pycrdt
 from pycrdt import Doc, Map, Subscription, TransactionEvent
 
 from edgesched.core.policy import PolicyMode
@@ -247,6 +257,9 @@ class SyncedDoc:
     #: Root maps whose decoded views follow the changed keys of each transaction (pycrdt's
     #: map events) instead of decoding the whole map again: the large, hot ones.
     incremental_roots: ClassVar[tuple[str, ...]] = ()
+    #: Small root maps whose views are cached until that root changes, not until any change
+    #: (a node's registration is not decoded again for each task update).
+    watched_roots: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -274,7 +287,8 @@ class SyncedDoc:
         self.revision = 0
         #: Entries refused by the schema when read (:mod:`edgesched.sync.schema`).
         self.refusals = Refusals(name)
-        self._views: dict[str, tuple[int, Any]] = {}
+        self._views: dict[str, tuple[object, Any]] = {}
+        self._root_revs: dict[str, int] = {}  # watched root -> bumped by each change of it
         self._memos: dict[str, dict[str, Any]] = {}
         self._root_subscriptions: list[tuple[Map[Any], Subscription]] = []
         #: root -> keys changed since its view was last decoded (None: decode it all)
@@ -283,7 +297,17 @@ class SyncedDoc:
         #: root -> keys changed since :meth:`drain_changes` last ran (None: all of them);
         #: only for the roots a consumer asked :meth:`track_changes` for.
         self._tracked: dict[str, set[str] | None] = {}
-        self.doc: Doc[Any] = self._observed(Doc(client_id=self.client_id))
+        #: The encoded state while the document is frozen (:meth:`freeze`), else None.
+        self._frozen: bytes | None = None
+        self._frozen_sv = b"\x00"
+        self._maybe_pending = False  # see settle()
+        #: Set by every use of :attr:`doc`; a :class:`~edgesched.sync.freezer.Freezer` clears
+        #: it at each sweep and freezes the documents it finds still clear at the next.
+        self.touched = True
+        self._thaw_callbacks: list[Callable[[SyncedDoc], None]] = []
+        self._hash: tuple[int, str] | None = None  # (revision, content hash)
+        self._doc: Doc[Any] | None = None
+        self._doc = self._observed(Doc(client_id=self.client_id))
         self._callbacks: list[Callable[[bytes], None]] = []
         self._epoch_callbacks: list[Callable[[int], None]] = []
         self._applying_remote = False
@@ -293,13 +317,111 @@ class SyncedDoc:
         self._stored_epoch = self.epoch  # the epoch of the store's snapshot and log
         self._fresh_size = 0  # bytes of a fresh doc of the live content, when last measured
 
-    def view(self, key: str, build: Callable[[], _V]) -> _V:
-        """A decoded view of the content, built once per :attr:`revision`: the one cache of a
-        document's decoded content (central's control loop reads every replica each step).
-        Treat what it returns as read-only."""
+    @property
+    def doc(self) -> Doc[Any]:
+        """The live pycrdt document (thawed first if frozen: see :meth:`freeze`)."""
+        self.touched = True
+        if self._doc is None:
+            self._thaw()
+        assert self._doc is not None
+        return self._doc
+
+    @doc.setter
+    def doc(self, doc: Doc[Any]) -> None:
+        self._frozen = None
+        self._doc = doc
+        self.touched = True
+
+    @property
+    def frozen(self) -> bool:
+        """Whether only the encoded state is held (see :meth:`freeze`)."""
+        return self._frozen is not None
+
+    def freeze(self) -> int:
+        """Keep only the encoded state of the document, drop the live one and every decoded
+        cache; returns the encoded size (0 if it could not freeze: inside a transaction, or
+        holding updates pending for a missing dependency).
+
+        What the document holds does not change: its content, epoch, client id, tracked
+        changes and :attr:`revision` are the same after the next use thaws it (any use of
+        :attr:`doc`). :meth:`state_vector`, :meth:`diff`, :meth:`missing_from`,
+        :meth:`snapshot` and :meth:`content_hash` (while the content has not changed) answer
+        from the bytes without thawing, and do not count as uses of a live document (a peer's
+        periodic state-vector exchange does not keep a quiet document live).
+        """
+        if self._frozen is not None:
+            return len(self._frozen)
+        doc = self._doc
+        assert doc is not None
+        if doc._txn is not None:  # inside a transaction: not now
+            return 0
+        if self._maybe_pending:
+            # pycrdt may hold updates pending for a missing dependency; it encodes them,
+            # but a document rebuilt from those bytes integrates them wrongly once the
+            # dependency arrives (the replica diverges for good: tests/test_sync_freezer.py
+            # found it). Until a full answer from the writer (:meth:`settle`), it stays live.
+            return 0
+        state = doc.get_update()
+        # kept: a frozen document answers them without a thaw (pycrdt.get_state of the bytes
+        # would leave out clients at clock 0, which the live document lists)
+        self._frozen_sv = doc.get_state()
+        self.content_hash()
+        self._unobserve()
+        self._frozen = state
+        self._views.clear()
+        self._decoded.clear()
+        for name in self.incremental_roots:
+            self._dirty[name] = None  # decode it all once, after a thaw
+        self._doc = None
+        return len(state)
+
+    def settle(self, *, complete: bool = True) -> None:
+        """A full answer from the document's writer was applied (y-sync step 2 for our state
+        vector); ``complete``: it left us behind the writer in nothing.
+
+        The decoded views and the tracked changes are read again in full, once: what
+        pycrdt had applied out of order before the answer can change in it without its map
+        events naming the key (a task deleted by the writer stayed in the decoded view for
+        good: tests/test_sync_freezer.py). pycrdt has no way to say whether it holds updates
+        pending for a missing dependency either, so a document is taken to hold some from the
+        first remote update that changed nothing (a duplicate, or one that waits) until a
+        ``complete`` answer; it does not freeze meanwhile."""
+        for name in self.incremental_roots:
+            self._dirty[name] = None
+        for name in self._tracked:
+            self._tracked[name] = None
+        self._views.clear()
+        for name in self.watched_roots:
+            self._root_revs[name] += 1
+        if complete:
+            self._maybe_pending = False
+
+    def on_thaw(self, callback: Callable[[SyncedDoc], None]) -> None:
+        """Call ``callback(doc)`` each time the document is thawed (a freezer's bookkeeping)."""
+        self._thaw_callbacks.append(callback)
+
+    def _thaw(self) -> None:
+        state = self._frozen
+        assert state is not None
+        live: Doc[Any] = Doc(client_id=self.client_id)
+        live.apply_update(state)  # before it is observed: no change to report
+        self._frozen = None
+        self._doc = self._observed(live, same_content=True)
+        for callback in self._thaw_callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("thaw callback of document %s failed", self.name)
+
+    def view(self, key: str, build: Callable[[], _V], *, root: str | None = None) -> _V:
+        """A decoded view of the content, built once per :attr:`revision` (``root``, one of
+        :attr:`watched_roots`: once per change of that root): the one cache of a document's
+        decoded content (central's control loop reads every replica each step). Treat what
+        it returns as read-only."""
+        token: object = self.revision if root is None else ("root", self._root_revs[root])
         hit = self._views.get(key)
-        if hit is None or hit[0] != self.revision:
-            hit = (self.revision, build())
+        if hit is None or hit[0] != token:
+            hit = (token, build())
             self._views[key] = hit
         value: _V = hit[1]
         return value
@@ -328,19 +450,27 @@ class SyncedDoc:
             raise EpochError(f"{type(self).__name__} {self.name} has several writers: no epochs")
         return epoch
 
-    def _observed(self, doc: Doc[Any]) -> Doc[Any]:
+    def _unobserve(self) -> None:
+        if self._subscription is not None and self._doc is not None:
+            self._doc.unobserve(self._subscription)
+            self._subscription = None
+        for old_root, subscription in self._root_subscriptions:
+            old_root.unobserve(subscription)
+        self._root_subscriptions = []
+
+    def _observed(self, doc: Doc[Any], *, same_content: bool = False) -> Doc[Any]:
         """``doc``, observed for the current epoch, replacing :attr:`doc`'s subscription.
 
         One subscription per pycrdt document. pycrdt's subscription refers back to its
         document from the Rust side, where the garbage collector cannot see it, so a document
         rotated away is only freed once unobserved. A write to it through a stale reference
         is logged and not reported to the callbacks (the observer knows its epoch).
+        ``same_content``: a thaw (the consumers of :meth:`drain_changes` have seen it all and
+        cached views are still right).
         """
-        if self._subscription is not None:
-            self.doc.unobserve(self._subscription)
-        for old_root, subscription in self._root_subscriptions:
-            old_root.unobserve(subscription)
-        self.revision += 1
+        self._unobserve()
+        if not same_content:
+            self.revision += 1
         epoch = self.epoch
         self._subscription = doc.observe(lambda event: self._on_transaction(event, epoch))
         self._root_subscriptions = []
@@ -348,9 +478,21 @@ class SyncedDoc:
             root: Map[Any] = doc.get(name, type=Map)
             self._root_subscriptions.append((root, root.observe(self._keys_changed(name))))
             self._dirty[name] = None  # a new pycrdt document: decode it all once
-        for name in self._tracked:
-            self._tracked[name] = None  # ... and its consumer reads it all once
+        for name in self.watched_roots:
+            watched: Map[Any] = doc.get(name, type=Map)
+            self._root_subscriptions.append((watched, watched.observe(self._root_changed(name))))
+            if not same_content:  # a new pycrdt document: its views are built again
+                self._root_revs[name] = self._root_revs.get(name, 0) + 1
+        if not same_content:
+            for name in self._tracked:
+                self._tracked[name] = None  # ... and its consumer reads it all once
         return doc
+
+    def _root_changed(self, name: str) -> Callable[[Any], None]:
+        def changed(_event: Any) -> None:
+            self._root_revs[name] += 1
+
+        return changed
 
     def _keys_changed(self, name: str) -> Callable[[Any], None]:
         """The observer of root map ``name``: notes the keys each transaction changed (read
@@ -430,15 +572,20 @@ class SyncedDoc:
 
     def state_vector(self) -> bytes:
         """Our state vector (lib0 v1 encoding)."""
-        return self.doc.get_state()
+        if self._doc is None:
+            return self._frozen_sv  # the live document's, as it was frozen
+        return self._doc.get_state()  # (not a use that keeps it live: see freeze)
 
     def diff(self, state_vector: bytes | None = None) -> bytes:
         """The update the holder of ``state_vector`` lacks (everything if None)."""
         if state_vector is None:
-            return self.doc.get_update()
+            return self.snapshot()
         decode_state_vector(state_vector)  # refuse garbage with our error, not pycrdt's
         try:
-            return self.doc.get_update(state_vector)
+            if self._doc is None:
+                assert self._frozen is not None
+                return pycrdt.get_update(self._frozen, state_vector)
+            return self._doc.get_update(state_vector)
         except ValueError as exc:
             raise UpdateRejected(f"state vector refused by pycrdt: {exc}") from None
 
@@ -474,6 +621,8 @@ class SyncedDoc:
         finally:
             self._applying_remote = False
         changed = self._remote_changed or self.doc.get_state() != before
+        if not changed:
+            self._maybe_pending = True  # a duplicate, or an update pycrdt holds pending
         # Whatever it did: pycrdt may report an empty update for a transaction that changed
         # the state, and a delete-only update leaves the state vector as it was.
         self.revision += 1
@@ -528,7 +677,7 @@ class SyncedDoc:
 
         Raises :class:`UpdateRejected` on a malformed vector.
         """
-        ours = decode_state_vector(self.doc.get_state())
+        ours = decode_state_vector(self.state_vector())
         theirs = decode_state_vector(remote_state_vector)
         return any(clock > ours.get(client, 0) for client, clock in theirs.items())
 
@@ -631,7 +780,7 @@ class SyncedDoc:
     def authored_here(self) -> bool:
         """Whether this replica holds operations of its own client id (then it cannot be
         dropped and rebuilt from its peers: they may not have everything it wrote)."""
-        return self.client_id in decode_state_vector(self.doc.get_state())
+        return self.client_id in decode_state_vector(self.state_vector())
 
     def drop_replica(self) -> None:
         """Replica side: discard everything, same epoch, to be refilled by a resync.
@@ -681,8 +830,13 @@ class SyncedDoc:
         return out
 
     def content_hash(self) -> str:
-        """sha256 hex of the canonical JSON of :meth:`to_json` (sorted keys, compact)."""
-        return hashlib.sha256(_canonical(self.to_json()).encode("utf-8")).hexdigest()
+        """sha256 hex of the canonical JSON of :meth:`to_json` (sorted keys, compact); kept
+        until the content changes (a frozen document answers without a thaw)."""
+        if self._hash is not None and self._hash[0] == self.revision:
+            return self._hash[1]
+        digest = hashlib.sha256(_canonical(self.to_json()).encode("utf-8")).hexdigest()
+        self._hash = (self.revision, digest)
+        return digest
 
     def root(self, key: str) -> Map[Any]:
         """The root map ``key`` (created locally if absent)."""
@@ -693,7 +847,10 @@ class SyncedDoc:
 
     def snapshot(self) -> bytes:
         """The full state as one update (what :meth:`restore` takes)."""
-        return self.doc.get_update()
+        if self._doc is None:
+            assert self._frozen is not None
+            return self._frozen
+        return self._doc.get_update()
 
     @classmethod
     def restore(
@@ -834,6 +991,7 @@ class NodeDoc(SyncedDoc):
 
     single_writer = True
     incremental_roots = ("tasks",)
+    watched_roots = ("node",)
 
     @property
     def writer(self) -> str | None:
@@ -853,6 +1011,7 @@ class NodeDoc(SyncedDoc):
             lambda: decode_one(
                 Registration, self._node_raw("registration"), self.refusals, where="registration"
             ),
+            root="node",
         )
 
     def set_model_reports(self, reports: Mapping[str, ModelReport]) -> None:
@@ -871,6 +1030,7 @@ class NodeDoc(SyncedDoc):
                     memo=self.memo("node.models"),
                 )
             ),
+            root="node",
         )
 
     def set_power_report(self, report: PowerReport) -> None:
@@ -880,6 +1040,7 @@ class NodeDoc(SyncedDoc):
         return self.view(
             "power",
             lambda: decode_one(PowerReport, self._node_raw("power"), self.refusals, where="power"),
+            root="node",
         )
 
     def put_task(self, task_id: str, report: TaskReport) -> None:

@@ -57,6 +57,7 @@ class DocLike(Protocol):
     def epoch(self) -> int: ...
     def rotate(self, *, min_epoch: int | None = None) -> bytes: ...
     def reset_to_epoch(self, epoch: int) -> None: ...
+    def settle(self, *, complete: bool = True) -> None: ...
 
 
 class DocPeer:
@@ -319,13 +320,17 @@ class DocPeer:
             return
         try:
             sync = wire.decode_sync(message.kind, message.payload)
-            self._handle_sync(sender, sync)
+            # (a sole writer's own answer is complete; a relay's may not be)
+            from_writer = self.writers is not None and self.writers == {message.sender}
+            self._handle_sync(sender, sync, from_writer=from_writer)
         except ValueError as exc:  # FrameError, UpdateRejected, a bad state vector
             key = "rejected_payloads" if isinstance(exc, wire.FrameError) else "rejected_updates"
             self.stats[key] += 1
             log.warning("doc %s: dropped message from %s: %s", self.doc.name, sender, exc)
 
-    def _handle_sync(self, sender: str, sync: wire.SyncPayload) -> None:
+    def _handle_sync(
+        self, sender: str, sync: wire.SyncPayload, *, from_writer: bool = False
+    ) -> None:
         if sync.step == YSyncMessageType.SYNC_STEP1:
             self.stats["step1_in"] += 1
             behind = self._behind(sync.data)  # ValueError if garbage
@@ -342,6 +347,9 @@ class DocPeer:
             self.doc.apply_remote(sync.data, sender=sender)
         if sync.step == YSyncMessageType.SYNC_STEP2:
             self.synced_at[sender] = self.clock()
+            if from_writer:  # the sole writer's whole answer: see SyncedDoc.settle
+                behind = sync.state_vector is not None and self._behind(sync.state_vector)
+                self.doc.settle(complete=not behind)
             if self.on_synced is not None:
                 self.on_synced(sender)
         if sync.state_vector is not None and self._behind(sync.state_vector):

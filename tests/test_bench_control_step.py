@@ -9,13 +9,18 @@ import asyncio
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import bench_control_step as bench
 
 
-def test_the_step_benchmark_measures_a_small_fleet() -> None:
-    args = argparse.Namespace(tasks=20, steps=21, changes=5, walk_up_to=100)
+@pytest.mark.parametrize("cold", [True, False], ids=["cold", "live"])
+def test_the_step_benchmark_measures_a_small_fleet(cold: bool) -> None:
+    args = argparse.Namespace(
+        tasks=20, steps=21, changes=5, walk_up_to=100, cold=cold, sweep_every=2
+    )
     row = asyncio.run(bench.measure(30, args))
     assert row["nodes"] == 30 and row["entries"] == 600
     assert row["submitted"] == 21 * 5 and row["left_pending"] == 0
@@ -24,3 +29,8 @@ def test_the_step_benchmark_measures_a_small_fleet() -> None:
     assert row["desired_docs"] == 30
     assert 0 < row["busy_p50"] <= row["busy_p99"] and 0 < row["idle_p50"] <= row["idle_p99"]
     assert row["walk_s"] > 0 and row["rss_mib"] > 0
+    if cold:  # each replica and desired document frozen once read; the steps thawed some
+        assert row["frozen"] > 0 and row["thaws"] > 0
+        assert row["live"] + row["frozen"] == 60
+    else:
+        assert (row["live"], row["frozen"], row["thaws"]) == (0, 0, 0)  # no freezer at all

@@ -84,7 +84,9 @@ async def test_partitioned_node_decides_alone_and_merges_at_central(
 ) -> None:
     async with FaultProxy("127.0.0.1", 0, "127.0.0.1", broker.port) as proxy:
         ports = {"gw-a": broker.port, "gw-b": broker.port, "gw-c": proxy.port}
-        async with fleet(tmp_path, ports, broker.port) as f:
+        # Central freezes every document unused for 0.5-1 s: the whole run goes through
+        # frozen replicas and desired documents, thawed by whatever arrives.
+        async with fleet(tmp_path, ports, broker.port, cold_after_s=0.5) as f:
             for node_id, node in f.nodes.items():
                 for i in range(2):
                     await asyncio.to_thread(submit, node, f"{node_id}-t{i}")
@@ -169,7 +171,21 @@ async def test_partitioned_node_decides_alone_and_merges_at_central(
             )
             status, central_status = await asyncio.to_thread(f.central.get, "/v1/status")
             assert central_status["rejected"]["rejected_senders"] == 0
+            await until(lambda: metric(f.central, "edgesched_central_docs_frozen") > 0, 10,
+                        "documents frozen again once quiet")  # fmt: skip
+            assert metric(f.central, "edgesched_central_doc_thaws_total") > 0
             print(f"healed in {healed_in:.2f}s (detection by keepalive 2 s)")
+
+
+def metric(node: EdgeNode, name: str) -> float:
+    """One unlabelled sample of central's /metrics."""
+    status, body = node.get("/metrics")
+    assert status == 200, body
+    text = body if isinstance(body, str) else bytes(body).decode()
+    for line in text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
 
 
 @pytest.mark.parametrize("persistence", [False, True], ids=["volatile", "persistent"])

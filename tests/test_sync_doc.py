@@ -508,3 +508,31 @@ def test_policy_assignments_returned_map_is_read_only() -> None:
     with pytest.raises(TypeError):
         first["t9"] = assigned("gw9", "t9")  # type: ignore[index]
     assert a.assignments() == {"t1": assigned("gw1")}
+
+
+def test_a_replicas_registration_is_decoded_again_only_when_the_node_root_changes() -> None:
+    """A task update does not decode the registration again (it is read for every frame at
+    central); a change of the ``node`` root, local or remote, or a new epoch does."""
+    node = NodeDoc("node-gw", client_id_for("gw"))
+    replica = NodeDoc("node-gw", client_id_for("central"))
+    updates: list[bytes] = []
+    node.on_local_update(updates.append)
+    first = Registration(arch=Arch.X86_64, server_class=ServerClass.GENERAL, cpu=4, mem_gib=8)
+    node.set_registration(first)
+    replica.apply_remote(updates[-1], sender="gw")
+    decoded = replica.registration()
+    assert decoded == first
+    node.put_task("t", TaskReport(state=TaskState.RUNNING, updated_at=1.0))
+    replica.apply_remote(updates[-1], sender="gw")
+    assert replica.registration() is decoded  # the same object: not decoded again
+    second = Registration(arch=Arch.ARM64, server_class=ServerClass.GENERAL, cpu=8, mem_gib=8)
+    node.set_registration(second)
+    replica.apply_remote(updates[-1], sender="gw")
+    assert replica.registration() == second
+    node.rotate()
+    replica.reset_to_epoch(node.epoch)
+    assert replica.registration() is None  # a new epoch, nothing of it applied yet
+    replica.apply_remote(updates[-1], sender="gw")
+    assert replica.registration() == second
+    node.set_registration(first)  # a local write of the node's own document
+    assert node.registration() == first
