@@ -87,6 +87,7 @@ def build(
     )
     engine.policy = PolicyDoc("policy", client_id_for("central"))
     engine.fleet = PolicyDoc("fleet", client_id_for("central"))
+    engine.fleet.packed = True  # as the engine's own
     engine.fleet.track_changes("assignments", "stops", "power")
     policy = engine.fleet
     now = clock.now

@@ -199,6 +199,24 @@ def normalise(value: Any) -> Any:
     return value
 
 
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def unpacked(value: Any) -> Any:
+    """``value``, or the JSON object a packed entry's text holds (:attr:`PolicyDoc.packed`).
+
+    Text that is not a JSON object (not JSON, NaN, nested past the parser's depth) stays
+    text, which the schema then refuses as the entry it is not."""
+    if type(value) is not str:
+        return value
+    try:
+        out = json.loads(value, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return value
+    return out if type(out) is dict else value
+
+
 def _canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -432,7 +450,7 @@ class SyncedDoc:
 
     def _one(self, cls: type[_E], root: Map[Any], key: str, where: str) -> _E | None:
         """The entry ``key`` of a map, decoded on its own (reusing the memo's decode)."""
-        raw = normalise(root.get(key))
+        raw = self._entry_value(root.get(key))
         if raw is None:
             return None
         hit = self._memos.get(where, {}).get(key)
@@ -440,6 +458,10 @@ class SyncedDoc:
             entry: _E = hit[1]
             return entry
         return decode_one(cls, raw, self.refusals, where=f"{where}[{key}]")
+
+    def _entry_value(self, value: Any) -> Any:
+        """A typed entry's raw value as read from a root map (see :class:`PolicyDoc`)."""
+        return normalise(value)
 
     def _check_epoch(self, epoch: int) -> int:
         if isinstance(epoch, bool) or not isinstance(epoch, int):
@@ -534,7 +556,8 @@ class SyncedDoc:
         otherwise pay for a second decoded copy of a large map)."""
         root = self.root(name)
         for key in sorted(map(str, root.keys())):
-            entry = decode_one(cls, normalise(root.get(key)), self.refusals, where=f"{name}[{key}]")
+            raw = self._entry_value(root.get(key))
+            entry = decode_one(cls, raw, self.refusals, where=f"{name}[{key}]")
             if entry is not None:
                 yield key, entry
 
@@ -551,11 +574,12 @@ class SyncedDoc:
             # of central's memory for its replicas' tasks), and after the first decode only the
             # changed keys are decoded anyway (a whole-map decode again comes only with a new
             # epoch, at a few microseconds per entry).
-            decoded = decode_map(cls, normalise(root.to_py()), self.refusals, where=name)
+            raw_map = {str(k): self._entry_value(v) for k, v in (root.to_py() or {}).items()}
+            decoded = decode_map(cls, raw_map, self.refusals, where=name)
             self._decoded[name] = decoded
         else:
             for key in dirty:
-                raw = normalise(root.get(key))
+                raw = self._entry_value(root.get(key))
                 entry = (
                     None
                     if raw is None
@@ -1094,6 +1118,19 @@ class PolicyDoc(SyncedDoc):
     Entries are typed (:mod:`edgesched.sync.schema`); one that does not decode is refused."""
 
     incremental_roots = ("assignments", "stops", "power")
+    #: Write entries of ``assignments``, ``stops`` and ``power`` as compact JSON text rather
+    #: than as nested values: a live pycrdt entry costs about a quarter of the memory then
+    #: (central's ``fleet`` document, every assignment of the fleet, does; documents nodes
+    #: read keep nested values for nodes of older versions). Readers take either form.
+    packed = False
+
+    def _entry_value(self, value: Any) -> Any:
+        return normalise(unpacked(value))
+
+    def pack_entry(self, entry: dict[str, Any]) -> dict[str, Any] | str:
+        if not self.packed:
+            return entry
+        return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     def _map(self, root: str) -> object:
         return normalise(self.root(root).to_py())
@@ -1101,7 +1138,7 @@ class PolicyDoc(SyncedDoc):
     def assign(self, task_id: str, entry: AssignmentEntry) -> None:
         if not task_id:
             raise ValueError("task_id must not be empty")
-        self.root("assignments")[task_id] = entry.to_entry()
+        self.root("assignments")[task_id] = self.pack_entry(entry.to_entry())
 
     def assignment(self, task_id: str) -> AssignmentEntry | None:
         """One assignment, decoded alone."""
@@ -1120,7 +1157,7 @@ class PolicyDoc(SyncedDoc):
         """Tell ``node_id`` to stop its copy of ``task_id`` (it lost the reconcile)."""
         if not task_id or not node_id or "@" in node_id:
             raise ValueError(f"bad stop order for {task_id!r} on {node_id!r}")
-        self.root("stops")[f"{task_id}@{node_id}"] = order.to_entry()
+        self.root("stops")[f"{task_id}@{node_id}"] = self.pack_entry(order.to_entry())
 
     def stops(self) -> Mapping[str, StopOrder]:
         """``task@node`` -> the stop order."""
@@ -1170,7 +1207,7 @@ class PolicyDoc(SyncedDoc):
         """Central's power order to ``node_id``."""
         if not node_id:
             raise ValueError("node id must not be empty")
-        self.root("power")[node_id] = order.to_entry()
+        self.root("power")[node_id] = self.pack_entry(order.to_entry())
 
     def power(self) -> Mapping[str, PowerOrder]:
         """node id -> central's standing power order."""

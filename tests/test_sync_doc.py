@@ -536,3 +536,58 @@ def test_a_replicas_registration_is_decoded_again_only_when_the_node_root_change
     assert replica.registration() == second
     node.set_registration(first)  # a local write of the node's own document
     assert node.registration() == first
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 9), st.booleans(), st.booleans()), max_size=25))
+def test_a_packed_fleet_document_reads_as_the_nested_one(
+    writes: list[tuple[int, bool, bool]],
+) -> None:
+    """Central's fleet document writes its entries as JSON text (``packed``): a replica of it
+    decodes the same assignments and stops as a nested-valued document given the same writes,
+    whichever form each entry was written in (an older central wrote nested values)."""
+    packed = PolicyDoc("fleet", client_id_for("central"))
+    packed.packed = True
+    nested = PolicyDoc("fleet", client_id_for("central"))
+    replica = PolicyDoc("fleet", client_id_for("central-b"))
+    for key, as_nested, stop in writes:
+        task_id = f"t{key}"
+        entry = assigned(f"gw-{key % 3}", task_id, score=float(key) / 3)
+        packed.packed = not as_nested  # this entry as an older central wrote it, or packed
+        for doc in (packed, nested):
+            if stop:
+                doc.order_stop(task_id, "gw-1", StopOrder(epoch=1, winner="gw-2", at=float(key)))
+            else:
+                doc.assign(task_id, entry)
+        packed.packed = True
+    replica.apply_remote(packed.snapshot(), sender="central")
+    assert dict(replica.assignments()) == dict(nested.assignments())
+    assert dict(replica.stops()) == dict(nested.stops())
+    for task_id in nested.assignments():
+        assert replica.assignment(task_id) == nested.assignment(task_id)
+    last = {f"t{key}": as_nested for key, as_nested, stop in writes if not stop}
+    for task_id, as_nested in last.items():  # each entry in the form it was last written
+        assert isinstance(packed.root("assignments").get(task_id), dict if as_nested else str)
+    assert sum(replica.refusals.counts.values()) == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[1, 2]",
+        '"a string"',
+        '{"spec": NaN}',
+        "[" * 5000 + "]" * 5000,
+        '{"node": "gw", "epoch": 1e999}',
+        "{" + '"x": 1, ' * 10 + '"y": 2}',
+    ],
+    ids=["garbage", "array", "string", "nan", "deep", "overflow", "wrong-fields"],
+)
+def test_a_packed_entry_that_is_not_an_assignment_is_refused_not_raised(text: str) -> None:
+    doc = PolicyDoc("fleet", client_id_for("central"))
+    doc.root("assignments")["bad"] = text
+    doc.assign("good", assigned("gw", "good"))
+    assert doc.assignment("bad") is None
+    assert set(doc.assignments()) == {"good"}
+    assert sum(doc.refusals.counts.values()) >= 1
