@@ -217,11 +217,13 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
             flushes.append(time.perf_counter() - t0)
         policy = engine.fleet
         assert policy is not None
+        rss = psutil.Process().memory_info().rss / 2**20  # (before the check below decodes
+        # the whole fleet document into its view: a copy of every assignment central's own
+        # loop never makes)
         left_pending = sum(
             1 for e in policy.assignments().values() if e.state is AssignmentState.PENDING
         )
         failed_over = sum(1 for e in engine.events if e.kind == "failover")
-        rss = psutil.Process().memory_info().rss / 2**20
         live, frozen, thaws = engine.freezer.live, engine.freezer.frozen, engine.freezer.thaws
         full = walk(engine) if nodes <= args.walk_up_to else float("nan")  # (thaws them all)
         await store.close()

@@ -56,6 +56,7 @@ import hashlib
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -191,12 +192,22 @@ def normalise(value: Any) -> Any:
     if isinstance(value, int):
         return value
     if isinstance(value, Mapping):
-        return {str(k): normalise(v) for k, v in value.items()}
+        # Keys interned: a decoded entry keeps its nested values (an assignment's spec), and
+        # every copy of "command", "cpu", ... would otherwise be a string of its own (about
+        # 1 KB per assignment at central, which holds every one of the fleet).
+        return {_intern(str(k)): normalise(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [normalise(v) for v in value]
     if isinstance(value, bytes | bytearray):
         return {"$bytes": bytes(value).hex()}
     return value
+
+
+def _intern(key: str) -> str:
+    return sys.intern(key) if len(key) <= _INTERN_UP_TO else key
+
+
+_INTERN_UP_TO = 32  # field names, not ids
 
 
 def _reject_constant(name: str) -> None:
