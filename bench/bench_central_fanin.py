@@ -78,7 +78,7 @@ def node_frames(
 
 async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        engine, clock, _running = base.build(nodes, args.tasks, Path(tmp))
+        engine, clock, _running = base.build(nodes, args.tasks, Path(tmp), cold=args.cold)
         store = await Store.open(Path(tmp) / "central.db")
         desired = DesiredDocs("central", engine.session, store, clock=clock)
         engine.sync_index(project=False)
@@ -92,6 +92,11 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
         ]
         order = [frame for round_ in zip(*per_node, strict=False) for frame in round_]
         topics = {t: aiomqtt.Topic(t) for t, _ in order}
+        if args.cold:  # every replica frozen, as a quiet fleet's: each node's first frame thaws it
+            for _ in range(3):  # (the first sweep lets the index read them: a use)
+                engine.sweep_cold()
+            assert engine.freezer.frozen == nodes, engine.freezer.frozen
+        thaws = engine.freezer.thaws
         fed = 0
         steps = 0
         # The setup's garbage is collected now, not by a full collection inside the timed
@@ -108,6 +113,7 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
                 steps += 1
         engine.control_step()
         elapsed = time.perf_counter() - start
+        thaws = engine.freezer.thaws - thaws
         exited = sum(
             1
             for copies in engine.index.copies.values()
@@ -129,6 +135,7 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
         "exited": exited,
         "rejected": rejected,
         "resyncs": resyncs,
+        "thaws": thaws,
     }
 
 
@@ -138,6 +145,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=100)
     parser.add_argument("--updates", type=int, default=20, help="changes per node")
     parser.add_argument("--batch", type=int, default=500, help="frames between two steps")
+    parser.add_argument(
+        "--cold", action="store_true",
+        help="every replica frozen before the first frame (a quiet fleet waking up)",
+    )  # fmt: skip
     args = parser.parse_args()
     rows = []
     for n in (int(x) for x in args.nodes.split(",")):
@@ -147,7 +158,8 @@ def main() -> None:
             f"{n:>6} nodes: {row['frames']:,} node updates merged and acted on in "
             f"{row['elapsed']:.2f} s = {row['rate']:,.0f}/s ({row['steps']} control steps "
             f"between them); {row['exited']:,} exits in central's index, "
-            f"{row['rejected']} rejected, {row['resyncs']} resyncs asked",
+            f"{row['rejected']} rejected, {row['resyncs']} resyncs asked, "
+            f"{row['thaws']} frozen replicas thawed",
             flush=True,
         )
         assert row["exited"] == row["frames"], "every update must reach the index"
