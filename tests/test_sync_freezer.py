@@ -82,6 +82,15 @@ def test_a_frozen_replica_answers_and_thaws_as_the_live_one(steps: list[tuple[An
     writer.on_local_update(queue.append)
     seen: dict[str, set[str]] = {"live": set(), "cold": set()}
 
+    def deliver(update: bytes) -> None:
+        """One of the writer's updates, to both replicas (a newer epoch resets them first)."""
+        epoch = getattr(update, "epoch", writer.epoch)
+        for doc in (live, cold):
+            if epoch > doc.epoch:
+                doc.reset_to_epoch(epoch)
+            if epoch == doc.epoch:
+                doc.apply_remote(update, sender="gw")
+
     def drain(name: str, doc: NodeDoc) -> None:
         keys = doc.drain_changes("tasks")
         seen[name] |= set(doc.tasks()) if keys is None else keys
@@ -95,13 +104,7 @@ def test_a_frozen_replica_answers_and_thaws_as_the_live_one(steps: list[tuple[An
             case ("rotate",):
                 writer.rotate()
             case ("deliver", i) if queue:
-                update = queue.pop(i % len(queue))
-                epoch = getattr(update, "epoch", writer.epoch)
-                for doc in (live, cold):
-                    if epoch > doc.epoch:
-                        doc.reset_to_epoch(epoch)
-                    if epoch == doc.epoch:
-                        doc.apply_remote(update, sender="gw")
+                deliver(queue.pop(i % len(queue)))
             case ("resync",):  # the writer's step 2 for each replica's state vector
                 for doc in (live, cold):
                     if writer.epoch > doc.epoch:
@@ -134,12 +137,7 @@ def test_a_frozen_replica_answers_and_thaws_as_the_live_one(steps: list[tuple[An
         assert is_frozen(cold) == was_frozen  # none of these thawed it
     # what is left arrives, in order: both end equal to the writer
     for update in queue:
-        epoch = getattr(update, "epoch", writer.epoch)
-        for doc in (live, cold):
-            if epoch > doc.epoch:
-                doc.reset_to_epoch(epoch)
-            if epoch == doc.epoch:
-                doc.apply_remote(update, sender="gw")
+        deliver(update)
     cold.freeze()
     cold.apply_remote(writer.diff(cold.state_vector()), sender="gw")
     live.apply_remote(writer.diff(live.state_vector()), sender="gw")
