@@ -49,7 +49,7 @@ from edgesched.central.liveness import Hearing, Liveness, NodeStatus
 from edgesched.central.metrics import CentralMetrics
 from edgesched.central.placement import Choice, assignment_entry, place_all, place_pinned
 from edgesched.central.power import PARKED, power_orders
-from edgesched.central.replicas import NodeReplicas
+from edgesched.central.replicas import NODE_DOC_PREFIX, NodeReplicas
 from edgesched.central.telemetry import TelemetryCollector
 from edgesched.config import EdgeschedConfig, builtin_profiles
 from edgesched.core.classdemand import ClassDemand
@@ -172,7 +172,7 @@ class CentralEngine:
         )
         self.telemetry = TelemetryCollector()
         #: Freezes the replicas and desired documents unused for ``cold_after_s``.
-        self.freezer = Freezer()
+        self.freezer = Freezer(on_unsettled=self._ask_full_answer)
         self._thaws_counted = 0
         self._sweeps = 0
         self.replicas = NodeReplicas(
@@ -425,6 +425,14 @@ class CentralEngine:
         self.events.append(event)
         self.metrics.events.labels(kind).inc()
         log.info("%s: %s", kind, detail)
+
+    def _ask_full_answer(self, doc: SyncedDoc) -> None:
+        """A quiet replica that may hold updates pycrdt keeps pending: ask its node for a full
+        answer (our state vector again), which settles it; it freezes at a later sweep."""
+        if doc.name.startswith(NODE_DOC_PREFIX):
+            replica = self.replicas.replicas.get(doc.name[len(NODE_DOC_PREFIX) :])
+            if replica is not None and replica.doc is doc:
+                replica.peer.request_resync()
 
     def _restored(self, node_id: str) -> None:
         """A replica restored from SQLite: the index learns it now, and it is frozen until a

@@ -404,6 +404,12 @@ class SyncedDoc:
         self._doc = None
         return len(state)
 
+    @property
+    def unsettled(self) -> bool:
+        """Whether pycrdt may hold updates pending for a missing dependency (see
+        :meth:`settle`): such a document does not freeze."""
+        return self._maybe_pending
+
     def settle(self, *, complete: bool = True) -> None:
         """A full answer from the document's writer was applied (y-sync step 2 for our state
         vector); ``complete``: it left us behind the writer in nothing.

@@ -13,6 +13,7 @@ A sweep costs O(live documents), not O(documents): frozen ones are not visited.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgesched.sync.doc import SyncedDoc
@@ -31,7 +32,11 @@ class Sweep:
 class Freezer:
     """Freezes the watched documents that went unused for a whole sweep period."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_unsettled: Callable[[SyncedDoc], None] | None = None) -> None:
+        """``on_unsettled(doc)``: a sweep found ``doc`` unused but unable to freeze, since it
+        may hold updates pycrdt keeps pending (:attr:`SyncedDoc.unsettled`); its owner asks
+        the writer for a full answer (a resync), which settles it for the next sweep."""
+        self.on_unsettled = on_unsettled
         self._watched: dict[str, SyncedDoc] = {}
         self._live: dict[str, SyncedDoc] = {}
         self._sizes: dict[str, int] = {}  # name -> encoded bytes, for the frozen ones
@@ -85,6 +90,8 @@ class Freezer:
                 del self._live[name]
                 self._hold(name, size)
                 frozen += 1
+            elif doc.unsettled and self.on_unsettled is not None:
+                self.on_unsettled(doc)
         self.freezes += frozen
         return Sweep(
             frozen=frozen,

@@ -267,3 +267,24 @@ def test_a_deletion_after_a_pending_update_reaches_the_decoded_view() -> None:
             replica.apply_remote(update, sender="gw")
     assert replica.content_hash() == writer.content_hash()
     assert sorted(replica.tasks()) == sorted(writer.tasks())
+
+
+def test_a_sweep_asks_for_a_full_answer_for_what_cannot_freeze_yet() -> None:
+    """A quiet replica that may hold pending updates is not frozen; its owner is told, asks
+    the writer for a full answer, and the next sweeps freeze it."""
+    asked: list[str] = []
+    freezer = Freezer(on_unsettled=lambda doc: asked.append(doc.name))
+    writer = NodeDoc("node-gw", client_id_for("gw"))
+    replica = NodeDoc("node-gw", client_id_for("central"))
+    updates: list[bytes] = []
+    writer.on_local_update(updates.append)
+    writer.put_task("t", report(1))
+    replica.apply_remote(updates[0], sender="gw")
+    replica.apply_remote(updates[0], sender="gw")  # a duplicate: pycrdt may hold something
+    freezer.watch(replica)
+    freezer.sweep()
+    assert freezer.sweep().frozen == 0 and asked == ["node-gw"] and not is_frozen(replica)
+    replica.apply_remote(writer.diff(replica.state_vector()), sender="gw")  # the answer
+    replica.settle()
+    freezer.sweep()  # (the answer was a use)
+    assert freezer.sweep().frozen == 1 and is_frozen(replica) and asked == ["node-gw"]
