@@ -357,9 +357,12 @@ class SyncedDoc:
 
     @doc.setter
     def doc(self, doc: Doc[Any]) -> None:
+        was_frozen = self._frozen is not None
         self._frozen = None
         self._doc = doc
         self.touched = True
+        if was_frozen:  # replaced while frozen (a new epoch): live again, as a thaw is
+            self._thawed()
 
     @property
     def frozen(self) -> bool:
@@ -442,6 +445,9 @@ class SyncedDoc:
         live.apply_update(state)  # before it is observed: no change to report
         self._frozen = None
         self._doc = self._observed(live, same_content=True)
+        self._thawed()
+
+    def _thawed(self) -> None:
         for callback in self._thaw_callbacks:
             try:
                 callback(self)

@@ -288,3 +288,15 @@ def test_a_sweep_asks_for_a_full_answer_for_what_cannot_freeze_yet() -> None:
     replica.settle()
     freezer.sweep()  # (the answer was a use)
     assert freezer.sweep().frozen == 1 and is_frozen(replica) and asked == ["node-gw"]
+
+
+def test_a_frozen_replica_reset_to_a_new_epoch_is_watched_live_again() -> None:
+    freezer = Freezer()
+    replica = NodeDoc("node-gw", client_id_for("central"))
+    freezer.watch(replica)
+    freezer.sweep()
+    assert freezer.sweep().frozen == 1 and is_frozen(replica)
+    replica.reset_to_epoch(1)  # the writer started a new epoch: a new live document
+    assert not is_frozen(replica) and freezer.live == 1 and freezer.frozen == 0
+    freezer.sweep()
+    assert freezer.sweep().frozen == 1 and is_frozen(replica)  # and frozen again once quiet
