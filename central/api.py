@@ -98,9 +98,7 @@ async def status(request: web.Request) -> web.Response:
 
 async def nodes(request: web.Request) -> web.Response:
     engine = _central(request)
-    return web.json_response(
-        {"nodes": [engine.node_summary(n) for n in sorted(engine.replicas.replicas)]}
-    )
+    return web.json_response({"nodes": engine.node_summaries()})
 
 
 async def node(request: web.Request) -> web.Response:

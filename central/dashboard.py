@@ -106,14 +106,22 @@ def snapshot(engine: CentralEngine) -> dict[str, Any]:
         engine.sync_index()
     assignments = engine.index.assignments
     replicas = engine.replicas.replicas
-    docs_tasks = {node_id: replicas[node_id].doc.tasks() for node_id in sorted(replicas)}
+    members = engine.index.members
+    # the index's copy of each node's reports (reading the documents would thaw every
+    # frozen replica at each refresh of the page)
+    docs_tasks = {
+        node_id: members[node_id].reports if node_id in members else replicas[node_id].doc.tasks()
+        for node_id in sorted(replicas)
+    }
     tasks = []
     for task_id, entry in sorted(assignments.items()):
         view = engine.task_view(task_id, entry)
+        # the task's copies from the index: not a lookup in every node's reports per task
+        copies = engine.index.copies.get(task_id, {})
         view["decided_by"] = {
-            node_id: reported.decided_by
-            for node_id, node_tasks in docs_tasks.items()
-            if (reported := node_tasks.get(task_id)) is not None
+            node_id: docs_tasks[node_id][task_id].decided_by
+            for node_id in sorted(copies)
+            if node_id in docs_tasks and task_id in docs_tasks[node_id]
         }
         tasks.append(view)
     own = []
@@ -135,7 +143,7 @@ def snapshot(engine: CentralEngine) -> dict[str, Any]:
     return {
         "status": engine.status(),
         "policy": engine.policy_view(),
-        "nodes": [engine.node_summary(n) for n in sorted(replicas)],
+        "nodes": engine.node_summaries(),
         "tasks": tasks,
         "node_tasks": own[:NODE_TASKS_IN_SNAPSHOT],
         "events": [e.to_json() for e in list(engine.events)[-EVENTS_IN_SNAPSHOT:]],

@@ -173,6 +173,8 @@ class CentralEngine:
         self.telemetry = TelemetryCollector()
         #: Freezes the replicas and desired documents unused for ``cold_after_s``.
         self.freezer = Freezer(on_unsettled=self._ask_full_answer)
+        # the freezer that watches the replicas and desired documents (None: all kept live)
+        cold = self.freezer if self.central.cold_after_s > 0 else None
         self._thaws_counted = 0
         self._sweeps = 0
         self.replicas = NodeReplicas(
@@ -181,7 +183,7 @@ class CentralEngine:
             nodes=self.central.nodes,
             centrals=self.central.peers,
             clock=clock,
-            freezer=self.freezer if self.central.cold_after_s > 0 else None,
+            freezer=cold,
         )
         self.session.fallback = self.replicas
         self.session.add(self.heartbeat)
@@ -394,7 +396,7 @@ class CentralEngine:
             self.store,
             centrals=self.central.peers,
             clock=self.clock,
-            freezer=self.freezer if self.central.cold_after_s > 0 else None,
+            freezer=self.replicas.freezer,  # (the same rule as the replicas')
         )
         restored = await self.desired.load()
         self.sync_index(project=False)  # the index learns the restored fleet at once
@@ -407,10 +409,11 @@ class CentralEngine:
         """Move what central holds now out of the garbage collector's sight (``gc.freeze``).
 
         Central keeps millions of long-lived objects (the index, the decoded entries); each
-        full collection of the cyclic garbage collector walks all of them: 0.5 s at 1,000
-        nodes, inside whichever control step allocates at that moment (the step's p99 was
-        mostly that). Frozen objects are still freed by reference counting when dropped;
-        only a reference cycle that was alive when frozen is kept once it turns to garbage,
+        full collection of the cyclic garbage collector walks all of them (0.5 s at 1,000
+        nodes before the cold documents), inside whichever control step allocates at that
+        moment; it grows with the fleet. Frozen objects are still freed by reference
+        counting when dropped; only a reference cycle that was alive when frozen is kept once
+        it turns to garbage,
         so ``full`` (at start, and every ``FULL_COLLECTION_SWEEPS`` sweeps) unfreezes,
         collects once, and freezes again."""
         if full:
@@ -1110,10 +1113,19 @@ class CentralEngine:
 
     # --- views for the API ----------------------------------------------------------------
 
+    def node_summaries(self) -> list[dict[str, Any]]:
+        """:meth:`node_summary` of every node, in id order (the index brought up to date
+        once, not per node)."""
+        self.sync_index()
+        return [self._node_summary(n) for n in sorted(self.replicas.replicas)]
+
     def node_summary(self, node_id: str) -> dict[str, Any]:
+        self.sync_index()
+        return self._node_summary(node_id)
+
+    def _node_summary(self, node_id: str) -> dict[str, Any]:
         replica = self.replicas.replicas[node_id]
         doc = replica.doc
-        self.sync_index()
         member = self.index.members.get(node_id)  # the index's copy: no thaw of a cold replica
         reports = member.reports if member is not None else doc.tasks()
         states: dict[str, int] = {}
@@ -1266,8 +1278,8 @@ def _move_desired_state(policy: PolicyDoc, fleet: PolicyDoc) -> int:
         target = fleet.root(root)
         with fleet.doc.transaction():
             for key in keys:
-                value = normalise(unpacked(source.get(key)))
                 if key not in target:
+                    value = normalise(unpacked(source.get(key)))
                     target[key] = fleet.pack_entry(value) if isinstance(value, dict) else value
                     moved += 1
         with policy.doc.transaction():

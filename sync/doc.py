@@ -36,7 +36,7 @@ different histories under the same client clocks. :meth:`SyncedDoc.log_update` a
 when to rotate (:meth:`SyncedDoc.should_rotate`, at each compaction), so the owner needs to do
 nothing more than log every local update in order.
 
-**Cold documents.** A live pycrdt document costs about ten times its encoded state in memory
+**Cold documents.** A live pycrdt document costs about fifteen times its encoded state in memory
 (each entry is a block with its decoded value). :meth:`SyncedDoc.freeze` keeps only the
 encoded state of a document nobody has touched for a while (central freezes the replicas and
 desired documents of quiet nodes, see :class:`edgesched.sync.freezer.Freezer`); the state

@@ -42,7 +42,6 @@ class Freezer:
         self._sizes: dict[str, int] = {}  # name -> encoded bytes, for the frozen ones
         self._bytes = 0  # their sum
         self.thaws = 0
-        self.freezes = 0
 
     def watch(self, doc: SyncedDoc) -> None:
         """Watch ``doc`` (by its name; watching another document of the same name replaces
@@ -92,7 +91,6 @@ class Freezer:
                 frozen += 1
             elif doc.unsettled and self.on_unsettled is not None:
                 self.on_unsettled(doc)
-        self.freezes += frozen
         return Sweep(
             frozen=frozen,
             live=len(self._live),

@@ -345,14 +345,14 @@ class DocPeer:
             if self.writers is not None:
                 self._check_writers(sender, sync.data)
             self.doc.apply_remote(sync.data, sender=sender)
+        behind = sync.state_vector is not None and self._behind(sync.state_vector)
         if sync.step == YSyncMessageType.SYNC_STEP2:
             self.synced_at[sender] = self.clock()
             if from_writer:  # the sole writer's whole answer: see SyncedDoc.settle
-                behind = sync.state_vector is not None and self._behind(sync.state_vector)
                 self.doc.settle(complete=not behind)
             if self.on_synced is not None:
                 self.on_synced(sender)
-        if sync.state_vector is not None and self._behind(sync.state_vector):
+        if behind:
             self.stats["resync_requests"] += 1
             self._request_step1()
             self._pending_bytes += len(sync.data)
