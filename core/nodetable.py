@@ -8,13 +8,19 @@ A caller that keeps a table up to date itself (central's fleet index, over thous
 nodes and a million placements) hands it in ready-made; each cycle works on a
 :meth:`NodeTable.fork` (the mutable columns copied, the rest shared), so building a cycle
 costs O(nodes), not O(placements). Rows of ``on_node`` are never mutated in place, only
-replaced, which is what lets a fork share them.
+replaced, which is what lets a fork share them. When one node changes, such a caller patches
+its table with :meth:`NodeTable.with_node` / :meth:`NodeTable.without_node`: a new table in
+array copies (no Python work per node), the old one untouched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import count
+from operator import attrgetter
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +40,13 @@ STATE_CODES = {state: i for i, state in enumerate(NodeState)}
 
 def resource_vector(r: Resources) -> FloatArray:
     return np.array([r.cpu, r.mem_gib, float(r.accel), r.iops_k], dtype=np.float64)
+
+
+_node_id = attrgetter("id")
+_EPS = 1e-9
+#: Which of :meth:`NodeTable._columns` are fixed (never written in place, so shared by forks);
+#: ``used`` and ``state`` change during a cycle.
+_FIXED = (True, False, True, True, False, True, True, True, True)
 
 
 def natural_class(task: Task) -> ServerClass:
@@ -171,6 +184,94 @@ class NodeTable:
             reserve_per_accel=self.reserve_per_accel,
         )
 
+    def with_node(self, node: Node, used: npt.ArrayLike, placements: list[Placement]) -> NodeTable:
+        """A new table with ``node``'s row holding ``used`` and ``placements`` (what
+        :meth:`build` gives them): inserted in id order, or replacing the row of that id. This
+        table is left as it is; a replacement shares the fixed columns its row leaves as they
+        were (as :meth:`fork` does). O(nodes) in array and tuple copies, no Python loop."""
+        row = self.index.get(node.id)
+        values = _row_values(node, used)
+        if row is None:
+            row = bisect_left(self.nodes, node.id, key=_node_id)
+            index = self.index.copy()
+            index.update(zip(map(_node_id, self.nodes[row:]), count(row + 1)))
+            index[node.id] = row
+            return self._patched(
+                (*self.nodes[:row], node, *self.nodes[row:]),
+                index,
+                [_inserted(col, row, v) for col, v in zip(self._columns(), values, strict=True)],
+                [*self.on_node[:row], placements, *self.on_node[row:]],
+                _moved_usage(self.usage, (), placements),
+            )
+        on_node = list(self.on_node)
+        on_node[row] = placements
+        was = _row_values(self.nodes[row], ())  # what the fixed columns hold there (not used)
+        return self._patched(
+            (*self.nodes[:row], node, *self.nodes[row + 1 :]),
+            self.index,  # never mutated: shared
+            [
+                col if fixed and old == v else _replaced(col, row, v)
+                for col, v, old, fixed in zip(self._columns(), values, was, _FIXED, strict=True)
+            ],
+            on_node,
+            _moved_usage(self.usage, self.on_node[row], placements),
+        )
+
+    def without_node(self, node_id: str) -> NodeTable:
+        """A new table without ``node_id``'s row (KeyError if it has none) and what runs
+        there. This table is left as it is. O(nodes) in array and tuple copies."""
+        row = self.index[node_id]
+        index = self.index.copy()
+        del index[node_id]
+        index.update(zip(map(_node_id, self.nodes[row + 1 :]), count(row)))
+        return self._patched(
+            self.nodes[:row] + self.nodes[row + 1 :],
+            index,
+            [_deleted(col, row) for col in self._columns()],
+            self.on_node[:row] + self.on_node[row + 1 :],
+            _moved_usage(self.usage, self.on_node[row], ()),
+        )
+
+    def _columns(self) -> tuple[npt.NDArray[Any], ...]:
+        """The numpy columns, in the order of :func:`_row_values` and :data:`_FIXED`."""
+        return (
+            self.capacity,
+            self.used,
+            self.arch,
+            self.server_class,
+            self.state,
+            self.efficiency,
+            self.perf,
+            self.idle_w,
+            self.peak_w,
+        )
+
+    def _patched(
+        self,
+        nodes: tuple[Node, ...],
+        index: dict[str, int],
+        columns: Sequence[npt.NDArray[Any]],
+        on_node: list[list[Placement]],
+        usage: dict[str, float],
+    ) -> NodeTable:
+        capacity, used, arch, server_class, state, efficiency, perf, idle_w, peak_w = columns
+        return NodeTable(
+            nodes=nodes,
+            index=index,
+            capacity=capacity,
+            used=used,
+            arch=arch,
+            server_class=server_class,
+            state=state,
+            efficiency=efficiency,
+            perf=perf,
+            idle_w=idle_w,
+            peak_w=peak_w,
+            on_node=on_node,
+            usage=usage,
+            reserve_per_accel=self.reserve_per_accel,
+        )
+
     def active_mask(self) -> BoolArray:
         mask: BoolArray = self.state == STATE_CODES[NodeState.ACTIVE]
         return mask
@@ -187,3 +288,58 @@ class NodeTable:
 
     def set_state(self, row: int, state: NodeState) -> None:
         self.state[row] = STATE_CODES[state]
+
+
+def _row_values(node: Node, used: npt.ArrayLike) -> tuple[npt.ArrayLike, ...]:
+    """One row of :meth:`NodeTable._columns` for ``node``, as :meth:`NodeTable.build` makes it."""
+    c = node.capacity
+    return (
+        (c.cpu, c.mem_gib, float(c.accel), c.iops_k),
+        used,
+        ARCH_CODES[node.arch],
+        CLASS_CODES[node.server_class],
+        STATE_CODES[node.state],
+        node.efficiency,
+        node.perf,
+        node.power.idle_w,
+        node.power.peak_w,
+    )
+
+
+def _inserted(col: npt.NDArray[Any], row: int, value: npt.ArrayLike) -> npt.NDArray[Any]:
+    out = np.empty((len(col) + 1, *col.shape[1:]), dtype=col.dtype, order="F")
+    out[:row] = col[:row]
+    out[row] = value
+    out[row + 1 :] = col[row:]
+    return out
+
+
+def _deleted(col: npt.NDArray[Any], row: int) -> npt.NDArray[Any]:
+    out = np.empty((len(col) - 1, *col.shape[1:]), dtype=col.dtype, order="F")
+    out[:row] = col[:row]
+    out[row:] = col[row + 1 :]
+    return out
+
+
+def _replaced(col: npt.NDArray[Any], row: int, value: npt.ArrayLike) -> npt.NDArray[Any]:
+    out = col.copy(order="F")
+    out[row] = value
+    return out
+
+
+def _moved_usage(
+    usage: Mapping[str, float], gone: Iterable[Placement], new: Iterable[Placement]
+) -> dict[str, float]:
+    """``usage`` less the CPU of ``gone``, plus that of ``new``; the workloads of ``gone``
+    left at (about) zero are dropped."""
+    out = dict(usage)
+    left = set()
+    for p in gone:
+        out[p.task.workload] = out.get(p.task.workload, 0.0) - p.task.demand.cpu
+        left.add(p.task.workload)
+    for p in new:
+        out[p.task.workload] = out.get(p.task.workload, 0.0) + p.task.demand.cpu
+    for workload in left:
+        if abs(out[workload]) < _EPS:
+            del out[workload]
+    return out

@@ -7,19 +7,23 @@ with what the from-scratch functions of :mod:`edgesched.central.placement` compu
 whole state (``fleet_view`` + ``with_power``, ``failovers``, ``reconcile``, ``prunable``, the
 stop orders done). Like the engine, the test then acts on what it was told (stop orders for
 the losers, the winner's assignment, forgotten assignments, dropped stop orders), so the
-index's "what changed since" and the oracle's "everything" must keep agreeing.
+index's "what changed since" and the oracle's "everything" must keep agreeing. A second
+property holds the index's table, patched row by row as nodes come, go and change, to the
+table :meth:`~edgesched.central.fleetindex.FleetIndex._build_table` builds from scratch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from test_nodetable_patch import assert_same_table
 
-from edgesched.central.fleetindex import FleetIndex
+from edgesched.central.fleetindex import PATCH_UP_TO, FleetIndex
 from edgesched.central.placement import (
     failovers,
     fleet_view,
@@ -331,6 +335,123 @@ def test_a_step_touches_only_what_changed() -> None:
     assert [(s.task_id, s.winner.node_id, [c.node_id for c in s.losers]) for s in settled] == [
         ("t0001", nodes[1], [nodes[7]])
     ]
-    # A node going offline rebuilds the table once, without it.
+    # A node going offline patches the table: a new one without it, the old one as it was.
     index.set_status(nodes[3], "offline", 5.0)
-    assert nodes[3] not in index.table().index and index.table() is not table
+    patched = index.table()
+    assert nodes[3] not in patched.index and patched is not table and len(table) == 200
+    assert_same_table(patched, index._build_table())
+
+
+TABLE_NODES = ("a", "b", "c", "d", "e", "f")  # rows come and go at the start, middle, end
+table_event_st = weighted(
+    (
+        6,
+        st.tuples(
+            st.just("report"), st.sampled_from(TABLE_NODES), st.sampled_from(TASKS), report_st
+        ),
+    ),
+    (2, st.tuples(st.just("unreport"), st.sampled_from(TABLE_NODES), st.sampled_from(TASKS))),
+    (3, st.tuples(st.just("register"), st.sampled_from(TABLE_NODES), st.integers(0, 3))),
+    (
+        2,
+        st.tuples(
+            st.just("power"),
+            st.sampled_from(TABLE_NODES),
+            st.sampled_from(["active", "parked", "none"]),
+        ),
+    ),
+    (
+        4,
+        st.tuples(
+            st.just("status"),
+            st.sampled_from(TABLE_NODES),
+            st.sampled_from(["online", "offline"]),
+        ),
+    ),
+    (
+        3,
+        st.tuples(
+            st.just("assign"),
+            st.sampled_from(TASKS),
+            st.sampled_from(TABLE_NODES),
+            st.sampled_from(list(AssignmentState)),
+            st.sampled_from(["always", "never"]),
+            st.integers(1, 3),
+        ),
+    ),
+    (1, st.tuples(st.just("unassign"), st.sampled_from(TASKS))),
+    (
+        2,
+        st.tuples(
+            st.just("order"), st.sampled_from(TABLE_NODES), st.sampled_from(["active", "parked"])
+        ),
+    ),
+    (1, st.tuples(st.just("tick"), st.floats(0.5, 40))),
+    (4, st.tuples(st.just("table"))),
+)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    st.lists(st.integers(1, 3), min_size=len(TABLE_NODES), max_size=len(TABLE_NODES)),
+    st.lists(table_event_st, min_size=20, max_size=120),
+)
+def test_the_patched_table_is_the_table_built_from_scratch(
+    registrations: list[int], events: list[tuple[Any, ...]]
+) -> None:
+    world = World()
+    index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
+    start: list[tuple[Any, ...]] = []  # a fleet of registered nodes, online
+    for node, which in zip(TABLE_NODES, registrations, strict=True):
+        start += [("register", node, which), ("status", node, "online")]
+    build = index._build_table
+    with patch.object(index, "_build_table", side_effect=build) as rebuilt:
+        for step in [*start, ("table",), *events, ("table",)]:
+            if step[0] != "table":
+                apply(world, index, step)
+                continue
+            old = index._table
+            got = index.table()
+            assert_same_table(got, build())
+            event(f"usable {len(got)}")
+            if old is None:
+                continue
+            before, after = ({n.id: n for n in t.nodes} for t in (old, got))
+            for kind, moved in [
+                ("inserted", after.keys() - before.keys()),
+                ("removed", before.keys() - after.keys()),
+                ("replaced", {n for n in after.keys() & before.keys() if after[n] != before[n]}),
+            ]:
+                if moved:
+                    event(f"rows {kind}")
+    # Only the first table() built it (at most six rows move at once): the rest patched it.
+    assert rebuilt.call_count == 1
+    check(world, index)  # and what it holds is what the oracle sees
+
+
+def test_many_node_changes_at_once_rebuild_the_table_once() -> None:
+    """Up to PATCH_UP_TO nodes changed since the last table() are patched in; more are
+    rebuilt, once (a site going dark costs one rebuild, not one patch per node)."""
+    index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
+    nodes = [f"n{i:02d}" for i in range(3 * PATCH_UP_TO)]
+    for i, n in enumerate(nodes):
+        report = TaskReport(state=TaskState.RUNNING, updated_at=1.0, cpu=0.5 + i % 2)
+        index.set_status(n, "online", 0.0)
+        index.update_node(n, NodeView(REGISTRATIONS[1 + i % 3], {f"t{i}": report}), None)
+    build = index._build_table
+    index.table()
+    with patch.object(index, "_build_table", side_effect=build) as rebuilt:
+        for n in nodes[1::3][:PATCH_UP_TO]:
+            index.set_status(n, "offline", 5.0)
+        assert len(index.table()) == len(nodes) - PATCH_UP_TO
+        assert_same_table(index.table(), build())
+        assert rebuilt.call_count == 0
+        usable = set(index.table().index)
+        for n in nodes[: PATCH_UP_TO + 1]:  # some go, some come back
+            index.set_status(n, "offline" if n in usable else "online", 6.0)
+        assert_same_table(index.table(), build())
+        assert rebuilt.call_count == 1
