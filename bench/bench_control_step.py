@@ -42,11 +42,13 @@ from edgesched.central.desired import DesiredDocs
 from edgesched.central.engine import CentralEngine
 from edgesched.central.liveness import NodeStatus
 from edgesched.central.placement import assignment_entry, failovers, fleet_view, prunable, reconcile
+from edgesched.central.replicas import NODE_DOC_PREFIX
 from edgesched.config import parse_config
 from edgesched.core.model import Arch, ServerClass
 from edgesched.core.task import RestartPolicy, TaskSpec, TaskState
 from edgesched.policies.models import ActiveModels
-from edgesched.sync.doc import PolicyDoc, client_id_for
+from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
+from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import AssignmentRef, AssignmentState, Registration, TaskReport
 from edgesched.sync.store import Store
 
@@ -97,8 +99,11 @@ def build(
     )
     for n in range(nodes):
         node_id = f"gw-{n:05d}"
-        replica = engine.replicas.add(node_id)
-        doc = replica.doc
+        # written as the node writes its document (its own client id), then held as a
+        # replica restored from SQLite is: central never writes a replica, so nothing of it
+        # waits in the replica's outgoing queue (written through the replica, every entry
+        # would, ~50 KB per node that a real central never holds)
+        doc = NodeDoc(f"{NODE_DOC_PREFIX}{node_id}", client_id_for(node_id))
         with doc.doc.transaction():
             doc.set_registration(registration)
             for t in range(tasks):
@@ -121,6 +126,9 @@ def build(
                     )  # fmt: skip
                     policy.assign(task_id, entry)
                     running.append(task_id)
+        held = NodeDoc(doc.name, engine.replicas.client_id)  # central's replica of it
+        held.doc.apply_update(doc.doc.get_update())
+        replica = engine.replicas.add(node_id, held)
         engine.liveness.nodes[node_id] = NodeStatus("online", now - 7200)
         engine._node_status_changed(node_id, engine.liveness.nodes[node_id])
         replica.peer.synced_at[node_id] = now - 7000
@@ -129,6 +137,18 @@ def build(
             engine._restored(node_id)
     engine.events.clear()
     return engine, clock, running
+
+
+def published(engine: CentralEngine) -> int:
+    """What the session's sender would publish now, taken from every peer's queue (no
+    broker here: without this, each desired document's writes since the start would stay
+    queued, memory a running central does not hold); returns the bytes."""
+    sent = 0
+    for channel in engine.session.channels:
+        if isinstance(channel, DocPeer):
+            outgoing = channel.take_outgoing()
+            sent += 0 if outgoing is None else len(outgoing[0])
+    return sent
 
 
 def timed(fn: object) -> float:
@@ -173,6 +193,8 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
         journaled = time.perf_counter() - t0
         engine.desired = desired
         engine.control_step()
+        published(engine)  # (the initial projection: every desired document's state)
+        sent = 0
         engine.settle_heap(full=True)  # as the engine does once it has started
         rss_start = psutil.Process().memory_info().rss / 2**20
         idle = []
@@ -215,6 +237,7 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
             t0 = time.perf_counter()
             await desired.journals.flush()  # the step's desired-state writes, one transaction
             flushes.append(time.perf_counter() - t0)
+            sent += published(engine)
         policy = engine.fleet
         assert policy is not None
         rss = psutil.Process().memory_info().rss / 2**20  # (before the check below decodes
@@ -250,6 +273,7 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
         "live": live,
         "frozen": frozen,
         "thaws": thaws,
+        "sent_kib_per_step": sent / 1024 / max(1, args.steps),
     }
 
 
@@ -288,7 +312,8 @@ def main() -> None:
             f"{row['walk_s']:.2f} s, RSS {row['rss_start_mib']:.0f} MiB before the steps, "
             f"{row['rss_mib']:.0f} MiB after (documents: {row['live']} "
             f"live, {row['frozen']} frozen, {row['thaws']} thaws); {row['submitted']} submitted, "
-            f"{row['left_pending']} left pending, {row['failed_over']} failed over",
+            f"{row['left_pending']} left pending, {row['failed_over']} failed over, "
+            f"{row['sent_kib_per_step']:.0f} KiB of updates out per step",
             flush=True,
         )
     base, top = rows[0], rows[-1]

@@ -50,7 +50,7 @@ def _doc(n: int) -> PolicyDoc:
         spec = TaskSpec(id=f"t{i}", command=("sleep", "60"), cpu=0.5, mem_gib=0.25)
         doc.assign(
             spec.id,
-            AssignmentEntry(spec=spec.to_json(), node=f"gw{i % 97}", epoch=1, central="c", at=1.0),
+            AssignmentEntry(spec=spec, node=f"gw{i % 97}", epoch=1, central="c", at=1.0),
         )
     return doc
 

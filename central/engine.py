@@ -709,7 +709,7 @@ class CentralEngine:
             "decided_by": entry.central,
             "lease": entry.lease,
             "at": entry.at,
-            "spec": entry.spec,
+            "spec": entry.spec.to_json(),
             "copies": {
                 n: {
                     "state": c.state.value,

@@ -197,7 +197,7 @@ def assignment_entry(
     """An ``assignments`` entry of the fleet document (active unless ``state`` says);
     ``lease``: the fencing token it is decided under (0 without shard leases)."""
     return AssignmentEntry(
-        spec=spec.to_json(),
+        spec=spec,
         node=node_id,
         epoch=epoch,
         replacement=replacement,

@@ -255,14 +255,14 @@ class TaskSpec:
             archs_raw = get("archs", _NONE)
             if type(archs_raw) is not list or archs_raw:
                 archs_raw = _field(data, "archs", list, [])
-            archs = frozenset(Arch(a) for a in archs_raw) if archs_raw else frozenset()
+            archs = frozenset(Arch(a) for a in archs_raw) if archs_raw else _NO_SET
         except ValueError:
             raise SpecError("archs: each must be one of arm64, x86_64") from None
         try:
             classes_raw = get("server_classes", _NONE)
             if type(classes_raw) is not list or classes_raw:
                 classes_raw = _field(data, "server_classes", list, [])
-            classes = frozenset(ServerClass(c) for c in classes_raw) if classes_raw else frozenset()
+            classes = frozenset(ServerClass(c) for c in classes_raw) if classes_raw else _NO_SET
         except ValueError:
             raise SpecError(
                 "server_classes: each must be one of " + ", ".join(c.value for c in ServerClass)
@@ -332,13 +332,13 @@ class TaskSpec:
             float(mem_gib),
             accel,
             threads,
-            dict(env),
+            dict(env) if env else _NO_ENV,
             cwd,
             restart,
             max_restarts,
             Limits(**limits_raw) if limits is None else limits,
             archs,
-            images,
+            images or _NO_IMAGES,
             classes,
             preemptible,
             float(duration) if duration is not None else None,
@@ -350,6 +350,11 @@ class TaskSpec:
 _RESTART_POLICIES = {p.value: p for p in RestartPolicy}
 #: The limits of a spec that sets none (frozen, so shared).
 _NO_LIMITS = Limits()
+#: The empty values of a parsed spec, shared (central holds every spec of the fleet, and an
+#: empty dict or frozenset of its own costs each ~200 bytes); never written to.
+_NO_SET: frozenset[Any] = frozenset()
+_NO_ENV: dict[str, str] = {}
+_NO_IMAGES: dict[Arch, str] = {}
 #: What ``data.get`` answers for an absent object field in :meth:`TaskSpec.from_json` (never
 #: written to; it reads as the field's default, an empty object).
 _EMPTY: dict[str, Any] = {}

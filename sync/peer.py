@@ -196,6 +196,15 @@ class DocPeer:
                 self._local = [merge_updates(*self._local)]
         self._wake.set()
 
+    def take_outgoing(self) -> tuple[bytes, int] | None:
+        """The local updates queued since the last call, merged into one, and the epoch they
+        belong to (None: nothing queued). What the sender publishes next."""
+        if not self._local:
+            return None
+        updates, self._local = self._local, []
+        epoch = getattr(updates[-1], "epoch", self.doc.epoch)
+        return (updates[0] if len(updates) == 1 else merge_updates(*updates)), epoch
+
     def _request_step1(self) -> None:
         self._want_step1 = True
         self._wake.set()
@@ -274,10 +283,9 @@ class DocPeer:
                     continue
                 await self._publish(client, wire.Kind.SYNC, wire.step2_payload(diff), epoch)
                 self.stats["step2_out"] += 1
-            if self._local:
-                updates, self._local = self._local, []
-                epoch = getattr(updates[-1], "epoch", self.doc.epoch)
-                update = updates[0] if len(updates) == 1 else merge_updates(*updates)
+            outgoing = self.take_outgoing()
+            if outgoing is not None:
+                update, epoch = outgoing
                 payload = wire.update_payload(update, self.doc.state_vector())
                 await self._publish(client, wire.Kind.UPDATE, payload, epoch)
                 self.stats["updates_out"] += 1

@@ -69,7 +69,7 @@ def assigned(
 ) -> AssignmentEntry:
     """Central's assignment of ``task`` (a service ``svc`` by default) to ``node``."""
     return AssignmentEntry(
-        spec=(task or spec("svc")).to_json(),
+        spec=task or spec("svc"),
         node=node,
         epoch=epoch,
         central="central",
@@ -127,7 +127,7 @@ def test_failover_only_for_services_offline_past_the_grace() -> None:
                                       replacement=False, score=1, at=0, reason=""),
     }  # fmt: skip
     assert assignments["svc"] == AssignmentEntry(
-        spec=spec("svc").to_json(), node="a", epoch=1, central="central", at=0, score=1
+        spec=spec("svc"), node="a", epoch=1, central="central", at=0, score=1
     )
     assert failovers(assignments, {"a": 100.0}, now=105.0, grace_s=10.0) == []
     assert failovers(assignments, {"a": 100.0}, now=111.0, grace_s=10.0) == ["svc"]

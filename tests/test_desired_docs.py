@@ -20,7 +20,7 @@ from edgesched.sync.store import Store, StoreError
 
 def entry(task_id: str, node: str, epoch: int = 1) -> AssignmentEntry:
     spec = TaskSpec(id=task_id, command=("true",), cpu=0.5)
-    return AssignmentEntry(spec=spec.to_json(), node=node, epoch=epoch, central="central", at=1.0)
+    return AssignmentEntry(spec=spec, node=node, epoch=epoch, central="central", at=1.0)
 
 
 def session() -> MqttSession:

@@ -98,9 +98,7 @@ async def prefill(state: Path, now: float) -> None:
         policy = PolicyDoc(desired_doc_name(NODE), client_id_for("central"))
         policy.assign(
             "central-1",
-            AssignmentEntry(
-                spec=assigned.spec.to_json(), node=NODE, epoch=1, central="central", at=now
-            ),
+            AssignmentEntry(spec=assigned.spec, node=NODE, epoch=1, central="central", at=now),
         )
         await policy.persist_to(store)
 

@@ -33,7 +33,7 @@ from edgesched.central.placement import (
 from edgesched.central.power import reported, with_power
 from edgesched.core.model import Arch, Placement, ServerClass
 from edgesched.core.nodetable import NodeTable
-from edgesched.core.task import TaskState
+from edgesched.core.task import TaskSpec, TaskState
 from edgesched.sync.reconcile import ReconcilePolicy
 from edgesched.sync.schema import (
     AssignmentEntry,
@@ -59,8 +59,8 @@ REGISTRATIONS = (
 )
 
 
-def spec(task_id: str, restart: str, cpu: float) -> dict[str, Any]:
-    return {"id": task_id, "command": ["true"], "restart": restart, "cpu": cpu}
+def spec(task_id: str, restart: str, cpu: float) -> TaskSpec:
+    return TaskSpec.from_json({"id": task_id, "command": ["true"], "restart": restart, "cpu": cpu})
 
 
 @dataclass

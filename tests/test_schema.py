@@ -35,7 +35,8 @@ from edgesched.sync.schema import (
     TidalEntry,
 )
 
-SPEC = TaskSpec(id="t1", command=("sleep", "1"), cpu=0.5).to_json()
+SPEC_OF = TaskSpec(id="t1", command=("sleep", "1"), cpu=0.5)
+SPEC = SPEC_OF.to_json()
 
 #: One valid value of every entry kind, with every optional field set.
 SAMPLES: dict[type[Entry], Entry] = {
@@ -69,7 +70,7 @@ SAMPLES: dict[type[Entry], Entry] = {
         assignment=AssignmentRef(central="c1", epoch=2, replacement=True, score=0.7),
     ),
     AssignmentEntry: AssignmentEntry(
-        spec=SPEC, node="gw1", epoch=1, central="c1", at=3.0, score=0.5, reason="fits"
+        spec=SPEC_OF, node="gw1", epoch=1, central="c1", at=3.0, score=0.5, reason="fits"
     ),
     StopOrder: StopOrder(epoch=1, winner="gw2", at=4.0, reason="placed twice"),
     PowerOrder: PowerOrder(state="parked", at=5.0, reason="idle"),
@@ -210,7 +211,7 @@ def test_an_assignment_with_a_bad_spec_is_refused() -> None:
         AssignmentEntry.from_entry(raw)
     assert err.value.field == "spec"
     pending = AssignmentEntry(
-        spec=SPEC, node="", epoch=1, central="c1", at=1.0, state=AssignmentState.PENDING
+        spec=SPEC_OF, node="", epoch=1, central="c1", at=1.0, state=AssignmentState.PENDING
     )
     assert AssignmentEntry.from_entry(pending.to_entry()) == pending
     with pytest.raises(SchemaError, match="names its node"):
@@ -240,7 +241,7 @@ def test_a_node_document_refuses_a_bad_entry_and_reads_the_rest() -> None:
 
 def test_a_policy_document_refuses_a_bad_entry_of_every_kind() -> None:
     doc = PolicyDoc("policy", 9)
-    doc.assign("ok", AssignmentEntry(spec=SPEC, node="gw1", epoch=1, central="c", at=1.0))
+    doc.assign("ok", AssignmentEntry(spec=SPEC_OF, node="gw1", epoch=1, central="c", at=1.0))
     doc.root("assignments")["bad"] = {"spec": "rm -rf /", "node": "gw1"}
     doc.root("stops")["t@gw1"] = {"epoch": 2**60}
     doc.root("power")["gw1"] = {"state": "exploded", "at": 1.0}
@@ -268,7 +269,7 @@ def test_a_policy_document_refuses_a_bad_entry_of_every_kind() -> None:
 def test_decoded_views_are_cached_per_revision() -> None:
     doc = PolicyDoc("policy", 9)
     for i in range(50):
-        doc.assign(f"t{i}", AssignmentEntry(spec=SPEC, node="gw1", epoch=1, central="c", at=1.0))
+        doc.assign(f"t{i}", AssignmentEntry(spec=SPEC_OF, node="gw1", epoch=1, central="c", at=1.0))
     first = doc.assignments()
     assert doc.assignments() is first  # no change: the same decoded view
     doc.assign("t0", dataclasses.replace(first["t0"], epoch=2))
@@ -297,7 +298,7 @@ def test_what_central_writes_every_replica_reads_back(
         )
     except ValueError:
         return  # not a spec the API would accept either
-    entry = AssignmentEntry(spec=spec.to_json(), node="gw", epoch=epoch, central="c", at=at)
+    entry = AssignmentEntry(spec=spec, node="gw", epoch=epoch, central="c", at=at)
     writer, reader = PolicyDoc("policy", 1), PolicyDoc("policy", 2)
     writer.assign("t", entry)
     reader.apply_remote(writer.diff(), sender="c")
@@ -387,7 +388,7 @@ def test_incremental_policy_views_equal_a_decode_from_scratch(
     a, b = PolicyDoc("policy", 11), PolicyDoc("policy", 12)
     for i, (op, task_id, _state, n) in enumerate(ops):
         doc = a if i % 2 == 0 else b
-        entry = AssignmentEntry(spec=SPEC, node=f"gw{n}", epoch=n, central="c", at=float(i))
+        entry = AssignmentEntry(spec=SPEC_OF, node=f"gw{n}", epoch=n, central="c", at=float(i))
         if op in ("put", "batch"):
             with doc.doc.transaction():
                 doc.assign(task_id, entry)

@@ -452,15 +452,20 @@ def test_the_random_entries_are_mostly_accepted() -> None:
 
 
 def test_decoded_entries_are_what_the_constructor_builds() -> None:
-    """An entry built by a compiled decoder (each field into its dict, then __post_init__) is
-    the instance the dataclass's own __init__ builds: equal, the same hash, repr, attributes."""
-    spec = TaskSpec(id="t1", command=("a",)).to_json()
+    """An entry built by a compiled decoder (each field into its slot, then __post_init__) is
+    the instance the dataclass's own __init__ builds: equal, the same hash, repr, attributes;
+    slotted (no instance dict), and holding the parsed spec, not its JSON."""
+    parsed = TaskSpec(id="t1", command=("a",))
+    spec = parsed.to_json()
     raw = {"spec": spec, "node": "gw", "epoch": 3, "central": "c", "at": 1.5, "score": 2}
     got = schema.AssignmentEntry.from_entry(raw)
-    built = schema.AssignmentEntry(spec=spec, node="gw", epoch=3, central="c", at=1.5, score=2.0)
+    built = schema.AssignmentEntry(spec=parsed, node="gw", epoch=3, central="c", at=1.5, score=2.0)
     assert got == built and repr(got) == repr(built)
-    assert vars(got) == vars(built) and list(vars(got)) == list(vars(built))
-    assert got.task_spec == built.task_spec
+    names = [f.name for f in dataclasses.fields(got)]
+    assert [getattr(got, n) for n in names] == [getattr(built, n) for n in names]
+    assert not hasattr(got, "__dict__") and not hasattr(built, "__dict__")
+    assert type(got.spec) is TaskSpec and got.task_spec == built.task_spec
+    assert got.to_entry()["spec"] == spec  # the document carries the spec's JSON
     with pytest.raises(dataclasses.FrozenInstanceError):
         got.node = "other"  # type: ignore[misc]
     stop = schema.StopOrder.from_entry({"epoch": 2.0, "winner": "gw", "at": 1})

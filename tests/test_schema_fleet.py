@@ -66,7 +66,7 @@ def _write_bad_policy_entries(doc: PolicyDoc, policy_doc: PolicyDoc, now: float)
     good = TaskSpec(id="b-ok", command=("sleep", "60"), cpu=0.1, mem_gib=0.05)
     doc.assign(
         "b-ok",
-        AssignmentEntry(spec=good.to_json(), node="gw1", epoch=1, central="central-b", at=now),
+        AssignmentEntry(spec=good, node="gw1", epoch=1, central="central-b", at=now),
     )
     assignments = doc.root("assignments")
     assignments["spec-string"] = {
@@ -79,7 +79,7 @@ def _write_bad_policy_entries(doc: PolicyDoc, policy_doc: PolicyDoc, now: float)
     assignments["missing-node"] = {"spec": good.to_json(), "epoch": 1, "central": "b", "at": now}
     assignments["extra-field"] = {
         **AssignmentEntry(
-            spec=TaskSpec(id="extra-field", command=("true",), cpu=0.1).to_json(),
+            spec=TaskSpec(id="extra-field", command=("true",), cpu=0.1),
             node="gw-elsewhere",
             epoch=1,
             central="central-b",

@@ -66,7 +66,7 @@ def report(state: str = "running", at: float = 1.0, **kw: Any) -> TaskReport:
 
 def assigned(node: str, task_id: str = "t1", **kw: Any) -> AssignmentEntry:
     """Central's assignment of a one-command task to ``node``."""
-    spec = TaskSpec(id=task_id, command=("sleep", "1")).to_json()
+    spec = TaskSpec(id=task_id, command=("sleep", "1"))
     return AssignmentEntry(spec=spec, node=node, epoch=1, central="c1", at=1.0, **kw)
 
 
