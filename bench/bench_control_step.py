@@ -66,10 +66,11 @@ class Clock:
 
 
 def build(
-    nodes: int, tasks: int, state_dir: Path, *, cold: bool = False
+    nodes: int, tasks: int, state_dir: Path, *, cold: bool = False, packed: bool = True
 ) -> tuple[CentralEngine, Clock, list[str]]:
     """A central engine holding ``nodes`` replicas with ``tasks`` entries each, all fresh
-    (``cold``: each replica frozen once the index has read it, as a restored central's)."""
+    (``cold``: each replica frozen once the index has read it, as a restored central's;
+    ``packed``: task entries written as JSON text, as nodes of this version write them)."""
     clock = Clock()
     config = parse_config(
         {
@@ -95,8 +96,9 @@ def build(
     now = clock.now
     running: list[str] = []
     registration = Registration(
-        arch=Arch.X86_64, server_class=ServerClass.GENERAL, cpu=256, mem_gib=1024
-    )
+        arch=Arch.X86_64, server_class=ServerClass.GENERAL, cpu=256, mem_gib=1024,
+        reads_packed=packed,  # (a node of this version)
+    )  # fmt: skip
     for n in range(nodes):
         node_id = f"gw-{n:05d}"
         # written as the node writes its document (its own client id), then held as a
@@ -104,6 +106,7 @@ def build(
         # waits in the replica's outgoing queue (written through the replica, every entry
         # would, ~50 KB per node that a real central never holds)
         doc = NodeDoc(f"{NODE_DOC_PREFIX}{node_id}", client_id_for(node_id))
+        doc.packed = packed  # as a node of this version writes, once central says it reads it
         with doc.doc.transaction():
             doc.set_registration(registration)
             for t in range(tasks):
@@ -128,6 +131,7 @@ def build(
                     running.append(task_id)
         held = NodeDoc(doc.name, engine.replicas.client_id)  # central's replica of it
         held.doc.apply_update(doc.doc.get_update())
+        held.packed = packed  # (the steps below write the nodes' exits through it)
         replica = engine.replicas.add(node_id, held)
         engine.liveness.nodes[node_id] = NodeStatus("online", now - 7200)
         engine._node_status_changed(node_id, engine.liveness.nodes[node_id])
@@ -179,11 +183,16 @@ def walk(engine: CentralEngine) -> float:
 async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        engine, clock, running = build(nodes, args.tasks, Path(tmp), cold=args.cold)
+        engine, clock, running = build(
+            nodes, args.tasks, Path(tmp), cold=args.cold, packed=args.packed
+        )
         built = time.perf_counter() - t0
         store = await Store.open(Path(tmp) / "central.db")
         freezer = engine.freezer if args.cold else None
-        desired = DesiredDocs("central", engine.session, store, clock=clock, freezer=freezer)
+        desired = DesiredDocs(
+            "central", engine.session, store, clock=clock, freezer=freezer,
+            reads_packed=engine.index.reads_packed,  # (as the engine's own)
+        )  # fmt: skip
         first = timed(lambda: engine.sync_index(project=False))  # the index learns it all
         t0 = time.perf_counter()
         desired.match(engine.index.assignments, engine.index.stops, engine.index.orders)
@@ -292,6 +301,11 @@ def main() -> None:
     parser.add_argument(
         "--cold", action=argparse.BooleanOptionalAction, default=True,
         help="freeze unused documents (central's default cold_after_s); --no-cold: all live",
+    )  # fmt: skip
+    parser.add_argument(
+        "--packed", action=argparse.BooleanOptionalAction, default=True,
+        help="entries as JSON text (nodes and central of this version); --no-packed: nested, "
+        "as nodes of older versions write them",
     )  # fmt: skip
     parser.add_argument("--sweep-every", type=int, default=10, help="steps per freezer sweep")
     args = parser.parse_args()

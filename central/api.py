@@ -108,7 +108,7 @@ async def node(request: web.Request) -> web.Response:
     if replica is None:
         return problem(404, "Not Found", f"no node {node_id!r} is known to central", "id")
     body = engine.node_summary(node_id)
-    body["content"] = replica.doc.to_json()
+    body["content"] = replica.doc.readable()
     return web.json_response(body)
 
 

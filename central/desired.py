@@ -49,8 +49,11 @@ class DesiredDocs:
         centrals: Collection[str] = (),
         clock: Callable[[], float] = time.time,
         freezer: Freezer | None = None,
+        reads_packed: Callable[[str], bool] = lambda _node: False,
     ) -> None:
-        """``freezer``: watches every desired-state document (frozen while unused)."""
+        """``freezer``: watches every desired-state document (frozen while unused);
+        ``reads_packed``: whether a node reads packed entries (its registration says), which
+        its document is then written with."""
         self.central_id = central_id
         self.client_id = client_id_for(central_id)
         self.session = session
@@ -58,6 +61,7 @@ class DesiredDocs:
         self.centrals = frozenset(centrals) | {central_id}
         self.clock = clock
         self.freezer = freezer
+        self.reads_packed = reads_packed
         self.docs: dict[str, PolicyDoc] = {}
         self.journals = JournalSet(store)
         self.writes = 0  # entries written or removed by the projection
@@ -120,8 +124,10 @@ class DesiredDocs:
                 self._open = set()
 
     def _writing(self, node_id: str) -> PolicyDoc:
-        """Node ``node_id``'s document, inside the batch's transaction for it if batching."""
+        """Node ``node_id``'s document, inside the batch's transaction for it if batching,
+        writing entries in the form its node reads."""
         doc = self.doc(node_id)
+        doc.packed = self.reads_packed(node_id)
         if self._batch is not None and doc.name not in self._open:
             self._batch.enter_context(doc.doc.transaction())
             self._open.add(doc.name)
@@ -200,6 +206,7 @@ class DesiredDocs:
     ) -> None:
         """Make node ``node_id``'s document hold exactly these entries."""
         doc = self.doc(node_id)
+        doc.packed = self.reads_packed(node_id)
         # decoded one by one and kept nowhere: a decoded view cached in every desired
         # document would hold a second copy of the fleet's assignments
         have_a = dict(doc.each("assignments", AssignmentEntry))

@@ -360,6 +360,7 @@ class CentralEngine:
         self.policy.on_remote_change(lambda _sender: self._adopt_policy())  # a peer switched
         self._journal = DocJournal(self.policy, self.store)
         self._sync_central_doc(self.policy, self._journal)
+        self.policy.announce_packed()  # (journaled and sent: nodes pack their entries)
 
     def _sync_central_doc(self, doc: PolicyDoc, journal: DocJournal) -> None:
         """Sync a document the central replicas co-write (and only they author) as a channel,
@@ -397,6 +398,7 @@ class CentralEngine:
             centrals=self.central.peers,
             clock=self.clock,
             freezer=self.replicas.freezer,  # (the same rule as the replicas')
+            reads_packed=self.index.reads_packed,
         )
         restored = await self.desired.load()
         self.sync_index(project=False)  # the index learns the restored fleet at once

@@ -169,6 +169,15 @@ class FleetIndex:
                 self.parked.discard(node_id)
             self._recompute_node(node_id)
 
+    def reads_packed(self, node_id: str) -> bool:
+        """Whether the node's registration says it reads packed entries."""
+        member = self.members.get(node_id)
+        return (
+            member is not None
+            and member.registration is not None
+            and (member.registration.reads_packed)
+        )
+
     def set_status(self, node_id: str, state: str, since: float) -> None:
         """A node's liveness (``online``/``offline``) since ``since``."""
         if self.status.get(node_id) == (state, since):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
@@ -324,9 +325,11 @@ class TaskSpec:
         if type(preemptible) is not bool:
             preemptible = _field(data, "preemptible", bool, True)
         values = (  # in the order of TaskSpec's fields (_SPEC_ORDER)
-            ident,
-            tuple(command),
-            workload,
+            # (interned: central holds every spec of the fleet, and the same id is the key of
+            # its index, and the same commands and workloads recur across thousands of specs)
+            sys.intern(ident) if type(ident) is str else ident,
+            tuple(sys.intern(a) if type(a) is str and len(a) <= 64 else a for a in command),
+            sys.intern(workload) if type(workload) is str else workload,
             priority,
             float(cpu),
             float(mem_gib),

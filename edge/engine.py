@@ -298,6 +298,7 @@ class EdgeEngine:
                 accel=self.node.capacity.accel,
                 perf=self.node.perf,
                 cpu_model=self.profile.cpu_model,
+                reads_packed=True,
                 power=PowerModel(
                     idle_w=self.node.power.idle_w,
                     peak_w=self.node.power.peak_w,
@@ -360,7 +361,9 @@ class EdgeEngine:
         return to_stop
 
     def _follow_policy_settings(self) -> None:
-        """Central's mode and tidal profile, when it set them, replace the config file's."""
+        """Central's mode and tidal profile, when it set them, replace the config file's; and
+        once central says it reads packed entries, this node writes its own so."""
+        self.doc.packed = self.policy.packed_entries()
         policy = self.config.policy
         mode = self.policy.mode()
         if mode is not None and mode != policy.mode:

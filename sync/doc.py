@@ -57,6 +57,7 @@ import json
 import logging
 import math
 import sys
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -201,6 +202,12 @@ def normalise(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return {"$bytes": bytes(value).hex()}
     return value
+
+
+def _key(key: object) -> str:
+    """A root map's key as read: interned, so the one task id central's index, the decoded
+    views and the parsed specs all hold is a single string, not one per place it is read."""
+    return sys.intern(str(key))
 
 
 def _intern(key: str) -> str:
@@ -370,9 +377,9 @@ class SyncedDoc:
         return self._frozen is not None
 
     def freeze(self) -> int:
-        """Keep only the encoded state of the document, drop the live one and every decoded
-        cache; returns the encoded size (0 if it could not freeze: inside a transaction, or
-        holding updates pending for a missing dependency).
+        """Keep only the encoded state of the document (compressed), drop the live one and
+        every decoded cache; returns the bytes kept (0 if it could not freeze: inside a
+        transaction, or holding updates pending for a missing dependency).
 
         What the document holds does not change: its content, epoch, client id, tracked
         changes and :attr:`revision` are the same after the next use thaws it (any use of
@@ -399,13 +406,15 @@ class SyncedDoc:
         self._frozen_sv = doc.get_state()
         self.content_hash()
         self._unobserve()
-        self._frozen = state
+        # compressed (zlib's fastest level): the encoded state repeats every entry's field
+        # names and most values, and shrinks 6-25x; unpacking it costs a fifth of a thaw
+        self._frozen = zlib.compress(state, 1)
         self._views.clear()
         self._decoded.clear()
         for name in self.incremental_roots:
             self._dirty[name] = None  # decode it all once, after a thaw
         self._doc = None
-        return len(state)
+        return len(self._frozen)
 
     @property
     def unsettled(self) -> bool:
@@ -438,9 +447,13 @@ class SyncedDoc:
         """Call ``callback(doc)`` each time the document is thawed (a freezer's bookkeeping)."""
         self._thaw_callbacks.append(callback)
 
+    def _frozen_state(self) -> bytes:
+        """The encoded state a frozen document keeps (compressed by :meth:`freeze`)."""
+        assert self._frozen is not None
+        return zlib.decompress(self._frozen)
+
     def _thaw(self) -> None:
-        state = self._frozen
-        assert state is not None
+        state = self._frozen_state()
         live: Doc[Any] = Doc(client_id=self.client_id)
         live.apply_update(state)  # before it is observed: no change to report
         self._frozen = None
@@ -482,9 +495,24 @@ class SyncedDoc:
             return entry
         return decode_one(cls, raw, self.refusals, where=f"{where}[{key}]")
 
+    #: Write the entries of the large maps (a node's ``tasks``; ``assignments``, ``stops``
+    #: and ``power``) as compact JSON text rather than as nested values: a live pycrdt entry
+    #: costs about a third of the memory then, and a document is rebuilt from its bytes
+    #: (a thaw, a restart) about four times as fast, since one item stands for the entry's
+    #: twenty. Readers of this version take either form; a writer packs only what its
+    #: readers are known to read (:meth:`PolicyDoc.packed_entries`,
+    #: :attr:`~edgesched.sync.schema.Registration.reads_packed`).
+    packed = False
+
     def _entry_value(self, value: Any) -> Any:
-        """A typed entry's raw value as read from a root map (see :class:`PolicyDoc`)."""
-        return normalise(value)
+        """A typed entry's raw value as read from a root map: nested, or packed text."""
+        return normalise(unpacked(value))
+
+    def pack_entry(self, entry: dict[str, Any]) -> dict[str, Any] | str:
+        """``entry`` as this document writes it (:attr:`packed`)."""
+        if not self.packed:
+            return entry
+        return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     def _check_epoch(self, epoch: int) -> int:
         if isinstance(epoch, bool) or not isinstance(epoch, int):
@@ -544,7 +572,7 @@ class SyncedDoc:
         only: inside pycrdt's callback the document must not be touched)."""
 
         def changed(event: Any) -> None:
-            keys = [str(k) for k in event.keys]
+            keys = [sys.intern(str(k)) for k in event.keys]  # (as every key read: _key)
             dirty = self._dirty.get(name)
             if dirty is not None:
                 dirty.update(keys)
@@ -578,7 +606,7 @@ class SyncedDoc:
         (a consumer that holds its own index of them, as central's fleet index does, would
         otherwise pay for a second decoded copy of a large map)."""
         root = self.root(name)
-        for key in sorted(map(str, root.keys())):
+        for key in sorted(map(_key, root.keys())):
             raw = self._entry_value(root.get(key))
             entry = decode_one(cls, raw, self.refusals, where=f"{name}[{key}]")
             if entry is not None:
@@ -597,7 +625,7 @@ class SyncedDoc:
             # of central's memory for its replicas' tasks), and after the first decode only the
             # changed keys are decoded anyway (a whole-map decode again comes only with a new
             # epoch, at a few microseconds per entry).
-            raw_map = {str(k): self._entry_value(v) for k, v in (root.to_py() or {}).items()}
+            raw_map = {_key(k): self._entry_value(v) for k, v in (root.to_py() or {}).items()}
             decoded = decode_map(cls, raw_map, self.refusals, where=name)
             self._decoded[name] = decoded
         else:
@@ -630,8 +658,7 @@ class SyncedDoc:
         decode_state_vector(state_vector)  # refuse garbage with our error, not pycrdt's
         try:
             if self._doc is None:
-                assert self._frozen is not None
-                return pycrdt.get_update(self._frozen, state_vector)
+                return pycrdt.get_update(self._frozen_state(), state_vector)
             return self._doc.get_update(state_vector)
         except ValueError as exc:
             raise UpdateRejected(f"state vector refused by pycrdt: {exc}") from None
@@ -876,6 +903,17 @@ class SyncedDoc:
                 out[key] = normalise(content)
         return out
 
+    def readable(self) -> dict[str, object]:
+        """:meth:`to_json` with every packed entry of the large maps read as the JSON object
+        it holds (:attr:`packed`): the content as an API shows it, whichever form each entry
+        was written in. :meth:`to_json` stays the bytes' content (what the hash covers)."""
+        out = self.to_json()
+        for name in self.incremental_roots:
+            entries = out.get(name)
+            if isinstance(entries, dict):
+                out[name] = {k: self._entry_value(v) for k, v in entries.items()}
+        return out
+
     def content_hash(self) -> str:
         """sha256 hex of the canonical JSON of :meth:`to_json` (sorted keys, compact); kept
         until the content changes (a frozen document answers without a thaw)."""
@@ -895,8 +933,7 @@ class SyncedDoc:
     def snapshot(self) -> bytes:
         """The full state as one update (what :meth:`restore` takes)."""
         if self._doc is None:
-            assert self._frozen is not None
-            return self._frozen
+            return self._frozen_state()
         return self._doc.get_update()
 
     @classmethod
@@ -1020,12 +1057,15 @@ async def _last_logged_seq(store: Store, name: str) -> int:
 # ---------------------------------------------------------------------- document kinds
 
 
-def _set_changed(root: Map[Any], key: str, value: dict[str, Any]) -> None:
-    """``root[key] = value`` unless it holds that value already (no empty update). Compared
-    with the map itself, not a cached view: inside one transaction the views are those of
-    its start, and a second write to the same key must see the first."""
-    if normalise(root.get(key)) != normalise(value):
-        root[key] = value
+def _set_changed(
+    root: Map[Any], key: str, value: dict[str, Any], written: dict[str, Any] | str | None = None
+) -> None:
+    """``root[key] = written`` (``value`` as the document writes it: packed or not; None:
+    ``value`` itself) unless it holds that value already, in either form (no empty update).
+    Compared with the map itself, not a cached view: inside one transaction the views are
+    those of its start, and a second write to the same key must see the first."""
+    if normalise(unpacked(root.get(key))) != normalise(value):
+        root[key] = value if written is None else written
 
 
 class NodeDoc(SyncedDoc):
@@ -1094,7 +1134,8 @@ class NodeDoc(SyncedDoc):
         """Set the node's report of one task (only when it changed)."""
         if not task_id:
             raise ValueError("task_id must not be empty")
-        _set_changed(self.root("tasks"), task_id, report.to_entry())
+        entry = report.to_entry()
+        _set_changed(self.root("tasks"), task_id, entry, self.pack_entry(entry))
 
     def remove_task(self, task_id: str) -> None:
         tasks = self.root("tasks")
@@ -1141,19 +1182,6 @@ class PolicyDoc(SyncedDoc):
     Entries are typed (:mod:`edgesched.sync.schema`); one that does not decode is refused."""
 
     incremental_roots = ("assignments", "stops", "power")
-    #: Write entries of ``assignments``, ``stops`` and ``power`` as compact JSON text rather
-    #: than as nested values: a live pycrdt entry costs about a quarter of the memory then
-    #: (central's ``fleet`` document, every assignment of the fleet, does; documents nodes
-    #: read keep nested values for nodes of older versions). Readers take either form.
-    packed = False
-
-    def _entry_value(self, value: Any) -> Any:
-        return normalise(unpacked(value))
-
-    def pack_entry(self, entry: dict[str, Any]) -> dict[str, Any] | str:
-        if not self.packed:
-            return entry
-        return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     def _map(self, root: str) -> object:
         return normalise(self.root(root).to_py())
@@ -1198,6 +1226,20 @@ class PolicyDoc(SyncedDoc):
 
     def set_mode(self, mode: PolicyMode) -> None:
         self.root("policy")["mode"] = PolicyMode(mode).value
+
+    def announce_packed(self) -> None:
+        """Say, in the fleet-wide ``policy``, that central reads packed entries in node
+        documents (:attr:`SyncedDoc.packed`): nodes of this version then write theirs so.
+        An older central never says it, so its nodes keep writing nested values it reads."""
+        policy = self.root("policy")
+        if policy.get("packed_entries") is not True:
+            policy["packed_entries"] = True
+
+    def packed_entries(self) -> bool:
+        """Whether central said it reads packed entries (:meth:`announce_packed`)."""
+        return self.view(
+            "packed_entries", lambda: self.root("policy").get("packed_entries") is True
+        )
 
     def mode(self) -> PolicyMode | None:
         def build() -> PolicyMode | None:

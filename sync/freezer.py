@@ -26,7 +26,7 @@ class Sweep:
     frozen: int  # documents frozen by this sweep
     live: int  # documents left live (used since the previous sweep)
     frozen_total: int  # documents frozen now, in all
-    frozen_bytes: int  # encoded bytes the frozen documents hold
+    frozen_bytes: int  # bytes the frozen documents hold (their encoded state, compressed)
 
 
 class Freezer:

@@ -454,6 +454,10 @@ class Registration(Entry):
     power: PowerModel | None = None
     site: str = "default"
     cpu_model: str = ""
+    #: The node reads packed entries (JSON text, :attr:`~edgesched.sync.doc.SyncedDoc.packed`)
+    #: in its desired-state document: central writes them so only to a node that says it
+    #: (a node of an older version reads nested values only, and lacks the field).
+    reads_packed: bool = False
 
     def __post_init__(self) -> None:
         if self.cpu <= 0 or self.mem_gib < 0 or self.accel < 0 or self.perf <= 0:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import aiomqtt
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -102,6 +103,45 @@ def fresh_keepalive_on_open(client: aiomqtt.Client, connect_timeout_s: float) ->
             inner(mqttc, userdata, sock)
 
     paho.on_socket_open = opened
+
+
+#: Most MQTT packets one readable event of the socket reads (:func:`read_what_is_buffered`).
+READ_BATCH = 64
+
+
+def read_what_is_buffered(client: aiomqtt.Client, batch: int = READ_BATCH) -> None:
+    """Make each readable event of the socket read every packet already buffered (up to
+    ``batch``), not one.
+
+    aiomqtt calls paho's ``loop_read`` once per readable event, and paho 2.2 reads a single
+    packet there unless messages of its own are in flight: the event loop then runs one
+    iteration per incoming message, and whatever a message wakes (central's control loop)
+    runs between every two of them, a control step per frame at central's fan-in. Read what
+    is there in one go, and the dispatcher gets it as one batch (:meth:`MqttSession._dispatch`).
+    paho's own packet reader is called until it says the socket has nothing more (``AGAIN``)
+    or fails (handled as paho's ``loop_read`` does). Private attributes of paho
+    (``_packet_read``, ``_loop_rc_handle``, ``_sock``), so each is checked first: a paho
+    without them keeps its own ``loop_read``."""
+    paho = getattr(client, "_client", None)
+    names = ("_packet_read", "_loop_rc_handle", "_sock", "loop_read")
+    if paho is None or not all(hasattr(paho, name) for name in names):
+        return
+    packet_read = paho._packet_read
+    rc_handle = paho._loop_rc_handle
+
+    def loop_read(max_packets: int = 1) -> MQTTErrorCode:
+        for _ in range(batch):
+            if paho._sock is None:
+                return MQTTErrorCode.MQTT_ERR_NO_CONN
+            rc = packet_read()
+            if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
+                break
+            if rc > 0:
+                result: MQTTErrorCode = rc_handle(rc)
+                return result
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    paho.loop_read = loop_read
 
 
 async def first_failure(*loops: Coroutine[Any, Any, object]) -> None:
@@ -353,6 +393,7 @@ class MqttSession:
                 **common,
             )
         fresh_keepalive_on_open(client, common["timeout"])
+        read_what_is_buffered(client)
         return client
 
     async def run(self) -> None:
@@ -423,17 +464,50 @@ class MqttSession:
         return asyncio.create_task(channel.serve(client))
 
     async def _dispatch(self, client: aiomqtt.Client) -> None:
-        async for message in client.messages:
-            self.stats["messages_in"] += 1
-            payload = bytes(message.payload)  # aiomqtt delivers bytes (or bytearray)
-            channel = self.route(message.topic)
-            if channel is not None:
-                channel.handle(message.topic.value, payload)
-            else:
-                if self.fallback is not None and any(
-                    message.topic.matches(route) for route in self.fallback.routes
-                ):
-                    self.fallback.handle(message.topic.value, payload)
-                else:
-                    self.stats["unrouted"] += 1
-        raise aiomqtt.MqttError("message stream ended")  # so the connection is renewed
+        """Hand every incoming message to its channel until the connection ends.
+
+        Takes the messages from aiomqtt's queue itself: ``await queue.get()`` returns at once
+        while messages wait, so a batch read from the socket is handed out without yielding
+        to the event loop in between (what the messages woke runs once after the batch), and
+        an idle wait costs one future, where aiomqtt's ``client.messages`` makes a task and an
+        ``asyncio.wait`` per message. The end of the connection (aiomqtt's ``_disconnected``)
+        puts a marker behind what was received, which then ends the loop. Private attributes
+        of aiomqtt, so each is checked first: without them, ``client.messages``."""
+        queue = getattr(client, "_queue", None)
+        disconnected = getattr(client, "_disconnected", None)
+        if not (
+            isinstance(queue, asyncio.Queue)
+            and queue.maxsize == 0  # (the marker always fits)
+            and isinstance(disconnected, asyncio.Future)
+        ):
+            async for message in client.messages:
+                self._deliver(message)
+            raise aiomqtt.MqttError("message stream ended")  # so the connection is renewed
+        ended = object()
+
+        def end(_: object) -> None:
+            queue.put_nowait(ended)
+
+        disconnected.add_done_callback(end)
+        try:
+            while True:
+                message = await queue.get()
+                if message is ended:  # (as aiomqtt's iterator raises, so it is renewed)
+                    cause = None if disconnected.cancelled() else disconnected.exception()
+                    raise aiomqtt.MqttError("Disconnected during message iteration") from cause
+                self._deliver(message)
+        finally:
+            disconnected.remove_done_callback(end)
+
+    def _deliver(self, message: aiomqtt.Message) -> None:
+        self.stats["messages_in"] += 1
+        payload = bytes(message.payload)  # aiomqtt delivers bytes (or bytearray)
+        channel = self.route(message.topic)
+        if channel is not None:
+            channel.handle(message.topic.value, payload)
+        elif self.fallback is not None and any(
+            message.topic.matches(route) for route in self.fallback.routes
+        ):
+            self.fallback.handle(message.topic.value, payload)
+        else:
+            self.stats["unrouted"] += 1

@@ -16,10 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import bench_control_step as bench
 
 
-@pytest.mark.parametrize("cold", [True, False], ids=["cold", "live"])
-def test_the_step_benchmark_measures_a_small_fleet(cold: bool) -> None:
+@pytest.mark.parametrize(
+    ("cold", "packed"), [(True, True), (False, True), (True, False)], ids=["cold", "live", "nested"]
+)
+def test_the_step_benchmark_measures_a_small_fleet(cold: bool, packed: bool) -> None:
+    """(``nested``: the entries as nodes of an older version write them, and read them)."""
     args = argparse.Namespace(
-        tasks=20, steps=21, changes=5, walk_up_to=100, cold=cold, sweep_every=2
+        tasks=20, steps=21, changes=5, walk_up_to=100, cold=cold, sweep_every=2, packed=packed
     )
     row = asyncio.run(bench.measure(30, args))
     assert row["nodes"] == 30 and row["entries"] == 600

@@ -122,3 +122,38 @@ def test_an_older_centrals_assignments_move_from_policy_to_fleet() -> None:
     assert policy.assignments() == {} and policy.stops() == {} and policy.power() == {}
     assert policy.mode() is PolicyMode.ENERGY
     assert _move_desired_state(policy, fleet) == 0  # once
+
+
+async def test_a_node_that_reads_packed_entries_gets_them_packed(tmp_path: Path) -> None:
+    """Central writes a node's desired document as JSON text only once the node's
+    registration says it reads it; an older node keeps nested values. Either reads the same
+    assignments, and a node that starts reading packed keeps its nested entries (equal)."""
+    reads = {"gw-new"}
+    async with await Store.open(tmp_path / "central.db") as store:
+        desired = DesiredDocs("central", session(), store, reads_packed=reads.__contains__)
+        for node in ("gw-new", "gw-old"):
+            desired.assignment("t-" + node, None, entry("t-" + node, node))
+            desired.stop(f"s-{node}@{node}", StopOrder(epoch=1, winner="gw-x", at=2.0))
+        new, old = desired.doc("gw-new"), desired.doc("gw-old")
+        assert isinstance(new.root("assignments").get("t-gw-new"), str)
+        assert isinstance(new.root("stops").get("s-gw-new@gw-new"), str)
+        assert isinstance(old.root("assignments").get("t-gw-old"), dict)
+        assert isinstance(old.root("stops").get("s-gw-old@gw-old"), dict)
+        for node, doc in (("gw-new", new), ("gw-old", old)):  # what each node reads
+            replica = PolicyDoc(desired_doc_name(node), client_id_for(node))
+            replica.apply_remote(doc.snapshot(), sender="central")
+            assert replica.assignments() == {"t-" + node: entry("t-" + node, node)}
+        reads.add("gw-old")  # it was upgraded: what it holds matches, nothing is rewritten
+        assert (
+            desired.match(
+                {"t-gw-old": entry("t-gw-old", "gw-old"), "t-gw-new": entry("t-gw-new", "gw-new")},
+                {
+                    k: StopOrder(epoch=1, winner="gw-x", at=2.0)
+                    for k in ("s-gw-new@gw-new", "s-gw-old@gw-old")
+                },
+                {},
+            )
+            == 0
+        )
+        desired.assignment("t2", None, entry("t2", "gw-old"))  # its next entry is packed
+        assert isinstance(old.root("assignments").get("t2"), str)

@@ -11,7 +11,7 @@ from pathlib import Path
 from conftest import Broker, EdgeNode, kill_task_processes, write_edge_config
 
 from edgesched.core.task import TaskState
-from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for
 from edgesched.sync.peer import DocPeer
 
 
@@ -53,6 +53,32 @@ async def test_offline_decisions_reach_central_after_heal(broker: Broker, tmp_pa
         registration = central_doc.registration()
         assert registration is not None and registration.cpu > 0
         assert central_doc.refusals.total() == 0  # every entry the node wrote decodes
+        # Central (of this version, the node's configured "central") says in the fleet-wide
+        # policy that it reads packed entries: the node's next reports are JSON text, which
+        # central's replica decodes as it did the nested ones.
+        assert registration.reads_packed
+        assert all(isinstance(central_doc.root("tasks").get(t), dict) for t in ids)
+        policy = PolicyDoc("policy", client_id_for("central"))
+        policy_peer = DocPeer(policy, "central", "127.0.0.1", broker.port, backoff_max_s=0.5)
+        policy.announce_packed()  # (after the peer: its update goes out)
+        policy_task = asyncio.create_task(policy_peer.run())
+        try:
+            body = {"id": "packed-1", "command": ["sleep", "60"], "cpu": 0.1, "mem_gib": 0.1}
+            status, _ = await asyncio.to_thread(node.request, "POST", "/v1/tasks", body)
+            assert status == 201
+            for _ in range(200):
+                held = central_doc.tasks().get("packed-1")
+                if held is not None and held.state is TaskState.RUNNING:
+                    break
+                await asyncio.sleep(0.1)
+            assert held is not None and held.state is TaskState.RUNNING
+            assert isinstance(central_doc.root("tasks").get("packed-1"), str)
+            assert central_doc.refusals.total() == 0
+            ids.append("packed-1")
+        finally:
+            policy_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await policy_task
         # Power loss while cut off again: restart from SQLite alone. The document is rebuilt
         # from its update log with the same client id and keeps its clock (a restarted doc that
         # reused clock values would diverge from central silently, and never converge again).

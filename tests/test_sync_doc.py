@@ -591,3 +591,57 @@ def test_a_packed_entry_that_is_not_an_assignment_is_refused_not_raised(text: st
     assert doc.assignment("bad") is None
     assert set(doc.assignments()) == {"good"}
     assert sum(doc.refusals.counts.values()) >= 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 6), st.booleans(), st.sampled_from(["r", "x", "del"]))))
+def test_a_packed_node_document_reads_as_the_nested_one(
+    writes: list[tuple[int, bool, str]],
+) -> None:
+    """A node of this version writes its task reports as JSON text once central says it reads
+    them (``packed``); central's replica decodes the same reports, and the same changed keys,
+    as from a node writing nested values, whichever form each entry was last written in (the
+    node may switch mid-history). Rewriting an entry's value in the other form is no change."""
+    node = NodeDoc("node-gw", client_id_for("gw"))
+    nested = NodeDoc("node-gw", client_id_for("gw"))
+    replica = NodeDoc("node-gw", client_id_for("central"))
+    replica.track_changes("tasks")
+    replica.drain_changes("tasks")
+    for key, as_nested, what in writes:
+        task_id = f"t{key}"
+        node.packed = not as_nested
+        for doc in (node, nested):
+            if what == "del":
+                doc.remove_task(task_id)
+            else:
+                state = "running" if what == "r" else "exited"
+                doc.put_task(task_id, report(state, at=float(key), cpu=0.5 * key))
+    replica.apply_remote(node.snapshot(), sender="gw")
+    assert dict(replica.tasks()) == dict(nested.tasks())
+    assert replica.readable() == nested.to_json()  # what central's API shows of it
+    changed = replica.drain_changes("tasks")  # what central's index re-reads
+    assert changed is not None
+    assert set(nested.tasks()) <= changed <= {f"t{k}" for k, _n, _w in writes}
+    for task_id, held in nested.tasks().items():
+        assert replica.task(task_id) == held
+        before = node.state_vector()
+        node.packed = not isinstance(node.root("tasks").get(task_id), str)  # the other form
+        node.put_task(task_id, held)  # the same report: not written again
+        assert node.state_vector() == before
+
+
+def test_central_says_it_reads_packed_entries_once() -> None:
+    """``announce_packed`` writes the flag once (no update when it is set already); a node's
+    replica of the policy reads it, and a policy an older central wrote reads as not said."""
+    central = PolicyDoc("policy", client_id_for("central"))
+    replica = PolicyDoc("policy", client_id_for("gw"))
+    assert not replica.packed_entries()
+    central.announce_packed()
+    sv = central.state_vector()
+    central.announce_packed()
+    assert central.state_vector() == sv
+    replica.apply_remote(central.snapshot(), sender="central")
+    assert replica.packed_entries() and central.packed_entries()
+    old = PolicyDoc("policy", client_id_for("central"))
+    old.set_mode(PolicyMode.ENERGY)
+    assert not old.packed_entries()
