@@ -26,20 +26,27 @@ engine of its own:
   order, from a separate process (``fanin_publisher.py``, paho-mqtt, MQTT 5, QoS 1, on each
   node's sync topic ``edgesched/v1/doc/node-<id>/sync/<id>``, as its ``DocPeer`` publishes)
   as fast as it goes or at ``--rate`` per second. The window runs from the first publish to
-  the end of the first control step after the last frame central applied.
+  the end of the first control step that started after the last frame reached a replica
+  channel (``time.monotonic()`` on both sides); the run ends there, or ``--quiet-s`` after
+  the publisher had every PUBACK and nothing more arrived (the rest counts as dropped).
+  ``--step-gap-s``: a control loop of the harness instead of the engine's, at least that
+  long between two steps (what coalescing the wake-ups would change).
 
-Printed per size and mode: frames merged and acted on per second (every exit is in central's
-index when the run ends: checked), and for the broker: frames published and applied, drops
-(published - applied, the broker's own ``$SYS`` dropped count, the nodes left behind that
-would need a resync), central's CPU seconds in the window split into control steps, merging
-(the replica channels' ``handle``) and the rest (the MQTT client, asyncio, the other loops),
-the publisher's and the broker's CPU, and the ratio broker / in-process. Then the ratio of
-the largest size to the smallest, per mode. ``--profile``: cProfile of central's process
-over the broker window, its top costs printed (the rates of a profiled run are not the
-figures). ``bench_central_scale.py`` measures the whole path with simulated nodes.
+Printed per size and mode: frames merged and acted on per second, with every exit in
+central's index at the end (asserted in-process; counted through the broker, where a shortfall
+is flagged), and for the broker: frames published, received and merged; drops (published -
+merged, the broker's own ``$SYS`` dropped count, the nodes left short that would need a
+resync, the frames that found central behind their sender, the step 1 messages central sent,
+its reconnects); the most frames central was behind the publisher (taking the publishing as
+even over its window); central's CPU seconds in the window split into control steps, merging
+(the replica channels' ``handle``) and the rest (the MQTT client, asyncio, the other loops);
+the publisher's and the broker's CPU; the ratio broker / in-process. Then the ratio of the
+largest size to the smallest, per mode. ``--profile N``: cProfile of central's process over
+the broker window, its top N costs printed (a profiled run's rates are not the figures).
+``bench_central_scale.py`` measures the whole path with simulated nodes.
 
     .venv/bin/python bench/bench_central_fanin.py [--nodes 100,1000] [--updates 20]
-        [--broker [--rate 0] [--broker-queue N] [--profile]]
+        [--broker [--rate 0] [--broker-queue N] [--step-gap-s 0] [--profile N]]
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ def node_frames(
     """``updates`` exits of the node's running tasks, as the frames its peer publishes."""
     replica = engine.replicas.replicas[node_id].doc
     mine = NodeDoc(replica.name, client_id_for(node_id))
+    mine.packed = replica.packed  # (the form the node wrote its entries in: see base.build)
     mine.doc.apply_update(replica.diff())
     made: list[bytes] = []
     mine.on_local_update(made.append)
@@ -321,7 +329,6 @@ class Tally:
     handle_cpu_s: float = 0.0
     #: (start, end, CPU seconds, the process's CPU clock at its end) of each control step
     steps: list[tuple[float, float, float, float]] = field(default_factory=list)
-    woken: asyncio.Event = field(default_factory=asyncio.Event)
 
     def timed_handle(self, handle: Callable[[str, bytes], None]) -> Callable[[str, bytes], None]:
         def timed(topic: str, payload: bytes) -> None:
@@ -342,7 +349,6 @@ class Tally:
             step()
             c1 = time.thread_time()
             self.steps.append((t0, time.monotonic(), c1 - c0, time.process_time()))
-            self.woken.set()
 
         return timed
 
@@ -495,6 +501,7 @@ async def measure_broker(nodes: int, args: argparse.Namespace) -> dict[str, Any]
         "rate": seen["applied"] / elapsed,
         "steps": len(window),
         "step_s": sum(s[1] - s[0] for s in window),
+        "handle_s": tally.handle_s,
         "cpu_s": cpu,
         "step_cpu_s": step_cpu,
         "handle_cpu_s": tally.handle_cpu_s,
@@ -570,7 +577,8 @@ def main() -> None:
             f"step 1 sent; {b['reconnects']} reconnects; central at most "
             f"{b['max_behind']:,} frames behind the publisher); {b['rate']:,.0f}/s merged and "
             f"acted on over {b['elapsed']:.2f} s from the first publish to the step after the last "
-            f"frame ({b['steps']} control steps, {b['step_s']:.2f} s of it); central CPU "
+            f"frame ({b['steps']} control steps, {b['step_s']:.2f} s of it, merging "
+            f"{b['handle_s']:.2f} s); central CPU "
             f"{b['cpu_s']:.2f} s = control steps {b['step_cpu_s']:.2f} + merging "
             f"{b['handle_cpu_s']:.2f} + MQTT client, asyncio and the rest "
             f"{b['rest_cpu_s']:.2f}; publisher CPU {b['publisher_cpu_s']:.2f} s, broker CPU "

@@ -1,5 +1,6 @@
 """The fan-in benchmark at a tiny size: node-authored frames through central's routing and
-replica channels all land in central's index, none refused."""
+replica channels all land in central's index, none refused; and the same through a real
+Mosquitto, published by a process of its own, none dropped."""
 
 from __future__ import annotations
 
@@ -24,3 +25,30 @@ def test_every_node_update_reaches_the_index(cold: bool) -> None:
     assert row["steps"] == row["frames"] // 7 and row["rate"] > 0
     # a frozen replica thaws at its node's first frame, and only then
     assert row["thaws"] == (12 if cold else 0)
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["live", "cold"])
+def test_through_the_broker_every_update_reaches_the_index(cold: bool) -> None:
+    args = argparse.Namespace(
+        tasks=20, updates=3, batch=7, cold=cold, rate=0.0, broker_queue=None, quiet_s=1.0,
+        step_gap_s=0.0, profile=0,
+    )  # fmt: skip
+    row = asyncio.run(bench.measure_broker(12, args))
+    frames = 12 * 3
+    assert row["frames"] == row["published"] == frames  # every PUBACK in
+    # every frame reached central through its session, was merged and acted on
+    assert row["received"] == row["applied"] == row["exited"] == frames
+    assert row["dropped"] == 0 and row["broker_dropped"] == 0 and row["behind_nodes"] == 0
+    assert row["rejected"] == 0 and row["resyncs"] == 0 and row["reconnects"] == 0
+    assert row["steps"] >= 1 and row["rate"] > 0 and row["elapsed"] > 0
+    assert row["cpu_s"] >= row["step_cpu_s"] > 0 and row["handle_cpu_s"] > 0
+    assert row["thaws"] == (12 if cold else 0)
+
+
+def test_the_broker_config_leaves_the_queues_as_deployed() -> None:
+    """As ``sync.security.broker_config`` writes it: no queue or in-flight limit set (the
+    broker's defaults) unless asked."""
+    conf = bench.broker_conf(1883, None)
+    assert "max_queued_messages" not in conf and "max_inflight_messages" not in conf
+    assert "max_queued_messages 0\n" in bench.broker_conf(1883, 0)
+    assert conf.rstrip().endswith("listener 1883 127.0.0.1")
