@@ -16,9 +16,9 @@ engine of its own:
   per-operation writer check, apply, change callbacks), and a control step runs after every
   ``--batch`` frames, as its wake-up would;
 * **broker** (``--broker``): Mosquitto on 127.0.0.1 on a free port, configured as the
-  project's generated broker config (``sync.security.broker_config``) leaves the queues:
-  ``max_queued_messages`` and ``max_inflight_messages`` unset, Mosquitto's defaults (1,000
-  and 20 per client; ``--broker-queue`` sets the first), anonymous and without ACL here.
+  project's generated broker config (``sync.security.broker_config``) sets the queues
+  (``queue_settings``: 100,000 messages or 256 MiB per client; ``--broker-queue`` sets the
+  first, 1,000 is Mosquitto's own default), anonymous and without ACL here.
   Central runs as it does in service: its real ``MqttSession`` (``engine.session.run()``,
   its wildcard subscription, dispatch, every channel served, each peer's step 1 on connect),
   its own control loop (``engine._control_loop()``: a step whenever a change wakes it) and
@@ -89,6 +89,7 @@ from edgesched.sync import wire
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import TaskReport
+from edgesched.sync.security import queue_settings
 from edgesched.sync.session import wait_event
 from edgesched.sync.store import Store
 
@@ -256,8 +257,8 @@ async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
 
 
 def broker_conf(port: int, queue: int | None) -> str:
-    """A mosquitto.conf with the queue and in-flight limits ``sync.security.broker_config``
-    deploys (it sets neither: Mosquitto's defaults) unless ``queue`` sets
+    """A mosquitto.conf with the queue limits ``sync.security.broker_config`` deploys
+    (:func:`~edgesched.sync.security.queue_settings`) unless ``queue`` sets
     ``max_queued_messages``; anonymous and without ACL or TLS (a loopback benchmark: the
     publisher speaks for every node); ``$SYS`` every second, for the dropped count."""
     lines = [
@@ -269,8 +270,7 @@ def broker_conf(port: int, queue: int | None) -> str:
     ]
     if os.geteuid() == 0:
         lines.append("user root")  # as root it would switch to `mosquitto` (as localbroker)
-    if queue is not None:
-        lines.append(f"max_queued_messages {queue}")
+    lines += queue_settings() if queue is None else queue_settings(max_queued_messages=queue)
     lines.append(f"listener {port} 127.0.0.1")
     return "\n".join(lines) + "\n"
 
@@ -535,7 +535,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.0,
                         help="frames/s the publisher sends (0: as fast as it goes)")  # fmt: skip
     parser.add_argument("--broker-queue", type=int, default=None,
-                        help="max_queued_messages (default: unset, Mosquitto's 1,000)")  # fmt: skip
+                        help="max_queued_messages (default: the deployed config's)")  # fmt: skip
     parser.add_argument("--quiet-s", type=float, default=2.0,
                         help="broker: silence after which the rest counts dropped")  # fmt: skip
     parser.add_argument("--step-gap-s", type=float, default=0.0,

@@ -35,6 +35,13 @@ log = logging.getLogger("edgesched.sync.peer")
 
 #: Local updates queued while offline are merged into one beyond this many.
 MAX_QUEUED_UPDATES = 256
+#: How long one frame's publish may wait for its acknowledgement. Longer than the session's
+#: own timeout (its keepalive, 2 s and up): central shares one connection among two peers per
+#: node, and when it connects each sends its step 1 at once, so a frame can wait behind
+#: thousands of others in paho's in-flight window. A publish that timed out ended the whole
+#: connection (central lost its broker at 1,000 nodes, ``bench_central_fanin.py --broker``);
+#: a link that is really dead is noticed by the keepalive, which fails every publish waiting.
+PUBLISH_TIMEOUT_S = 120.0
 #: Bytes of remote updates applied while still behind their sender (pycrdt holds those whose
 #: dependencies have not arrived, unbounded) before a replica is dropped and resynced.
 MAX_PENDING_BYTES = 8 << 20
@@ -254,7 +261,7 @@ class DocPeer:
             kind, self.doc.name, self.doc.client_id, payload, self.max_packet, epoch=epoch
         )
         for frame in frames:
-            await checked(client.publish(self.topic, frame, qos=1))
+            await checked(client.publish(self.topic, frame, qos=1, timeout=PUBLISH_TIMEOUT_S))
             self.stats["frames_out"] += 1
             self.stats["bytes_out"] += len(frame)
 

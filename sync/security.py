@@ -243,6 +243,25 @@ def _conf_value(value: object, what: str) -> str:
     return text
 
 
+#: Messages (QoS 1) Mosquitto queues per client beyond those in flight, and the bytes they may
+#: take. Central is a single subscriber for the whole fleet, so a fan-in burst queues at the
+#: broker for it: Mosquitto's default of 1,000 dropped most of a 1,000-node burst
+#: (``bench/bench_central_fanin.py --broker``), silently to the node, which then needs a
+#: resync. 100,000 is a burst of 100 updates from each of 1,000 nodes; the byte cap bounds a
+#: client's queue whatever its messages' size (Mosquitto drops past either limit).
+MAX_QUEUED_MESSAGES = 100_000
+MAX_QUEUED_BYTES = 256 * 2**20
+
+
+def queue_settings(
+    max_queued_messages: int = MAX_QUEUED_MESSAGES, max_queued_bytes: int = MAX_QUEUED_BYTES
+) -> list[str]:
+    """The mosquitto.conf lines of the per-client queue limits (global settings)."""
+    if max_queued_messages < 0 or max_queued_bytes < 0:
+        raise ValueError("queue limits must be >= 0 (0: unlimited)")
+    return [f"max_queued_messages {max_queued_messages}", f"max_queued_bytes {max_queued_bytes}"]
+
+
 def broker_config(
     *,
     port: int,
@@ -289,6 +308,7 @@ def broker_config(
         lines.append("persistence false")
     if user is not None:
         lines.append(f"user {_conf_value(user, 'user')}")
+    lines += queue_settings()
     lines.append(f"log_dest {_conf_value(log_dest, 'log_dest')}")
     lines.append("log_type error")
     lines.append("log_type warning")

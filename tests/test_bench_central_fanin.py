@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import bench_central_fanin as bench
 
+from edgesched.sync import security as sec
+
 
 @pytest.mark.parametrize("cold", [False, True], ids=["live", "cold"])
 def test_every_node_update_reaches_the_index(cold: bool) -> None:
@@ -45,10 +47,14 @@ def test_through_the_broker_every_update_reaches_the_index(cold: bool) -> None:
     assert row["thaws"] == (12 if cold else 0)
 
 
-def test_the_broker_config_leaves_the_queues_as_deployed() -> None:
-    """As ``sync.security.broker_config`` writes it: no queue or in-flight limit set (the
-    broker's defaults) unless asked."""
+def test_the_broker_config_sets_the_queues_as_deployed() -> None:
+    """As ``sync.security.broker_config`` writes them: the deployed queue limits, unless
+    asked for another."""
     conf = bench.broker_conf(1883, None)
-    assert "max_queued_messages" not in conf and "max_inflight_messages" not in conf
-    assert "max_queued_messages 0\n" in bench.broker_conf(1883, 0)
+    deployed = sec.broker_config(
+        port=1883, bind="127.0.0.1", acl_path=Path("/x"), password_file=Path("/p"), tls=False
+    )
+    for line in sec.queue_settings():
+        assert f"{line}\n" in conf and f"{line}\n" in deployed
+    assert "max_queued_messages 1000\n" in bench.broker_conf(1883, 1000)
     assert conf.rstrip().endswith("listener 1883 127.0.0.1")
