@@ -73,17 +73,56 @@ class _Member:
     #: The core's node (registration, power state applied), or None with ``why``.
     node: Node | None = None
     why: str = "no registration"
-    #: task id -> what counts on this node for placement.
-    footprint: dict[str, Task] = field(default_factory=dict)
+    #: task id -> what counts on this node for placement (its Placement here).
+    footprint: dict[str, Placement] = field(default_factory=dict)
+    #: The footprint's sums as the table last took them (:meth:`FleetIndex.table`).
     placements: list[Placement] = field(default_factory=list)  # replaced, never mutated
     used: np.ndarray = field(default_factory=lambda: np.zeros(4))
     usage: dict[str, float] = field(default_factory=dict)
+    #: The footprint's sums kept as it changes (cpu, memory, accelerators, iops; CPU per
+    #: workload), and how many changes since they were last summed exactly.
+    sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    running_usage: dict[str, float] = field(default_factory=dict)
+    inexact: int = 0
 
 
 #: More node changes at once than this and :meth:`FleetIndex.table` rebuilds instead of
 #: patching: a patch costs about 1/15 of a rebuild at any fleet size (both are O(nodes), a
 #: patch in array copies), so a site going dark costs one rebuild, not one patch per node.
 PATCH_UP_TO = 8
+
+
+#: Changes of a node's footprint between two exact sums of it (:meth:`FleetIndex.table`).
+EXACT_EVERY = 64
+
+
+def _count(member: _Member, task: Task, sign: float) -> None:
+    """Add (``sign`` 1) or take away (-1) what ``task`` counts for in the member's sums."""
+    d = task.demand
+    sums = member.sums
+    sums[0] += sign * d.cpu
+    sums[1] += sign * d.mem_gib
+    sums[2] += sign * d.accel
+    sums[3] += sign * d.iops_k
+    usage = member.running_usage
+    usage[task.workload] = usage.get(task.workload, 0.0) + sign * d.cpu
+
+
+def _sum_exactly(member: _Member) -> None:
+    """The member's sums from scratch, in task id order (as the table's build sums them)."""
+    cpu = mem = accel = iops = 0.0
+    usage: dict[str, float] = {}
+    for t in sorted(member.footprint):
+        task = member.footprint[t].task
+        d = task.demand
+        cpu += d.cpu
+        mem += d.mem_gib
+        accel += d.accel
+        iops += d.iops_k
+        usage[task.workload] = usage.get(task.workload, 0.0) + d.cpu
+    member.sums = [cpu, mem, accel, iops]
+    member.running_usage = usage
+    member.inexact = 0
 
 
 def _spec_task(entry: AssignmentEntry) -> Task:
@@ -386,38 +425,36 @@ class FleetIndex:
             entry = self.assignments.get(task_id)
             if entry is not None and entry.active and entry.node == node_id:
                 task = _spec_task(entry)
-        old = member.footprint.get(task_id)
+        held = member.footprint.get(task_id)
+        old = None if held is None else held.task
         if task == old:
             return False
+        if old is not None:
+            _count(member, old, -1.0)
         if task is None:
             del member.footprint[task_id]
         else:
-            member.footprint[task_id] = task
+            member.footprint[task_id] = Placement(task, node_id, task.submitted_at)
+            _count(member, task, 1.0)
+        member.inexact += 1
         self._stale.add(node_id)
         self.version += 1
         return True
 
     def _footprint_changed(self, node_id: str) -> None:
+        """A stale row's placements and sums, for the table. The sums were kept as the
+        footprint changed (O(1) a change); every :data:`EXACT_EVERY` changes, and whenever
+        the node runs nothing, they are summed again from scratch, so the rounding of many
+        additions and subtractions never drifts far (a node filled exactly to its capacity
+        must still read full)."""
         member = self.members[node_id]
-        tasks = [member.footprint[t] for t in sorted(member.footprint)]
-        held = {p.task.id: p for p in member.placements}
-        placements = []
-        for t in tasks:  # the unchanged tasks keep their Placement
-            p = held.get(t.id)
-            placements.append(
-                p if p is not None and p.task is t else Placement(t, node_id, t.submitted_at)
-            )
+        footprint = member.footprint
+        placements = [footprint[t] for t in sorted(footprint)]
         member.placements = placements
-        cpu = mem = accel = iops = 0.0
-        usage: dict[str, float] = {}
-        for t in tasks:
-            d = t.demand
-            cpu += d.cpu
-            mem += d.mem_gib
-            accel += d.accel
-            iops += d.iops_k
-            usage[t.workload] = usage.get(t.workload, 0.0) + d.cpu
-        used = np.array([cpu, mem, accel, iops])
+        if member.inexact >= EXACT_EVERY or not footprint:
+            _sum_exactly(member)
+        used = np.array(member.sums)
+        usage = {w: cpu for w, cpu in member.running_usage.items() if abs(cpu) >= 1e-9}
         old_usage = member.usage
         member.used = used
         member.usage = usage

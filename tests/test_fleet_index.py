@@ -455,3 +455,44 @@ def test_many_node_changes_at_once_rebuild_the_table_once() -> None:
             index.set_status(n, "offline" if n in usable else "online", 6.0)
         assert_same_table(index.table(), build())
         assert rebuilt.call_count == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 30), st.booleans(), st.floats(0.01, 64.0), st.floats(0, 512)),
+        min_size=1,
+        max_size=400,
+    )
+)
+def test_a_nodes_sums_kept_as_it_changes_stay_those_of_its_tasks(
+    changes: list[tuple[int, bool, float, float]],
+) -> None:
+    """A node's used resources are kept as its tasks change (one addition or subtraction a
+    change), summed again exactly every ``EXACT_EVERY`` changes: after hundreds of changes
+    of arbitrary sizes they are those of the tasks it runs, and exactly zero once it runs
+    none (no rounding left behind to make an empty node read as partly used)."""
+    index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
+    reg = REGISTRATIONS[1]
+    assert reg is not None
+    index.set_status("n", "online", 0.0)
+    index.update_node("n", NodeView(reg, {}), None)
+    running: dict[str, TaskReport] = {}
+    for i, (task, active, cpu, mem) in enumerate(changes):
+        task_id = f"t{task}"
+        state = TaskState.RUNNING if active else TaskState.EXITED
+        running[task_id] = TaskReport(state=state, updated_at=float(i), cpu=cpu, mem_gib=mem)
+        index.update_node("n", NodeView(reg, dict(running)), {task_id})
+        if i % 37 == 0:
+            index.table()  # (sums taken now and then, as steps do)
+    table = index.table()
+    row = table.index["n"]
+    live = [r for r in running.values() if r.active]
+    want = [sum(r.cpu for r in live), sum(r.mem_gib for r in live)]
+    np.testing.assert_allclose(table.used[row, :2], want, rtol=1e-12, atol=1e-9)
+    for task_id in running:  # every task exits: the node runs nothing
+        running[task_id] = replace(running[task_id], state=TaskState.EXITED)
+    index.update_node("n", NodeView(reg, dict(running)), set(running))
+    table = index.table()
+    assert table.used[table.index["n"]].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert table.usage == {}
