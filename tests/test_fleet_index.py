@@ -103,39 +103,47 @@ def weighted(*choices: tuple[int, st.SearchStrategy[tuple[Any, ...]]]) -> st.Sea
     return st.integers(0, len(table) - 1).flatmap(lambda i: table[i])
 
 
-event_st = weighted(
-    (8, st.tuples(st.just("report"), st.sampled_from(NODES), st.sampled_from(TASKS), report_st)),
-    (2, st.tuples(st.just("unreport"), st.sampled_from(NODES), st.sampled_from(TASKS))),
-    (2, st.tuples(st.just("register"), st.sampled_from(NODES), st.integers(0, 3))),
-    (
-        1,
-        st.tuples(
-            st.just("power"), st.sampled_from(NODES), st.sampled_from(["active", "parked", "none"])
-        ),
-    ),
-    (
-        2,
-        st.tuples(
-            st.just("status"), st.sampled_from(NODES), st.sampled_from(["online", "offline"])
-        ),
-    ),
-    (1, st.tuples(st.just("fresh"), st.sampled_from(NODES), st.booleans())),
-    (3, st.tuples(st.just("heal"), st.sampled_from(NODES))),
-    (
-        4,
-        st.tuples(
+def events_on(nodes: tuple[str, ...]) -> dict[str, st.SearchStrategy[tuple[Any, ...]]]:
+    """The index's input events about ``nodes``, by kind (each test weighs them its way)."""
+    node = st.sampled_from(nodes)
+    task = st.sampled_from(TASKS)
+    return {
+        "report": st.tuples(st.just("report"), node, task, report_st),
+        "unreport": st.tuples(st.just("unreport"), node, task),
+        "register": st.tuples(st.just("register"), node, st.integers(0, 3)),
+        "power": st.tuples(st.just("power"), node, st.sampled_from(["active", "parked", "none"])),
+        "status": st.tuples(st.just("status"), node, st.sampled_from(["online", "offline"])),
+        "fresh": st.tuples(st.just("fresh"), node, st.booleans()),
+        "heal": st.tuples(st.just("heal"), node),
+        "assign": st.tuples(
             st.just("assign"),
-            st.sampled_from(TASKS),
-            st.sampled_from(NODES),
+            task,
+            node,
             st.sampled_from(list(AssignmentState)),
             st.sampled_from(["always", "never"]),
             st.integers(1, 3),
         ),
-    ),
-    (1, st.tuples(st.just("unassign"), st.sampled_from(TASKS))),
-    (1, st.tuples(st.just("stop"), st.sampled_from(TASKS), st.sampled_from(NODES))),
-    (1, st.tuples(st.just("order"), st.sampled_from(NODES), st.sampled_from(["active", "parked"]))),
-    (2, st.tuples(st.just("tick"), st.floats(0.5, 40))),
+        "unassign": st.tuples(st.just("unassign"), task),
+        "stop": st.tuples(st.just("stop"), task, node),
+        "order": st.tuples(st.just("order"), node, st.sampled_from(["active", "parked"])),
+        "tick": st.tuples(st.just("tick"), st.floats(0.5, 40)),
+    }
+
+
+_ON = events_on(NODES)
+event_st = weighted(
+    (8, _ON["report"]),
+    (2, _ON["unreport"]),
+    (2, _ON["register"]),
+    (1, _ON["power"]),
+    (2, _ON["status"]),
+    (1, _ON["fresh"]),
+    (3, _ON["heal"]),
+    (4, _ON["assign"]),
+    (1, _ON["unassign"]),
+    (1, _ON["stop"]),
+    (1, _ON["order"]),
+    (2, _ON["tick"]),
     (3, st.tuples(st.just("check"))),
 )
 
@@ -343,50 +351,17 @@ def test_a_step_touches_only_what_changed() -> None:
 
 
 TABLE_NODES = ("a", "b", "c", "d", "e", "f")  # rows come and go at the start, middle, end
+_ON_TABLE = events_on(TABLE_NODES)
 table_event_st = weighted(
-    (
-        6,
-        st.tuples(
-            st.just("report"), st.sampled_from(TABLE_NODES), st.sampled_from(TASKS), report_st
-        ),
-    ),
-    (2, st.tuples(st.just("unreport"), st.sampled_from(TABLE_NODES), st.sampled_from(TASKS))),
-    (3, st.tuples(st.just("register"), st.sampled_from(TABLE_NODES), st.integers(0, 3))),
-    (
-        2,
-        st.tuples(
-            st.just("power"),
-            st.sampled_from(TABLE_NODES),
-            st.sampled_from(["active", "parked", "none"]),
-        ),
-    ),
-    (
-        4,
-        st.tuples(
-            st.just("status"),
-            st.sampled_from(TABLE_NODES),
-            st.sampled_from(["online", "offline"]),
-        ),
-    ),
-    (
-        3,
-        st.tuples(
-            st.just("assign"),
-            st.sampled_from(TASKS),
-            st.sampled_from(TABLE_NODES),
-            st.sampled_from(list(AssignmentState)),
-            st.sampled_from(["always", "never"]),
-            st.integers(1, 3),
-        ),
-    ),
-    (1, st.tuples(st.just("unassign"), st.sampled_from(TASKS))),
-    (
-        2,
-        st.tuples(
-            st.just("order"), st.sampled_from(TABLE_NODES), st.sampled_from(["active", "parked"])
-        ),
-    ),
-    (1, st.tuples(st.just("tick"), st.floats(0.5, 40))),
+    (6, _ON_TABLE["report"]),
+    (2, _ON_TABLE["unreport"]),
+    (3, _ON_TABLE["register"]),
+    (2, _ON_TABLE["power"]),
+    (4, _ON_TABLE["status"]),
+    (3, _ON_TABLE["assign"]),
+    (1, _ON_TABLE["unassign"]),
+    (2, _ON_TABLE["order"]),
+    (1, _ON_TABLE["tick"]),
     (4, st.tuples(st.just("table"))),
 )
 
