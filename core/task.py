@@ -328,7 +328,7 @@ class TaskSpec:
             # (interned: central holds every spec of the fleet, and the same id is the key of
             # its index, and the same commands and workloads recur across thousands of specs)
             sys.intern(ident) if type(ident) is str else ident,
-            tuple(sys.intern(a) if type(a) is str and len(a) <= 64 else a for a in command),
+            tuple(intern_short(a) if type(a) is str else a for a in command),
             sys.intern(workload) if type(workload) is str else workload,
             priority,
             float(cpu),
@@ -353,6 +353,16 @@ class TaskSpec:
 _RESTART_POLICIES = {p.value: p for p in RestartPolicy}
 #: The limits of a spec that sets none (frozen, so shared).
 _NO_LIMITS = Limits()
+#: Text this short is interned where central keeps it decoded (ids, commands, workloads):
+#: the same value recurs across thousands of entries, each decoded copy a string of its own.
+INTERN_UP_TO = 64
+
+
+def intern_short(text: str) -> str:
+    """``text``, interned if it is short (:data:`INTERN_UP_TO`)."""
+    return sys.intern(text) if len(text) <= INTERN_UP_TO else text
+
+
 #: The empty values of a parsed spec, shared (central holds every spec of the fleet, and an
 #: empty dict or frozenset of its own costs each ~200 bytes); never written to.
 _NO_SET: frozenset[Any] = frozenset()

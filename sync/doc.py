@@ -572,7 +572,7 @@ class SyncedDoc:
         only: inside pycrdt's callback the document must not be touched)."""
 
         def changed(event: Any) -> None:
-            keys = [sys.intern(str(k)) for k in event.keys]  # (as every key read: _key)
+            keys = [_key(k) for k in event.keys]
             dirty = self._dirty.get(name)
             if dirty is not None:
                 dirty.update(keys)

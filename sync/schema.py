@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 import types
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -45,6 +44,7 @@ from edgesched.core.task import (
     TaskRecord,
     TaskSpec,
     TaskState,
+    intern_short,
 )
 
 log = logging.getLogger("edgesched.sync.schema")
@@ -354,7 +354,7 @@ def _str_field(raw: object, kind: str, name: str) -> Any:
     if type(raw) is str and len(raw) <= MAX_TEXT:
         # Short text interned: the same node id, central id, workload or reason is in
         # thousands of entries central holds decoded, each decoded string a copy of its own.
-        return sys.intern(raw) if len(raw) <= _INTERN_UP_TO else raw
+        return intern_short(raw)
     return _reference_value(str, raw, kind, name)
 
 
@@ -380,9 +380,6 @@ def _bool_field(raw: object, kind: str, name: str) -> Any:
     if raw is True or raw is False:
         return raw
     return _reference_value(bool, raw, kind, name)
-
-
-_INTERN_UP_TO = 64
 
 
 def _any_field(raw: object, kind: str, name: str) -> Any:
