@@ -75,7 +75,8 @@ class _Member:
     why: str = "no registration"
     #: task id -> what counts on this node for placement (its Placement here).
     footprint: dict[str, Placement] = field(default_factory=dict)
-    #: The footprint's sums as the table last took them (:meth:`FleetIndex.table`).
+    #: The footprint in task id order, and its sums, as the table last took them
+    #: (:meth:`FleetIndex.table`).
     placements: list[Placement] = field(default_factory=list)  # replaced, never mutated
     used: np.ndarray = field(default_factory=lambda: np.zeros(4))
     usage: dict[str, float] = field(default_factory=dict)
