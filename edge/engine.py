@@ -742,6 +742,7 @@ class EdgeEngine:
                 "client_id": self._doc.client_id,
                 "content_hash": self._doc.content_hash(),
                 "tasks": len(self._doc.tasks()),
+                "packed": self._doc.packed,
                 "refused_entries": self._doc.refusals.by_kind(),
             },
             "policy_document": None

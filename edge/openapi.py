@@ -60,6 +60,7 @@ def _edge_schemas() -> dict[str, Schema]:
                                 "client_id": oa.INT,
                                 "content_hash": oa.STR,
                                 "tasks": oa.INT,
+                                "packed": oa.BOOL,
                                 "refused_entries": oa.map_of(
                                     oa.INT, "entry kind -> entries the schema refused"
                                 ),

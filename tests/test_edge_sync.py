@@ -63,6 +63,12 @@ async def test_offline_decisions_reach_central_after_heal(broker: Broker, tmp_pa
         policy.announce_packed()  # (after the peer: its update goes out)
         policy_task = asyncio.create_task(policy_peer.run())
         try:
+
+            def writes_packed() -> bool:
+                return bool(node.get("/v1/status")[1]["document"]["packed"])
+
+            # (the node switches on its next step after the policy arrives, not before)
+            await asyncio.to_thread(node.wait, writes_packed, 20.0, "node writes packed")
             body = {"id": "packed-1", "command": ["sleep", "60"], "cpu": 0.1, "mem_gib": 0.1}
             status, _ = await asyncio.to_thread(node.request, "POST", "/v1/tasks", body)
             assert status == 201
