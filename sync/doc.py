@@ -57,6 +57,7 @@ import json
 import logging
 import math
 import sys
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -204,6 +205,60 @@ def normalise(value: Any) -> Any:
     return value
 
 
+class _Observation:
+    """One SyncedDoc's subscriptions to its live pycrdt document (the document itself, and
+    the root maps watched by key or by revision)."""
+
+    __slots__ = ("doc", "roots", "subscription")
+
+    def __init__(self) -> None:
+        self.doc: Doc[Any] | None = None
+        self.subscription: Subscription | None = None
+        self.roots: list[tuple[Map[Any], Subscription]] = []
+
+    def release(self) -> None:
+        if self.subscription is not None and self.doc is not None:
+            self.doc.unobserve(self.subscription)
+        self.doc = self.subscription = None
+        for root, subscription in self.roots:
+            root.unobserve(subscription)
+        self.roots = []
+
+
+def _on_transaction(me: weakref.ref[SyncedDoc], event: TransactionEvent, epoch: int) -> None:
+    doc = me()
+    if doc is not None:
+        doc._on_transaction(event, epoch)
+
+
+def _root_changed(me: weakref.ref[SyncedDoc], name: str) -> Callable[[Any], None]:
+    def changed(_event: Any) -> None:
+        doc = me()
+        if doc is not None:
+            doc._root_revs[name] += 1
+
+    return changed
+
+
+def _keys_changed(me: weakref.ref[SyncedDoc], name: str) -> Callable[[Any], None]:
+    """The observer of root map ``name``: notes the keys each transaction changed (read
+    only: inside pycrdt's callback the document must not be touched)."""
+
+    def changed(event: Any) -> None:
+        doc = me()
+        if doc is None:
+            return
+        keys = [_key(k) for k in event.keys]
+        dirty = doc._dirty.get(name)
+        if dirty is not None:
+            dirty.update(keys)
+        tracked = doc._tracked.get(name)
+        if tracked is not None:
+            tracked.update(keys)
+
+    return changed
+
+
 def _key(key: object) -> str:
     """A root map's key as read: interned, so the one task id central's index, the decoded
     views and the parsed specs all hold is a single string, not one per place it is read."""
@@ -317,7 +372,9 @@ class SyncedDoc:
         self.epoch = self._check_epoch(epoch)
         #: When :meth:`log_update` rotates (single-writer documents only; None: never).
         self.rotation_policy = (rotation_policy or RotationPolicy()) if self.single_writer else None
-        self._subscription: Subscription | None = None
+        #: The live pycrdt document's subscriptions, released when this object goes.
+        self._observation = _Observation()
+        weakref.finalize(self, self._observation.release)
         #: Bumped by every transaction that changes the live document (local or remote) and
         #: by every replacement of it: decoded views can be cached by it.
         self.revision = 0
@@ -326,7 +383,6 @@ class SyncedDoc:
         self._views: dict[str, tuple[object, Any]] = {}
         self._root_revs: dict[str, int] = {}  # watched root -> bumped by each change of it
         self._memos: dict[str, dict[str, Any]] = {}
-        self._root_subscriptions: list[tuple[Map[Any], Subscription]] = []
         #: root -> keys changed since its view was last decoded (None: decode it all)
         self._dirty: dict[str, set[str] | None] = {}
         self._decoded: dict[str, dict[str, Any]] = {}
@@ -524,20 +580,18 @@ class SyncedDoc:
         return epoch
 
     def _unobserve(self) -> None:
-        if self._subscription is not None and self._doc is not None:
-            self._doc.unobserve(self._subscription)
-            self._subscription = None
-        for old_root, subscription in self._root_subscriptions:
-            old_root.unobserve(subscription)
-        self._root_subscriptions = []
+        self._observation.release()
 
     def _observed(self, doc: Doc[Any], *, same_content: bool = False) -> Doc[Any]:
         """``doc``, observed for the current epoch, replacing :attr:`doc`'s subscription.
 
         One subscription per pycrdt document. pycrdt's subscription refers back to its
         document from the Rust side, where the garbage collector cannot see it, so a document
-        rotated away is only freed once unobserved. A write to it through a stale reference
-        is logged and not reported to the callbacks (the observer knows its epoch).
+        rotated away is only freed once unobserved. The callbacks hold this object weakly and
+        a finalizer unobserves, so a SyncedDoc nobody holds goes with its pycrdt document
+        (held strongly, both stayed for good: the cycle runs through Rust). A write to it
+        through a stale reference is logged and not reported to the callbacks (the observer
+        knows its epoch).
         ``same_content``: a thaw (the consumers of :meth:`drain_changes` have seen it all and
         cached views are still right).
         """
@@ -545,42 +599,23 @@ class SyncedDoc:
         if not same_content:
             self.revision += 1
         epoch = self.epoch
-        self._subscription = doc.observe(lambda event: self._on_transaction(event, epoch))
-        self._root_subscriptions = []
+        me = weakref.ref(self)
+        observation = self._observation
+        observation.doc = doc
+        observation.subscription = doc.observe(lambda event: _on_transaction(me, event, epoch))
         for name in self.incremental_roots:
             root: Map[Any] = doc.get(name, type=Map)
-            self._root_subscriptions.append((root, root.observe(self._keys_changed(name))))
+            observation.roots.append((root, root.observe(_keys_changed(me, name))))
             self._dirty[name] = None  # a new pycrdt document: decode it all once
         for name in self.watched_roots:
             watched: Map[Any] = doc.get(name, type=Map)
-            self._root_subscriptions.append((watched, watched.observe(self._root_changed(name))))
+            observation.roots.append((watched, watched.observe(_root_changed(me, name))))
             if not same_content:  # a new pycrdt document: its views are built again
                 self._root_revs[name] = self._root_revs.get(name, 0) + 1
         if not same_content:
             for name in self._tracked:
                 self._tracked[name] = None  # ... and its consumer reads it all once
         return doc
-
-    def _root_changed(self, name: str) -> Callable[[Any], None]:
-        def changed(_event: Any) -> None:
-            self._root_revs[name] += 1
-
-        return changed
-
-    def _keys_changed(self, name: str) -> Callable[[Any], None]:
-        """The observer of root map ``name``: notes the keys each transaction changed (read
-        only: inside pycrdt's callback the document must not be touched)."""
-
-        def changed(event: Any) -> None:
-            keys = [_key(k) for k in event.keys]
-            dirty = self._dirty.get(name)
-            if dirty is not None:
-                dirty.update(keys)
-            tracked = self._tracked.get(name)
-            if tracked is not None:
-                tracked.update(keys)
-
-        return changed
 
     def track_changes(self, *roots: str) -> None:
         """Keep, for :meth:`drain_changes`, the keys of each root map in ``roots`` that local

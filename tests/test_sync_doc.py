@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import gc
 import random
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -645,3 +647,28 @@ def test_central_says_it_reads_packed_entries_once() -> None:
     old = PolicyDoc("policy", client_id_for("central"))
     old.set_mode(PolicyMode.ENERGY)
     assert not old.packed_entries()
+
+
+
+def test_a_document_nobody_holds_is_freed_with_its_pycrdt_document() -> None:
+    """pycrdt's subscriptions refer back from Rust, where the collector cannot look: a
+    SyncedDoc whose callbacks held it strongly, and its pycrdt document, were never freed."""
+    writer = NodeDoc("node-gw-1", client_id_for("gw-1"))
+    writer.put_task("t1", TaskReport(state=TaskState.RUNNING, updated_at=1.0))
+    held = NodeDoc("node-gw-1", client_id_for("central"))
+    held.track_changes("tasks")
+    assert held.apply_remote(writer.doc.get_update(), sender="gw-1")
+    assert set(held.tasks()) == {"t1"}
+    assert held.drain_changes("tasks") is None  # (the first drain: read it all)
+    gone, gone_doc = weakref.ref(writer), weakref.ref(writer.doc)
+    del writer
+    gc.collect()
+    assert gone() is None
+    assert gone_doc() is None
+    # the one still held keeps observing its document: its view and its changes follow
+    other = NodeDoc("node-gw-1", client_id_for("gw-1"))
+    assert other.apply_remote(held.doc.get_update(), sender="central")
+    other.put_task("t2", TaskReport(state=TaskState.ACCEPTED, updated_at=2.0))
+    assert held.apply_remote(other.doc.get_update(), sender="gw-1")
+    assert set(held.tasks()) == {"t1", "t2"}
+    assert held.drain_changes("tasks") == {"t2"}
