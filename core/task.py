@@ -363,6 +363,42 @@ def intern_short(text: str) -> str:
     return sys.intern(text) if len(text) <= INTERN_UP_TO else text
 
 
+def same_json(value: object, default: object) -> bool:
+    """Whether a JSON value is ``default`` exactly: equal and of the same types throughout
+    (``1 == 1.0 == True`` in Python; not here)."""
+    if type(value) is not type(default):
+        return False
+    if type(value) is dict:
+        assert isinstance(default, dict)
+        return value.keys() == default.keys() and all(
+            same_json(v, default[k]) for k, v in value.items()
+        )
+    if type(value) is list:
+        assert isinstance(default, list)
+        return len(value) == len(default) and all(map(same_json, value, default))
+    if type(value) is float:
+        assert isinstance(default, float)
+        return value == default and math.copysign(1.0, value) == math.copysign(1.0, default)
+    return value == default
+
+
+_SPEC_DEFAULTS: dict[str, Any] = {}
+
+
+def compact_spec_json(data: dict[str, Any]) -> dict[str, Any]:
+    """A spec's :meth:`TaskSpec.to_json` without the fields that hold their default (and
+    :meth:`TaskSpec.from_json` reads back the same spec): what a packed entry carries. The
+    id and the command are required, so always kept."""
+    if not _SPEC_DEFAULTS:
+        _SPEC_DEFAULTS.update(TaskSpec(id="-", command=("-",)).to_json())
+        del _SPEC_DEFAULTS["id"], _SPEC_DEFAULTS["command"]
+    return {
+        k: v
+        for k, v in data.items()
+        if k not in _SPEC_DEFAULTS or not same_json(v, _SPEC_DEFAULTS[k])
+    }
+
+
 #: The empty values of a parsed spec, shared (central holds every spec of the fleet, and an
 #: empty dict or frozenset of its own costs each ~200 bytes); never written to.
 _NO_SET: frozenset[Any] = frozenset()

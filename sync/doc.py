@@ -82,6 +82,7 @@ from edgesched.sync.schema import (
     StopOrder,
     TaskReport,
     TidalEntry,
+    compact_entry,
     decode_map,
     decode_one,
 )
@@ -348,6 +349,9 @@ class SyncedDoc:
     #: Root maps whose decoded views follow the changed keys of each transaction (pycrdt's
     #: map events) instead of decoding the whole map again: the large, hot ones.
     incremental_roots: ClassVar[tuple[str, ...]] = ()
+    #: The entry kind of each incremental root's entries (their packed form leaves out the
+    #: fields that hold their default: :meth:`readable` shows them whole).
+    entry_kinds: ClassVar[Mapping[str, type[Entry]]] = MappingProxyType({})
     #: Small root maps whose views are cached until that root changes, not until any change
     #: (a node's registration is not decoded again for each task update).
     watched_roots: ClassVar[tuple[str, ...]] = ()
@@ -564,11 +568,14 @@ class SyncedDoc:
         """A typed entry's raw value as read from a root map: nested, or packed text."""
         return normalise(unpacked(value))
 
-    def pack_entry(self, entry: dict[str, Any]) -> dict[str, Any] | str:
-        """``entry`` as this document writes it (:attr:`packed`)."""
+    def pack_entry(self, entry: dict[str, Any], kind: type[Entry]) -> dict[str, Any] | str:
+        """``entry`` (a ``kind`` entry's :meth:`~Entry.to_entry`) as this document writes it
+        (:attr:`packed`): packed, as compact JSON text without the fields that hold their
+        default (:func:`~edgesched.sync.schema.compact_entry`)."""
         if not self.packed:
             return entry
-        return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        compact = compact_entry(kind, entry)
+        return json.dumps(compact, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     def _check_epoch(self, epoch: int) -> int:
         if isinstance(epoch, bool) or not isinstance(epoch, int):
@@ -946,8 +953,20 @@ class SyncedDoc:
         for name in self.incremental_roots:
             entries = out.get(name)
             if isinstance(entries, dict):
-                out[name] = {k: self._entry_value(v) for k, v in entries.items()}
+                kind = self.entry_kinds[name]
+                out[name] = {k: self._readable_entry(kind, v) for k, v in entries.items()}
         return out
+
+    def _readable_entry(self, kind: type[Entry], value: object) -> object:
+        """A packed entry whole, as its kind writes it nested (the fields it left out hold
+        their default); one that does not decode, or a nested one, as it is."""
+        raw = self._entry_value(value)
+        if type(value) is str and type(raw) is dict:
+            try:
+                return kind.from_entry(raw).to_entry()
+            except SchemaError:
+                pass
+        return raw
 
     def content_hash(self) -> str:
         """sha256 hex of the canonical JSON of :meth:`to_json` (sorted keys, compact); kept
@@ -1096,11 +1115,26 @@ def _set_changed(
     root: Map[Any], key: str, value: dict[str, Any], written: dict[str, Any] | str | None = None
 ) -> None:
     """``root[key] = written`` (``value`` as the document writes it: packed or not; None:
-    ``value`` itself) unless it holds that value already, in either form (no empty update).
-    Compared with the map itself, not a cached view: inside one transaction the views are
-    those of its start, and a second write to the same key must see the first."""
+    ``value`` itself) unless it holds that value already (no empty update). Compared with the
+    map itself, not a cached view: inside one transaction the views are those of its start,
+    and a second write to the same key must see the first."""
     if normalise(unpacked(root.get(key))) != normalise(value):
         root[key] = value if written is None else written
+
+
+def _put_entry(root: Map[Any], key: str, entry: Entry, written: dict[str, Any] | str) -> None:
+    """``root[key] = written`` (``entry`` as the document writes it) unless it holds that
+    entry already, in either form: nested, or packed without its default fields."""
+    current = root.get(key)
+    if current == written:
+        return  # (packed text is canonical: the same entry, the same text)
+    if current is not None:
+        try:
+            if type(entry).from_entry(normalise(unpacked(current))) == entry:
+                return
+        except SchemaError:
+            pass  # (what it holds does not decode: the entry replaces it)
+    root[key] = written
 
 
 class NodeDoc(SyncedDoc):
@@ -1113,6 +1147,7 @@ class NodeDoc(SyncedDoc):
 
     single_writer = True
     incremental_roots = ("tasks",)
+    entry_kinds = MappingProxyType({"tasks": TaskReport})
     watched_roots = ("node",)
 
     @property
@@ -1169,8 +1204,9 @@ class NodeDoc(SyncedDoc):
         """Set the node's report of one task (only when it changed)."""
         if not task_id:
             raise ValueError("task_id must not be empty")
-        entry = report.to_entry()
-        _set_changed(self.root("tasks"), task_id, entry, self.pack_entry(entry))
+        _put_entry(
+            self.root("tasks"), task_id, report, self.pack_entry(report.to_entry(), TaskReport)
+        )
 
     def remove_task(self, task_id: str) -> None:
         tasks = self.root("tasks")
@@ -1217,6 +1253,9 @@ class PolicyDoc(SyncedDoc):
     Entries are typed (:mod:`edgesched.sync.schema`); one that does not decode is refused."""
 
     incremental_roots = ("assignments", "stops", "power")
+    entry_kinds = MappingProxyType(
+        {"assignments": AssignmentEntry, "stops": StopOrder, "power": PowerOrder}
+    )
 
     def _map(self, root: str) -> object:
         return normalise(self.root(root).to_py())
@@ -1224,7 +1263,7 @@ class PolicyDoc(SyncedDoc):
     def assign(self, task_id: str, entry: AssignmentEntry) -> None:
         if not task_id:
             raise ValueError("task_id must not be empty")
-        self.root("assignments")[task_id] = self.pack_entry(entry.to_entry())
+        self.root("assignments")[task_id] = self.pack_entry(entry.to_entry(), AssignmentEntry)
 
     def assignment(self, task_id: str) -> AssignmentEntry | None:
         """One assignment, decoded alone."""
@@ -1243,7 +1282,7 @@ class PolicyDoc(SyncedDoc):
         """Tell ``node_id`` to stop its copy of ``task_id`` (it lost the reconcile)."""
         if not task_id or not node_id or "@" in node_id:
             raise ValueError(f"bad stop order for {task_id!r} on {node_id!r}")
-        self.root("stops")[f"{task_id}@{node_id}"] = self.pack_entry(order.to_entry())
+        self.root("stops")[f"{task_id}@{node_id}"] = self.pack_entry(order.to_entry(), StopOrder)
 
     def stops(self) -> Mapping[str, StopOrder]:
         """``task@node`` -> the stop order."""
@@ -1307,7 +1346,7 @@ class PolicyDoc(SyncedDoc):
         """Central's power order to ``node_id``."""
         if not node_id:
             raise ValueError("node id must not be empty")
-        self.root("power")[node_id] = self.pack_entry(order.to_entry())
+        self.root("power")[node_id] = self.pack_entry(order.to_entry(), PowerOrder)
 
     def power(self) -> Mapping[str, PowerOrder]:
         """node id -> central's standing power order."""

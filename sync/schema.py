@@ -44,7 +44,9 @@ from edgesched.core.task import (
     TaskRecord,
     TaskSpec,
     TaskState,
+    compact_spec_json,
     intern_short,
+    same_json,
 )
 
 log = logging.getLogger("edgesched.sync.schema")
@@ -103,6 +105,35 @@ def _encode(value: object) -> object:
     if isinstance(value, tuple | list):
         return [_encode(v) for v in value]
     return value
+
+
+_DEFAULTS: dict[type, dict[str, object]] = {}
+
+
+def _encoded_defaults(cls: type[Entry]) -> dict[str, object]:
+    defaults = _DEFAULTS.get(cls)
+    if defaults is None:
+        defaults = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.default is not dataclasses.MISSING:
+                defaults[f.name] = _encode(f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                defaults[f.name] = _encode(f.default_factory())
+        _DEFAULTS[cls] = defaults
+    return defaults
+
+
+def compact_entry(cls: type[Entry], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a ``cls`` entry's :meth:`Entry.to_entry`) without the fields that hold their
+    default, and an assignment's spec without its own (:func:`compact_spec_json`): what a
+    packed entry carries ([schema.md](../docs/schema.md#packed-entries)). The decoder reads
+    an absent field as its default, so ``cls.from_entry`` of either is the same entry."""
+    defaults = _encoded_defaults(cls)
+    out = {k: v for k, v in data.items() if k not in defaults or not same_json(v, defaults[k])}
+    spec = out.get("spec")
+    if type(spec) is dict and _hints(cls).get("spec") is TaskSpec:
+        out["spec"] = compact_spec_json(spec)
+    return out
 
 
 # --- the reference decoder ----------------------------------------------------------------------

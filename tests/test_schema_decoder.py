@@ -12,6 +12,7 @@ dict instead of the spec.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 from collections.abc import Callable, Mapping
@@ -33,6 +34,8 @@ from edgesched.core.task import (
     _as_tuple,
     _kind_name,
     check_image,
+    compact_spec_json,
+    same_json,
 )
 from edgesched.sync import schema
 from edgesched.sync.schema import ENTRY_KINDS, MAX_TEXT, MAX_WIRE_INT, Entry, ModelEntry
@@ -400,6 +403,58 @@ def test_the_spec_parse_is_the_reference(raw: object) -> None:
         assert _deep(spec) == _deep(TaskSpec(**_reference_spec(raw)))
     else:
         assert got == expected
+
+
+@pytest.mark.parametrize("kind", ENTRY_KINDS, ids=lambda k: k.__name__)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_compact_entry_decodes_as_the_full_one(kind: type[Entry], data: st.DataObject) -> None:
+    """A packed entry leaves out the fields that hold their default (and an assignment's spec
+    its own): the decoder reads back the same entry, through a document's JSON text too."""
+    raw = data.draw(entry_json(kind))
+    try:
+        entry = kind.from_entry(raw)
+    except (schema.SchemaError, OverflowError):  # (the latter: see the last test)
+        return  # (a refused entry is never written)
+    full = entry.to_entry()
+    compact = schema.compact_entry(kind, full)
+    assert set(compact) <= set(full)
+    assert kind.from_entry(compact) == entry
+    assert kind.from_entry(json.loads(json.dumps(compact))) == entry
+    if kind is not ModelEntry:
+        assert _deep(kind.from_entry(compact)) == _deep(entry)
+    # what is left out is exactly what holds its default
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        for f in dataclasses.fields(kind)  # type: ignore[arg-type]
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+    for name in set(full) - set(compact):
+        assert getattr(entry, name) == defaults[name]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(raw=spec_json())
+def test_a_compact_spec_parses_as_the_full_one(raw: object) -> None:
+    try:
+        spec = TaskSpec.from_json(raw)
+    except SpecError:
+        return
+    full = spec.to_json()
+    compact = compact_spec_json(full)
+    assert {"id", "command"} <= set(compact) <= set(full)
+    assert TaskSpec.from_json(compact) == spec
+    assert _deep(TaskSpec.from_json(compact)) == _deep(spec)
+
+
+def test_compaction_tells_types_apart() -> None:
+    """``1 == 1.0 == True`` in Python: a value of another type than its default is kept (an
+    integer 0 for a float field that defaults to 0.0 would read back as a refusal, or as the
+    wrong type)."""
+    assert same_json(0.0, 0.0) and not same_json(0, 0.0) and not same_json(False, 0)
+    assert not same_json({"a": 1}, {"a": 1.0}) and same_json({"a": [None]}, {"a": [None]})
+    assert not same_json([1], [True]) and not same_json([], [None])
+    assert not same_json(-0.0, 0.0)  # (reads back as 0.0: not the value written)
 
 
 @settings(max_examples=500, deadline=None)

@@ -649,7 +649,6 @@ def test_central_says_it_reads_packed_entries_once() -> None:
     assert not old.packed_entries()
 
 
-
 def test_a_document_nobody_holds_is_freed_with_its_pycrdt_document() -> None:
     """pycrdt's subscriptions refer back from Rust, where the collector cannot look: a
     SyncedDoc whose callbacks held it strongly, and its pycrdt document, were never freed."""
