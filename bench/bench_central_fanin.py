@@ -186,8 +186,8 @@ def outcome(setup: Setup) -> dict[str, int]:
     """What central's index and replica peers hold at the end."""
     engine, now = setup.engine, setup.clock.now
     exits_of: dict[str, int] = {}
-    for copies in engine.index.copies.values():
-        for node_id, report in copies.items():
+    for task_id in engine.index.holders:
+        for node_id, report in engine.index.copies_of(task_id).items():
             if report.state is TaskState.EXITED and report.updated_at == now:
                 exits_of[node_id] = exits_of.get(node_id, 0) + 1
     peers = [r.peer for r in engine.replicas.replicas.values()]

@@ -117,7 +117,7 @@ def snapshot(engine: CentralEngine) -> dict[str, Any]:
     for task_id, entry in sorted(assignments.items()):
         view = engine.task_view(task_id, entry)
         # the task's copies from the index: not a lookup in every node's reports per task
-        copies = engine.index.copies.get(task_id, {})
+        copies = engine.index.copies_of(task_id)
         view["decided_by"] = {
             node_id: docs_tasks[node_id][task_id].decided_by
             for node_id in sorted(copies)

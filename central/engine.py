@@ -704,7 +704,7 @@ class CentralEngine:
         """An assignment with what the nodes report of it (the copies, by node)."""
         copies: dict[str, TaskReport] = {
             node_id: held
-            for node_id, held in sorted(self.index.copies.get(task_id, {}).items())
+            for node_id, held in self.index.copies_of(task_id).items()
             if held.assignment is not None
         }
         return {

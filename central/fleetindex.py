@@ -142,8 +142,10 @@ class FleetIndex:
         self.members: dict[str, _Member] = {}
         self.status: dict[str, tuple[str, float]] = {}  # node -> (online/offline, since)
         self.fresh: set[str] = set()
-        #: task id -> node id -> that node's report of the task (any state).
-        self.copies: dict[str, dict[str, TaskReport]] = {}
+        #: task id -> the node reporting a copy of it (any state), or the nodes (sorted) when
+        #: several do: the reports themselves are the members' (:meth:`copies_of`). One
+        #: string per task, not a dict per task (a million tasks at 10,000 nodes).
+        self.holders: dict[str, str | tuple[str, ...]] = {}
         self.assignments: dict[str, AssignmentEntry] = {}
         self.pending: set[str] = set()
         #: node id -> the task ids actively assigned to it.
@@ -185,14 +187,11 @@ class FleetIndex:
                 continue
             if report is None:
                 del member.reports[task_id]
-                held = self.copies.get(task_id)
-                if held is not None:
-                    held.pop(node_id, None)
-                    if not held:
-                        del self.copies[task_id]
+                self._drop_holder(task_id, node_id)
             else:
                 member.reports[task_id] = report
-                self.copies.setdefault(task_id, {})[node_id] = report
+                if old is None:
+                    self._add_holder(task_id, node_id)
             self._refresh_pair(task_id, node_id)
             self._reconcile_due.add(task_id)
             key = f"{task_id}@{node_id}"
@@ -208,6 +207,35 @@ class FleetIndex:
             else:
                 self.parked.discard(node_id)
             self._recompute_node(node_id)
+
+    def copies_of(self, task_id: str) -> dict[str, TaskReport]:
+        """node id -> that node's report of the task (any state), in node id order."""
+        held = self.holders.get(task_id)
+        if held is None:
+            return {}
+        if type(held) is str:
+            return {held: self.members[held].reports[task_id]}
+        return {n: self.members[n].reports[task_id] for n in held}
+
+    def _add_holder(self, task_id: str, node_id: str) -> None:
+        held = self.holders.get(task_id)
+        if held is None:
+            self.holders[task_id] = node_id
+        elif type(held) is str:
+            self.holders[task_id] = tuple(sorted((held, node_id)))
+        else:
+            self.holders[task_id] = tuple(sorted((*held, node_id)))
+
+    def _drop_holder(self, task_id: str, node_id: str) -> None:
+        held = self.holders.get(task_id)
+        if held is None:
+            return
+        if type(held) is str:
+            if held == node_id:
+                del self.holders[task_id]
+            return
+        rest = tuple(n for n in held if n != node_id)
+        self.holders[task_id] = rest[0] if len(rest) == 1 else rest
 
     def reads_packed(self, node_id: str) -> bool:
         """Whether the node's registration says it reads packed entries."""
@@ -325,10 +353,9 @@ class FleetIndex:
         out = []
         for task_id in sorted(due):
             entry = self.assignments.get(task_id)
-            copies = self.copies.get(task_id)
-            if entry is None or not copies:
+            if entry is None or task_id not in self.holders:
                 continue
-            live = {n: r for n, r in copies.items() if n in self.fresh}
+            live = {n: r for n, r in self.copies_of(task_id).items() if n in self.fresh}
             settled = settle(task_id, entry, claims_from(task_id, live), self.stops, policy)
             if settled is not None:
                 out.append(settled)
@@ -374,7 +401,7 @@ class FleetIndex:
             entry = self.assignments.get(task_id)
             if entry is None:
                 continue
-            copies = self.copies.get(task_id, {})
+            copies = self.copies_of(task_id)
             if can_forget(entry, copies, now, self.retention_s):
                 out.append(task_id)
             else:  # (a rounding hair short of its time): look again later
@@ -528,11 +555,7 @@ class FleetIndex:
 
     def _schedule_prune(self, task_id: str) -> None:
         entry = self.assignments.get(task_id)
-        due = (
-            None
-            if entry is None
-            else forget_at(entry, self.copies.get(task_id, {}), self.retention_s)
-        )
+        due = None if entry is None else forget_at(entry, self.copies_of(task_id), self.retention_s)
         if due is None:
             self._prune_at.pop(task_id, None)
         elif self._prune_at.get(task_id) != due:
@@ -548,7 +571,7 @@ class FleetIndex:
             "usable": len(self.table().nodes),
             "assignments": len(self.assignments),
             "pending": len(self.pending),
-            "copies": sum(len(c) for c in self.copies.values()),
+            "copies": sum(1 if type(h) is str else len(h) for h in self.holders.values()),
             "stops": len(self.stops),
             "prune_queue": len(self._prune_at),
         }

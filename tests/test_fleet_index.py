@@ -261,6 +261,14 @@ def check(world: World, index: FleetIndex) -> None:
         k: v for k, v in want.usage.items() if abs(v) > 1e-9
     }
     assert set(index.unusable()) == set(view.unusable)
+    # Each task's copies: the nodes' reports of it, in node id order.
+    copies = {
+        t: {n: v.tasks[t] for n, v in sorted(views.items()) if t in v.tasks}
+        for t in {t for v in views.values() for t in v.tasks}
+    }
+    assert set(index.holders) == set(copies)
+    for task_id, held in copies.items():
+        assert list(index.copies_of(task_id).items()) == list(held.items())
     # Failovers.
     offline = {n: s for n, (state, s) in world.status.items() if state == "offline"}
     assert index.failover_candidates(now) == failovers(world.assignments, offline, now, GRACE)

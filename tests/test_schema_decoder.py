@@ -424,11 +424,12 @@ def test_a_compact_entry_decodes_as_the_full_one(kind: type[Entry], data: st.Dat
     if kind is not ModelEntry:
         assert _deep(kind.from_entry(compact)) == _deep(entry)
     # what is left out is exactly what holds its default
-    defaults = {
-        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        for f in dataclasses.fields(kind)  # type: ignore[arg-type]
-        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-    }
+    defaults: dict[str, object] = {}
+    for f in dataclasses.fields(kind):  # type: ignore[arg-type]
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
     for name in set(full) - set(compact):
         assert getattr(entry, name) == defaults[name]
 
