@@ -65,7 +65,7 @@ def report_task(task_id: str, report: TaskReport) -> Task:
         id=task_id,
         workload=report.workload,
         priority=report.priority,
-        demand=Resources(cpu=report.cpu, mem_gib=report.mem_gib, accel=report.accel),
+        demand=Resources.shared(report.cpu, report.mem_gib, report.accel),
         submitted_at=report.updated_at,
     )
 

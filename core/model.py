@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from edgesched.core.shared import SharedValues, exact_zero_free
+
 SECONDS_PER_DAY = 86_400.0
 #: Task priorities are integers in [0, MAX_PRIORITY]; higher wins.
 MAX_PRIORITY = 999
@@ -65,6 +67,16 @@ class Resources:
             if getattr(self, name) < 0:
                 raise ValueError(f"resource {name} must be >= 0, got {getattr(self, name)}")
 
+    @classmethod
+    def shared(cls, cpu: float, mem_gib: float, accel: int) -> Resources:
+        """``Resources(cpu, mem_gib, accel)``, one shared copy per value (central builds one
+        for every task of the fleet, and most tasks ask for one of a few sizes)."""
+        demand = cls(cpu=cpu, mem_gib=mem_gib, accel=accel)
+        exact = type(cpu) is float and type(mem_gib) is float and type(accel) is int
+        if exact and exact_zero_free(cpu, mem_gib):
+            return _RESOURCES(demand)
+        return demand
+
     def __add__(self, other: Resources) -> Resources:
         return Resources(
             self.cpu + other.cpu,
@@ -82,6 +94,9 @@ class Resources:
             and self.accel <= capacity.accel
             and self.iops_k <= capacity.iops_k + eps
         )
+
+
+_RESOURCES: SharedValues[Resources] = SharedValues()
 
 
 @dataclass(frozen=True, slots=True)

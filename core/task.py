@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from edgesched.core.model import MAX_PRIORITY, Arch, Resources, ServerClass, Task
+from edgesched.core.shared import shared_float, shared_text_tuple
 
 
 class SpecError(ValueError):
@@ -151,7 +152,7 @@ class TaskSpec:
             id=self.id,
             workload=self.workload,
             priority=self.priority,
-            demand=Resources(cpu=self.cpu, mem_gib=self.mem_gib, accel=self.accel),
+            demand=Resources.shared(self.cpu, self.mem_gib, self.accel),
             submitted_at=submitted_at,
             duration_s=self.duration_s,
             archs=self.archs,
@@ -328,11 +329,11 @@ class TaskSpec:
             # (interned: central holds every spec of the fleet, and the same id is the key of
             # its index, and the same commands and workloads recur across thousands of specs)
             sys.intern(ident) if type(ident) is str else ident,
-            tuple(intern_short(a) if type(a) is str else a for a in command),
+            shared_text_tuple(tuple(intern_short(a) if type(a) is str else a for a in command)),
             sys.intern(workload) if type(workload) is str else workload,
             priority,
-            float(cpu),
-            float(mem_gib),
+            shared_float(float(cpu)),
+            shared_float(float(mem_gib)),
             accel,
             threads,
             dict(env) if env else _NO_ENV,

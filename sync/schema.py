@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Self, TypeVar, Union, get_args, get_origin, ge
 
 from edgesched.core.model import Arch, Node, Resources, ServerClass
 from edgesched.core.model import PowerModel as CorePowerModel
+from edgesched.core.shared import SharedValues, exact_zero_free, shared_float
 from edgesched.core.task import (
     MAX_SPEC_INT,
     Assignment,
@@ -105,6 +106,23 @@ def _encode(value: object) -> object:
     if isinstance(value, tuple | list):
         return [_encode(v) for v in value]
     return value
+
+
+#: The assignment references of task reports, shared: most of a node's 100 reports follow
+#: the same central at one of a few epochs (see :mod:`edgesched.core.shared`).
+_REFS: SharedValues[AssignmentRef] = SharedValues()
+
+
+def _shared_ref(ref: AssignmentRef) -> AssignmentRef:
+    if (
+        type(ref.central) is str
+        and type(ref.epoch) is int
+        and type(ref.replacement) is bool
+        and type(ref.score) is float
+        and exact_zero_free(ref.score)
+    ):
+        return _REFS(ref)
+    return ref
 
 
 _DEFAULTS: dict[type, dict[str, object]] = {}
@@ -365,7 +383,8 @@ def _compile_field(hint: Any) -> _FieldDecoder:
         entry_cls = hint
 
         def nested(raw: object, kind: str, name: str) -> Any:
-            return _decoder(entry_cls)(raw, f"{kind}.{name}")
+            entry = _decoder(entry_cls)(raw, f"{kind}.{name}")
+            return _shared_ref(entry) if isinstance(entry, AssignmentRef) else entry
 
         return nested
     if isinstance(hint, type) and issubclass(hint, Enum):
@@ -399,11 +418,12 @@ def _int_field(raw: object, kind: str, name: str) -> Any:
 
 
 def _float_field(raw: object, kind: str, name: str) -> Any:
+    # (sizes shared: see edgesched.core.shared)
     if type(raw) is float:
         if math.isfinite(raw):
-            return raw
+            return shared_float(raw)
     elif type(raw) is int and -MAX_WIRE_INT <= raw <= MAX_WIRE_INT:
-        return float(raw)
+        return shared_float(float(raw))
     return _reference_value(float, raw, kind, name)
 
 
