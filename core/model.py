@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 
 from edgesched.core.shared import SharedValues, exact_zero_free
 
@@ -198,6 +199,10 @@ class Node:
         return self.perf * self.capacity.cpu / self.power.peak_w
 
 
+#: A task without images, read-only (shared by every such task).
+NO_IMAGES: Mapping[Arch, str] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     """A unit of work to place.
@@ -215,7 +220,9 @@ class Task:
     submitted_at: float = 0.0
     duration_s: float | None = None
     archs: frozenset[Arch] = frozenset()
-    images: Mapping[Arch, str] = field(default_factory=dict)
+    #: (no images: one shared empty mapping, not a dict per task: central builds a Task for
+    #: every task of the fleet)
+    images: Mapping[Arch, str] = field(default_factory=lambda: NO_IMAGES)
     server_classes: frozenset[ServerClass] = frozenset()
     preemptible: bool = True
     migratable: bool = False
