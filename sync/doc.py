@@ -260,6 +260,13 @@ def _keys_changed(me: weakref.ref[SyncedDoc], name: str) -> Callable[[Any], None
     return changed
 
 
+_NOTHING_WRITTEN: dict[str, tuple[str, Entry]] = {}
+#: id(entry) -> (entry, its packed text), the latest written (:meth:`SyncedDoc.packed_form`);
+#: the entry is held, so its id is not reused while it is here.
+_PACKED: dict[int, tuple[Entry, str]] = {}
+_PACKED_UP_TO = 4096
+
+
 def _key(key: object) -> str:
     """A root map's key as read: interned, so the one task id central's index, the decoded
     views and the parsed specs all hold is a single string, not one per place it is read."""
@@ -393,6 +400,11 @@ class SyncedDoc:
         #: root -> keys changed since :meth:`drain_changes` last ran (None: all of them);
         #: only for the roots a consumer asked :meth:`track_changes` for.
         self._tracked: dict[str, set[str] | None] = {}
+        #: tracked root -> key -> (the packed text this document wrote there, its entry),
+        #: since the last drain, and what the last drain took: the consumer's read of a key
+        #: it wrote itself is not decoded again (:meth:`_one`).
+        self._written: dict[str, dict[str, tuple[str, Entry]]] = {}
+        self._drained: dict[str, dict[str, tuple[str, Entry]]] = {}
         #: The encoded state while the document is frozen (:meth:`freeze`), else None.
         self._frozen: bytes | None = None
         self._frozen_sv = b"\x00"
@@ -545,8 +557,16 @@ class SyncedDoc:
         return self._memos.setdefault(key, {})
 
     def _one(self, cls: type[_E], root: Map[Any], key: str, where: str) -> _E | None:
-        """The entry ``key`` of a map, decoded on its own (reusing the memo's decode)."""
-        raw = self._entry_value(root.get(key))
+        """The entry ``key`` of a map, decoded on its own (reusing the memo's decode, or the
+        entry this document wrote there if the text is still what it wrote)."""
+        value = root.get(key)
+        if type(value) is str:
+            mine = self._drained.get(where, _NOTHING_WRITTEN).get(key) or self._written.get(
+                where, _NOTHING_WRITTEN
+            ).get(key)
+            if mine is not None and mine[0] == value:
+                return mine[1]  # type: ignore[return-value]
+        raw = self._entry_value(value)
         if raw is None:
             return None
         hit = self._memos.get(where, {}).get(key)
@@ -565,8 +585,36 @@ class SyncedDoc:
     packed = False
 
     def _entry_value(self, value: Any) -> Any:
-        """A typed entry's raw value as read from a root map: nested, or packed text."""
-        return normalise(unpacked(value))
+        """A typed entry's raw value as read from a root map: nested, or packed text. (JSON
+        text keeps integers and floats apart as they were written, so a packed entry is not
+        normalised: only pycrdt's own values read every number back as a float.)"""
+        if type(value) is str:
+            return unpacked(value)
+        return normalise(value)
+
+    def _put(self, name: str, key: str, entry: Entry) -> None:
+        """``root(name)[key] = entry``, in this document's form (:meth:`packed_form`)."""
+        written = self.packed_form(entry)
+        self.root(name)[key] = written
+        if type(written) is str and name in self._tracked:
+            self._written.setdefault(name, {})[key] = (written, entry)
+
+    def packed_form(self, entry: Entry) -> dict[str, Any] | str:
+        """``entry`` as this document writes it: :meth:`pack_entry` of its
+        :meth:`~Entry.to_entry`, the text shared by every packed document written the same
+        entry lately (central writes each assignment into the fleet document, then the same
+        object into its node's desired document)."""
+        if not self.packed:
+            return entry.to_entry()
+        hit = _PACKED.get(id(entry))
+        if hit is not None and hit[0] is entry:
+            return hit[1]
+        text = self.pack_entry(entry.to_entry(), type(entry))
+        assert type(text) is str
+        if len(_PACKED) >= _PACKED_UP_TO:
+            del _PACKED[next(iter(_PACKED))]  # the oldest
+        _PACKED[id(entry)] = (entry, text)
+        return text
 
     def pack_entry(self, entry: dict[str, Any], kind: type[Entry]) -> dict[str, Any] | str:
         """``entry`` (a ``kind`` entry's :meth:`~Entry.to_entry`) as this document writes it
@@ -641,6 +689,7 @@ class SyncedDoc:
             raise ValueError(f"{self.name}: changes of {root!r} are not tracked")
         keys = self._tracked[root]
         self._tracked[root] = set()
+        self._drained[root] = self._written.pop(root, {})
         return keys
 
     def each(self, name: str, cls: type[_E]) -> Iterator[tuple[str, _E]]:
@@ -1204,9 +1253,7 @@ class NodeDoc(SyncedDoc):
         """Set the node's report of one task (only when it changed)."""
         if not task_id:
             raise ValueError("task_id must not be empty")
-        _put_entry(
-            self.root("tasks"), task_id, report, self.pack_entry(report.to_entry(), TaskReport)
-        )
+        _put_entry(self.root("tasks"), task_id, report, self.packed_form(report))
 
     def remove_task(self, task_id: str) -> None:
         tasks = self.root("tasks")
@@ -1263,7 +1310,7 @@ class PolicyDoc(SyncedDoc):
     def assign(self, task_id: str, entry: AssignmentEntry) -> None:
         if not task_id:
             raise ValueError("task_id must not be empty")
-        self.root("assignments")[task_id] = self.pack_entry(entry.to_entry(), AssignmentEntry)
+        self._put("assignments", task_id, entry)
 
     def assignment(self, task_id: str) -> AssignmentEntry | None:
         """One assignment, decoded alone."""
@@ -1282,7 +1329,7 @@ class PolicyDoc(SyncedDoc):
         """Tell ``node_id`` to stop its copy of ``task_id`` (it lost the reconcile)."""
         if not task_id or not node_id or "@" in node_id:
             raise ValueError(f"bad stop order for {task_id!r} on {node_id!r}")
-        self.root("stops")[f"{task_id}@{node_id}"] = self.pack_entry(order.to_entry(), StopOrder)
+        self._put("stops", f"{task_id}@{node_id}", order)
 
     def stops(self) -> Mapping[str, StopOrder]:
         """``task@node`` -> the stop order."""
@@ -1346,7 +1393,7 @@ class PolicyDoc(SyncedDoc):
         """Central's power order to ``node_id``."""
         if not node_id:
             raise ValueError("node id must not be empty")
-        self.root("power")[node_id] = self.pack_entry(order.to_entry(), PowerOrder)
+        self._put("power", node_id, order)
 
     def power(self) -> Mapping[str, PowerOrder]:
         """node id -> central's standing power order."""

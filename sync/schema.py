@@ -86,12 +86,25 @@ class Entry:
 
     def to_entry(self) -> dict[str, Any]:
         """The JSON value written into the document."""
-        return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        out = {}
+        for name in names:
+            value = getattr(self, name)
+            out[name] = value if type(value) in _PLAIN else _encode(value)
+        return out
 
     @classmethod
     def from_entry(cls, raw: object) -> Self:
         """Decode and validate ``raw``; :class:`SchemaError` naming what is wrong."""
         return _decoder(cls)(raw, cls.KIND)
+
+
+#: Each entry class's field names, in order (``dataclasses.fields`` builds them anew per call).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+#: Values written as they are.
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def _encode(value: object) -> object:

@@ -671,3 +671,32 @@ def test_a_document_nobody_holds_is_freed_with_its_pycrdt_document() -> None:
     assert held.apply_remote(other.doc.get_update(), sender="gw-1")
     assert set(held.tasks()) == {"t1", "t2"}
     assert held.drain_changes("tasks") == {"t2"}
+
+
+def test_a_tracked_documents_own_write_is_read_back_as_written() -> None:
+    """Central writes an assignment into its fleet document, then its index reads the changed
+    key back: the entry it wrote, not a decode of the text, while the text is still its own;
+    and its node's desired document writes the same text without encoding it again."""
+    fleet = PolicyDoc("fleet", client_id_for("central"))
+    fleet.packed = True
+    fleet.track_changes("assignments")
+    assert fleet.drain_changes("assignments") is None
+    entry = assigned("gw1")
+    fleet.assign("t1", entry)
+    assert fleet.drain_changes("assignments") == {"t1"}
+    assert fleet.assignment("t1") is entry
+    desired = PolicyDoc("desired-gw1", client_id_for("central"))
+    desired.packed = True
+    desired.assign("t1", entry)
+    assert desired.root("assignments").get("t1") == fleet.root("assignments").get("t1")
+    assert desired.packed_form(entry) is fleet.packed_form(entry)
+    # another central replica writes the key: the read decodes what is there now
+    other = PolicyDoc("fleet", client_id_for("central-2"))
+    other.packed = True
+    assert other.apply_remote(fleet.snapshot(), sender="central")
+    moved = assigned("gw2")
+    other.assign("t1", moved)
+    assert fleet.apply_remote(other.diff(fleet.state_vector()), sender="central-2")
+    assert fleet.drain_changes("assignments") == {"t1"}
+    read = fleet.assignment("t1")
+    assert read == moved and read is not moved and read is not entry
