@@ -53,6 +53,7 @@ would then be dropped (lost writes); only agreement among the writers could pick
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -226,10 +227,23 @@ class _Observation:
         self.roots = []
 
 
-def _on_transaction(me: weakref.ref[SyncedDoc], event: TransactionEvent, epoch: int) -> None:
-    doc = me()
-    if doc is not None:
-        doc._on_transaction(event, epoch)
+#: The signature of an observer taking the event (pycrdt inspects each callback it is given,
+#: a third of a thaw's cost, unless the callback states it: ``__signature__``).
+_ONE_EVENT = inspect.Signature([inspect.Parameter("event", inspect.Parameter.POSITIONAL_ONLY)])
+
+
+def _observer(callback: Callable[[Any], None]) -> Callable[[Any], None]:
+    callback.__signature__ = _ONE_EVENT  # type: ignore[attr-defined]
+    return callback
+
+
+def _on_transaction(me: weakref.ref[SyncedDoc], epoch: int) -> Callable[[Any], None]:
+    def changed(event: Any) -> None:
+        doc = me()
+        if doc is not None:
+            doc._on_transaction(event, epoch)
+
+    return _observer(changed)
 
 
 def _root_changed(me: weakref.ref[SyncedDoc], name: str) -> Callable[[Any], None]:
@@ -238,7 +252,7 @@ def _root_changed(me: weakref.ref[SyncedDoc], name: str) -> Callable[[Any], None
         if doc is not None:
             doc._root_revs[name] += 1
 
-    return changed
+    return _observer(changed)
 
 
 def _keys_changed(me: weakref.ref[SyncedDoc], name: str) -> Callable[[Any], None]:
@@ -257,7 +271,7 @@ def _keys_changed(me: weakref.ref[SyncedDoc], name: str) -> Callable[[Any], None
         if tracked is not None:
             tracked.update(keys)
 
-    return changed
+    return _observer(changed)
 
 
 _NOTHING_WRITTEN: dict[str, tuple[str, Entry]] = {}
@@ -383,6 +397,8 @@ class SyncedDoc:
         self.epoch = self._check_epoch(epoch)
         #: When :meth:`log_update` rotates (single-writer documents only; None: never).
         self.rotation_policy = (rotation_policy or RotationPolicy()) if self.single_writer else None
+        #: The live pycrdt document's root maps, as :meth:`root` gave them (emptied with it).
+        self._root_maps: dict[str, tuple[Doc[Any], Map[Any]]] = {}
         #: The live pycrdt document's subscriptions, released when this object goes.
         self._observation = _Observation()
         weakref.finalize(self, self._observation.release)
@@ -486,6 +502,7 @@ class SyncedDoc:
         for name in self.incremental_roots:
             self._dirty[name] = None  # decode it all once, after a thaw
         self._doc = None
+        self._root_maps = {}
         return len(self._frozen)
 
     @property
@@ -654,10 +671,11 @@ class SyncedDoc:
         if not same_content:
             self.revision += 1
         epoch = self.epoch
+        self._root_maps = {}  # (those of the document this one replaces)
         me = weakref.ref(self)
         observation = self._observation
         observation.doc = doc
-        observation.subscription = doc.observe(lambda event: _on_transaction(me, event, epoch))
+        observation.subscription = doc.observe(_on_transaction(me, epoch))
         for name in self.incremental_roots:
             root: Map[Any] = doc.get(name, type=Map)
             observation.roots.append((root, root.observe(_keys_changed(me, name))))
@@ -1027,8 +1045,14 @@ class SyncedDoc:
         return digest
 
     def root(self, key: str) -> Map[Any]:
-        """The root map ``key`` (created locally if absent)."""
-        root: Map[Any] = self.doc.get(key, type=Map)
+        """The root map ``key`` (created locally if absent); kept per live document (pycrdt's
+        ``get`` integrates a new map each call, 15 us, on every read of an entry)."""
+        doc = self.doc
+        hit = self._root_maps.get(key)
+        if hit is not None and hit[0] is doc:
+            return hit[1]
+        root: Map[Any] = doc.get(key, type=Map)
+        self._root_maps[key] = (doc, root)
         return root
 
     # ------------------------------------------------------------------ snapshots
