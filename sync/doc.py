@@ -279,6 +279,9 @@ _NOTHING_WRITTEN: dict[str, tuple[str, Entry]] = {}
 #: the entry is held, so its id is not reused while it is here.
 _PACKED: dict[int, tuple[Entry, str]] = {}
 _PACKED_UP_TO = 4096
+#: Own writes a tracked root remembers between two drains (:meth:`SyncedDoc._put`): a step's
+#: worth; past it (a bulk write, a restore) the reads decode.
+_WRITTEN_UP_TO = 8192
 
 
 def _key(key: object) -> str:
@@ -614,7 +617,9 @@ class SyncedDoc:
         written = self.packed_form(entry)
         self.root(name)[key] = written
         if type(written) is str and name in self._tracked:
-            self._written.setdefault(name, {})[key] = (written, entry)
+            mine = self._written.setdefault(name, {})
+            if len(mine) < _WRITTEN_UP_TO or key in mine:
+                mine[key] = (written, entry)
 
     def packed_form(self, entry: Entry) -> dict[str, Any] | str:
         """``entry`` as this document writes it: :meth:`pack_entry` of its
