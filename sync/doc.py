@@ -469,8 +469,8 @@ class SyncedDoc:
 
     def freeze(self) -> int:
         """Keep only the encoded state of the document (compressed), drop the live one and
-        every decoded cache; returns the bytes kept (0 if it could not freeze: inside a
-        transaction, or holding updates pending for a missing dependency).
+        the decoded caches of its large maps; returns the bytes kept (0 if it could not
+        freeze: inside a transaction, or holding updates pending for a missing dependency).
 
         What the document holds does not change: its content, epoch, client id, tracked
         changes and :attr:`revision` are the same after the next use thaws it (any use of
@@ -500,7 +500,9 @@ class SyncedDoc:
         # compressed (zlib's fastest level): the encoded state repeats every entry's field
         # names and most values, and shrinks 6-25x; unpacking it costs a fifth of a thaw
         self._frozen = zlib.compress(state, 1)
-        self._views.clear()
+        # The views of watched roots are kept (a registration, a power report: small, and
+        # valid until their root changes, which a thaw does not do); the rest are dropped.
+        self._views = {k: v for k, v in self._views.items() if type(v[0]) is tuple}
         self._decoded.clear()
         for name in self.incremental_roots:
             self._dirty[name] = None  # decode it all once, after a thaw
