@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from types import MappingProxyType
 
 from edgesched.core.shared import SharedValues, exact_zero_free
 
@@ -199,8 +198,9 @@ class Node:
         return self.perf * self.capacity.cpu / self.power.peak_w
 
 
-#: A task without images, read-only (shared by every such task).
-NO_IMAGES: Mapping[Arch, str] = MappingProxyType({})
+#: The images of a task without any: one empty mapping shared by every such task, never
+#: written to (as a spec's, :mod:`edgesched.core.task`).
+NO_IMAGES: Mapping[Arch, str] = {}
 
 
 @dataclass(frozen=True, slots=True)
