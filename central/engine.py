@@ -75,7 +75,6 @@ from edgesched.sync.reconcile import ReconcilePolicy
 from edgesched.sync.schema import (
     AssignmentEntry,
     AssignmentState,
-    Entry,
     ModelEntry,
     NodeView,
     PowerOrder,
@@ -102,12 +101,6 @@ FULL_COLLECTION_SWEEPS = 60
 LEASE_GUARD_S = 0.5
 #: The policy document's maps the fleet index follows by key.
 POLICY_ROOTS = ("assignments", "stops", "power")
-#: The entry kind of each.
-POLICY_ROOT_KINDS: dict[str, type[Entry]] = {
-    "assignments": AssignmentEntry,
-    "stops": StopOrder,
-    "power": PowerOrder,
-}
 
 
 class TaskRefused(Exception):
@@ -1289,7 +1282,7 @@ def _move_desired_state(policy: PolicyDoc, fleet: PolicyDoc) -> int:
             for key in keys:
                 if key not in target:
                     value = normalise(unpacked(source.get(key)))
-                    kind = POLICY_ROOT_KINDS[root]
+                    kind = fleet.entry_kinds[root]
                     target[key] = (
                         fleet.pack_entry(value, kind) if isinstance(value, dict) else value
                     )

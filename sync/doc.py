@@ -614,14 +614,30 @@ class SyncedDoc:
             return unpacked(value)
         return normalise(value)
 
-    def _put(self, name: str, key: str, entry: Entry) -> None:
-        """``root(name)[key] = entry``, in this document's form (:meth:`packed_form`)."""
+    def _put(self, name: str, key: str, entry: Entry, *, if_changed: bool = False) -> None:
+        """``root(name)[key] = entry``, in this document's form (:meth:`packed_form`);
+        ``if_changed``: not if it holds that entry already, in either form (nested, or packed
+        without its default fields), so no empty update. Compared with the map itself, not a
+        cached view: inside one transaction a second write to the key must see the first."""
         written = self.packed_form(entry)
-        self.root(name)[key] = written
+        root = self.root(name)
+        if if_changed and self._holds(root.get(key), entry, written):
+            return
+        root[key] = written
         if type(written) is str and name in self._tracked:
             mine = self._written.setdefault(name, {})
             if len(mine) < _WRITTEN_UP_TO or key in mine:
                 mine[key] = (written, entry)
+
+    def _holds(self, current: object, entry: Entry, written: dict[str, Any] | str) -> bool:
+        if current == written:
+            return True  # (packed text is canonical: the same entry, the same text)
+        if current is None:
+            return False
+        try:
+            return type(entry).from_entry(self._entry_value(current)) == entry
+        except SchemaError:
+            return False  # (what it holds does not decode: the entry replaces it)
 
     def packed_form(self, entry: Entry) -> dict[str, Any] | str:
         """``entry`` as this document writes it: :meth:`pack_entry` of its
@@ -1191,30 +1207,12 @@ async def _last_logged_seq(store: Store, name: str) -> int:
 # ---------------------------------------------------------------------- document kinds
 
 
-def _set_changed(
-    root: Map[Any], key: str, value: dict[str, Any], written: dict[str, Any] | str | None = None
-) -> None:
-    """``root[key] = written`` (``value`` as the document writes it: packed or not; None:
-    ``value`` itself) unless it holds that value already (no empty update). Compared with the
-    map itself, not a cached view: inside one transaction the views are those of its start,
-    and a second write to the same key must see the first."""
+def _set_changed(root: Map[Any], key: str, value: dict[str, Any]) -> None:
+    """``root[key] = value`` unless it holds that value already (no empty update). Compared
+    with the map itself, not a cached view: inside one transaction the views are those of its
+    start, and a second write to the same key must see the first."""
     if normalise(unpacked(root.get(key))) != normalise(value):
-        root[key] = value if written is None else written
-
-
-def _put_entry(root: Map[Any], key: str, entry: Entry, written: dict[str, Any] | str) -> None:
-    """``root[key] = written`` (``entry`` as the document writes it) unless it holds that
-    entry already, in either form: nested, or packed without its default fields."""
-    current = root.get(key)
-    if current == written:
-        return  # (packed text is canonical: the same entry, the same text)
-    if current is not None:
-        try:
-            if type(entry).from_entry(normalise(unpacked(current))) == entry:
-                return
-        except SchemaError:
-            pass  # (what it holds does not decode: the entry replaces it)
-    root[key] = written
+        root[key] = value
 
 
 class NodeDoc(SyncedDoc):
@@ -1284,7 +1282,7 @@ class NodeDoc(SyncedDoc):
         """Set the node's report of one task (only when it changed)."""
         if not task_id:
             raise ValueError("task_id must not be empty")
-        _put_entry(self.root("tasks"), task_id, report, self.packed_form(report))
+        self._put("tasks", task_id, report, if_changed=True)
 
     def remove_task(self, task_id: str) -> None:
         tasks = self.root("tasks")
