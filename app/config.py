@@ -488,6 +488,7 @@ def _parse_policy(t: _Table) -> PolicyConfig:
         "max_preemptions_per_task",
         "accel_reserve_cpu",
         "accel_reserve_mem_gib",
+        "score_nodes",
         "weights",
         "tidal",
     )
@@ -503,6 +504,7 @@ def _parse_policy(t: _Table) -> PolicyConfig:
     max_preemptions = t.integer("max_preemptions_per_task", d.max_preemptions_per_task, low=0)
     reserve_cpu = t.number("accel_reserve_cpu", d.accel_reserve_cpu, low=0)
     reserve_mem = t.number("accel_reserve_mem_gib", d.accel_reserve_mem_gib, low=0)
+    score_nodes = t.integer("score_nodes", d.score_nodes, low=0)
     return t.build(
         lambda: PolicyConfig(
             mode=mode,
@@ -517,6 +519,7 @@ def _parse_policy(t: _Table) -> PolicyConfig:
             max_preemptions_per_task=max_preemptions,
             accel_reserve_cpu=reserve_cpu,
             accel_reserve_mem_gib=reserve_mem,
+            score_nodes=score_nodes,
         )
     )
 
@@ -717,6 +720,7 @@ def default_config_toml() -> str:
         _line("max_preemptions_per_task", p.max_preemptions_per_task),
         _line("accel_reserve_cpu", p.accel_reserve_cpu, "left free per free accelerator"),
         _line("accel_reserve_mem_gib", p.accel_reserve_mem_gib),
+        _line("score_nodes", p.score_nodes, "past twice this many nodes, score a sample"),
         "",
         "# Overrides of the mode's score plugin weights, any of:",
         f"# {_listing(KNOWN_WEIGHTS)}.",

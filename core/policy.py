@@ -66,6 +66,12 @@ class PolicyConfig:
     ``accel_reserve_cpu`` / ``accel_reserve_mem_gib``: CPU and memory that work without
     accelerators must leave free per free accelerator of a node, so an accelerator server's
     spare CPU can be used without stranding its accelerators.
+    ``score_nodes``: in a table of more than twice this many nodes, a task is scored over a
+    sample holding at least this many feasible nodes (a window of consecutive rows starting
+    where the task's id hashes), not over every node, as Kubernetes'
+    ``percentageOfNodesToScore`` and Nomad's limit iterator do: placement then costs the
+    sample, not the fleet. 0: every node, always. A task is placed if any node fits, either
+    way; only the choice among them is the sample's best rather than the fleet's.
     """
 
     mode: PolicyMode = PolicyMode.PRIORITY
@@ -80,6 +86,7 @@ class PolicyConfig:
     max_preemptions_per_task: int = 8
     accel_reserve_cpu: float = 0.0
     accel_reserve_mem_gib: float = 0.0
+    score_nodes: int = 500
     #: The score model of ``learned`` mode, injected by the caller (never compared or hashed).
     learned_score: LearnedScore | None = field(default=None, compare=False, repr=False)
 
@@ -99,6 +106,8 @@ class PolicyConfig:
             raise ValueError("consolidate_below must be in [0, 1]")
         if self.accel_reserve_cpu < 0 or self.accel_reserve_mem_gib < 0:
             raise ValueError("accelerator reserves must be >= 0")
+        if self.score_nodes < 0:
+            raise ValueError("score_nodes must be >= 0")
 
     @property
     def effective_weights(self) -> dict[str, float]:

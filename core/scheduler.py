@@ -5,7 +5,8 @@ A cycle runs these stages, in order, over a columnar node table:
 1. **queue**: pending tasks sorted by the mode's order (priority then age, or age first);
 2. **filter → score → select** for each task: the filter stage is
    :data:`~edgesched.core.plugins.FILTER_CHAIN` (the one declaration the extender runs too),
-   then the score plugins of :mod:`edgesched.core.plugins`;
+   then the score plugins of :mod:`edgesched.core.plugins` (over a sample of the nodes in a
+   fleet of more than twice the policy's ``score_nodes``: see :func:`_sample`);
 3. **preempt** when nothing fits: among the nodes passing the chain's stages no eviction can
    change, evict tasks of lower *effective* priority where the fewest, least important
    victims free enough room;
@@ -27,6 +28,7 @@ No I/O, no clock: ``view.now`` is the only time.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -175,11 +177,11 @@ def _queue_key(policy: PolicyConfig) -> Callable[[Task], tuple[float, float, str
 
 
 def _weighted_score(
-    cycle: _Cycle, task: Task, demand: FloatArray
+    policy: PolicyConfig, table: NodeTable, task: Task, demand: FloatArray
 ) -> tuple[FloatArray, dict[str, FloatArray]]:
-    weights = cycle.policy.effective_weights
-    parts = {name: SCORES[name].fn(cycle.table, task, demand) for name in sorted(weights)}
-    total = np.zeros(len(cycle.table), dtype=np.float64)
+    weights = policy.effective_weights
+    parts = {name: SCORES[name].fn(table, task, demand) for name in sorted(weights)}
+    total = np.zeros(len(table), dtype=np.float64)
     for name, values in parts.items():
         total += weights[name] * values
     total /= max(sum(weights.values()), _EPS)
@@ -200,19 +202,51 @@ def _learned_score(
     return check_scores(raw, len(candidates))
 
 
+def _sample(cycle: _Cycle, task: Task, demand: FloatArray) -> tuple[NodeTable, int, BoolArray]:
+    """What ``task`` is filtered and scored over: a table, the row of the cycle's table its
+    first row is, and the nodes of it passing the filter chain.
+
+    The whole table; or, when the policy's ``score_nodes`` is set and the table holds more
+    than twice that many nodes, the smallest window of consecutive rows found holding that
+    many feasible nodes: it starts where the task's id hashes (so tasks spread over the
+    fleet, the same way on every replica and every run) and grows by the density of
+    feasible nodes it has seen, up to the whole table. A task is placed if any node fits
+    either way: the sample only bounds how many are compared."""
+    table = cycle.table
+    want = cycle.policy.score_nodes
+    n = len(table)
+    static = cycle.static(task, demand)
+    if want == 0 or n <= 2 * want:
+        return table, 0, FILTER_CHAIN.feasible(table, task, demand, static)
+    size = want
+    lo = zlib.crc32(task.id.encode()) % (n - size + 1)
+    while True:
+        hi = min(lo + size, n)
+        lo = hi - size
+        window = table.window(lo, hi)
+        feasible = FILTER_CHAIN.feasible(window, task, demand, static[lo:hi])
+        found = int(np.count_nonzero(feasible))
+        if found >= want or size >= n:
+            return window, lo, feasible
+        grown = 4 * size if found == 0 else math.ceil(size * want * 1.1 / found)
+        size = min(max(grown, size + 1), n)
+
+
 def _place(cycle: _Cycle, task: Task) -> bool:
     table = cycle.table
     demand = resource_vector(task.demand)
-    feasible = cycle.feasible(task, demand)
+    scored, offset, feasible = _sample(cycle, task, demand)
     if not feasible.any():
         return False
-    candidates = np.flatnonzero(feasible)
+    candidates = np.flatnonzero(feasible)  # rows of ``scored``; of ``table``: + offset
     reason = f"{cycle.policy.mode.value}: best of {len(candidates)} feasible nodes"
+    if scored is not table:
+        reason += f" (a sample of {len(scored)} of {len(table)} nodes)"
     if cycle.policy.mode is PolicyMode.LEARNED:
-        learned, why = _learned_score(cycle, task, demand, candidates)
+        learned, why = _learned_score(cycle, task, demand, candidates + offset)
         if learned is not None:
             best = int(np.argmax(learned))  # ties: the first, i.e. the lowest row
-            row = int(candidates[best])
+            row = int(candidates[best]) + offset
             cycle.bind(row, task)
             cycle.decisions.append(
                 Decision(
@@ -227,11 +261,12 @@ def _place(cycle: _Cycle, task: Task) -> bool:
             )
             return True
         reason = f"learned score unavailable ({why}); energy heuristic: " + reason
-    total, parts = _weighted_score(cycle, task, demand)
-    row = int(candidates[int(np.argmax(total[candidates]))])
+    total, parts = _weighted_score(cycle.policy, scored, task, demand)
+    local = int(candidates[int(np.argmax(total[candidates]))])
+    row = local + offset
     node = table.nodes[row]
-    scores = {name: float(values[row]) for name, values in parts.items()}
-    scores["total"] = float(total[row])
+    scores = {name: float(values[local]) for name, values in parts.items()}
+    scores["total"] = float(total[local])
     if cycle.policy.mode is PolicyMode.LEARNED:
         scores["learned_fallback"] = 1.0
     cycle.bind(row, task)

@@ -277,6 +277,7 @@ def clusters(draw: st.DrawFn) -> tuple[ClusterView, list[Task], PolicyConfig]:
         park_idle_after_s=0,
         accel_reserve_cpu=draw(st.sampled_from([0.0, 4.0])),
         accel_reserve_mem_gib=draw(st.sampled_from([0.0, 8.0])),
+        score_nodes=draw(st.sampled_from([0, 1, 2, 500])),  # 1 and 2: a sample of 3+ nodes
     )
     view = ClusterView(tuple(nodes), tuple(placements), now=draw(st.floats(0, 7000)))
     return view, pending, policy
@@ -446,3 +447,119 @@ def test_affinity_demand_is_capped_at_the_nodes_cores() -> None:
     assert len(affinity_demand(task).threads) == 100_000  # uncapped without a node
     small = Task("s", "default", 50, Resources(cpu=0.5, mem_gib=1), 0.0)
     assert len(affinity_demand(small, 8).threads) == 1
+
+
+# --- scoring a sample of a large fleet (policy.score_nodes) ---------------------------------
+
+
+def _fleet(n: int, seed: int) -> tuple[Node, ...]:
+    rnd = random.Random(seed)
+    return tuple(
+        node(
+            f"n{i:05d}",
+            cpu=rnd.choice([4, 8, 16, 32]),
+            arch=rnd.choice([Arch.X86_64, Arch.ARM64]),
+            cls=rnd.choice([ServerClass.GENERAL, ServerClass.AI_ACCELERATOR]),
+            accel=rnd.choice([0, 0, 2]),
+        )
+        for i in range(n)
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.integers(3, 80),
+    st.integers(1, 12),
+    st.integers(1, 40),
+    st.sampled_from(list(Arch)),
+    st.integers(0, 2),
+)
+def test_property_a_sample_places_a_task_iff_some_node_fits_and_picks_its_best(
+    seed: int, n: int, want: int, cpu: int, arch: Arch, accel: int
+) -> None:
+    """One task over a fleet larger than twice ``score_nodes``: placed by the sample exactly
+    when the whole fleet has a feasible node; on a feasible node; the best-scored of a run of
+    consecutive rows that holds at least ``score_nodes`` feasible nodes (or is the fleet)."""
+    from edgesched.core.nodetable import NodeTable, resource_vector
+    from edgesched.core.plugins import FILTER_CHAIN
+    from edgesched.core.scheduler import _start, _weighted_score
+
+    nodes = _fleet(n, seed)
+    t = Task(f"t{seed}", "w", 10, Resources(cpu, 4, accel), archs=frozenset({arch}))
+    full = PolicyConfig(score_nodes=0, preemption=False)
+    sampled = PolicyConfig(score_nodes=want, preemption=False)
+    by_full = schedule(ClusterView(nodes), [t], full).of_kind(DecisionKind.PLACE)
+    by_sample = schedule(ClusterView(nodes), [t], sampled).of_kind(DecisionKind.PLACE)
+    assert bool(by_full) == bool(by_sample)
+    table = NodeTable.build(nodes, ())
+    demand = resource_vector(t.demand)
+    feasible = FILTER_CHAIN.feasible(table, t, demand)
+    if not by_sample:
+        assert not feasible.any()
+        return
+    (decision,) = by_sample
+    row = table.index[decision.node_id]
+    assert feasible[row]
+    if n <= 2 * want:  # no sample: the very same decision as over every node
+        assert by_sample == by_full
+        return
+    # the window the sample scored: consecutive rows around the chosen one holding enough
+    # feasible nodes, or the whole fleet; the chosen row scores best among its feasible ones
+    cycle = _start(ClusterView(nodes), sampled)
+    from edgesched.core.scheduler import _sample
+
+    window, lo, mask = _sample(cycle, t, demand)
+    assert lo <= row < lo + len(window)
+    assert (mask == feasible[lo : lo + len(window)]).all()
+    assert int(mask.sum()) >= want or len(window) == n
+    total, _ = _weighted_score(sampled, window, t, demand)
+    assert total[row - lo] == max(total[mask])
+    assert "a sample of" in decision.reason or len(window) == n
+
+
+def test_a_sample_spreads_tasks_over_a_large_fleet_and_costs_the_sample() -> None:
+    """10,000 equal nodes, 200 tasks in one cycle: each task is scored over ~score_nodes
+    rows starting where its id hashes, so the placements land all over the fleet (not in its
+    first rows), every one on a distinct node here since the spread scores favour empty ones;
+    and the same inputs give the same decisions."""
+    nodes = tuple(node(f"n{i:05d}", cpu=8) for i in range(10_000))
+    tasks = [task(f"job-{i}", cpu=1) for i in range(200)]
+    policy = PolicyConfig(score_nodes=100)
+    result = schedule(ClusterView(nodes), tasks, policy)
+    placed = [d for d in result.of_kind(DecisionKind.PLACE)]
+    assert len(placed) == 200
+    rows = sorted(int(d.node_id[1:]) for d in placed)
+    assert len(set(rows)) == 200
+    assert rows[0] < 1_000 and rows[-1] > 9_000  # spread over the fleet
+    deciles = {r // 1_000 for r in rows}
+    assert len(deciles) == 10
+    assert all("best of 100 feasible nodes (a sample of 100 of 10000 nodes)" in d.reason
+               for d in placed)  # fmt: skip
+    assert schedule(ClusterView(nodes), tasks, policy) == result
+
+
+def test_a_sample_grows_until_it_holds_enough_feasible_nodes() -> None:
+    """Only every 50th node has an accelerator: a task asking for one scans past the first
+    window until its sample holds score_nodes of them; a task nothing can hold is waiting,
+    explained over the whole fleet."""
+    nodes = tuple(
+        node(f"n{i:05d}", cls=ServerClass.AI_ACCELERATOR if i % 50 == 0 else ServerClass.GENERAL,
+             accel=2 if i % 50 == 0 else 0)
+        for i in range(5_000)
+    )  # fmt: skip
+    gpu = Task("gpu-1", "w", 10, Resources(2, 4, 1))
+    huge = Task("huge", "w", 10, Resources(64, 4))
+    result = schedule(ClusterView(nodes), [gpu, huge], PolicyConfig(score_nodes=20))
+    (place,) = result.of_kind(DecisionKind.PLACE)
+    assert place.task_id == "gpu-1" and int(place.node_id[1:]) % 50 == 0
+    feasible = int(place.reason.split("best of ")[1].split(" ")[0])
+    assert feasible >= 20
+    assert result.waiting["huge"].startswith("0/5000 nodes available")
+
+
+def test_score_nodes_is_checked() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="score_nodes"):
+        PolicyConfig(score_nodes=-1)
