@@ -33,6 +33,7 @@ import contextlib
 import gc
 import json
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -99,6 +100,10 @@ FULL_COLLECTION_SWEEPS = 60
 #: A replica acts on its shards only while its lease stays valid this much longer (a step
 #: never outlives the lease that allowed it: see docs/scaling.md).
 LEASE_GUARD_S = 0.5
+#: A shard gained is acted on once the fleet document has had a full answer from every other
+#: live replica since the gain (what the former owner wrote before it let go); past this
+#: long without one (a replica that reaches etcd but not the broker), it is acted on anyway.
+HANDOVER_MAX_S = 5.0
 #: The policy document's maps the fleet index follows by key.
 POLICY_ROOTS = ("assignments", "stops", "power")
 
@@ -167,6 +172,10 @@ class CentralEngine:
         #: (the smallest live id acts for the whole fleet).
         self.leases: ShardLeases | None = None
         self._owned: frozenset[int] = frozenset()
+        #: shards held but not yet acted on: gained at (the fleet peer's clock), waiting for
+        #: a full answer from every other live replica (see _handed_over)
+        self._handover: dict[int, float] = {}
+        self._fleet_peer: DocPeer | None = None
         self.liveness = Liveness(
             clock, site_of=self._site_of, silent_after_s=self.central.silent_after_s
         )
@@ -262,7 +271,7 @@ class CentralEngine:
                             self.central.etcd_endpoints,
                             shards=self.central.shards,
                             ttl_s=self.central.lease_ttl_s,
-                            on_change=lambda _owned: self._wake.set(),
+                            on_change=self._leases_changed,
                         )
                     )
                 await self._serve()
@@ -362,19 +371,19 @@ class CentralEngine:
         self._sync_central_doc(self.policy, self._journal)
         self.policy.announce_packed()  # (journaled and sent: nodes pack their entries)
 
-    def _sync_central_doc(self, doc: PolicyDoc, journal: DocJournal) -> None:
+    def _sync_central_doc(self, doc: PolicyDoc, journal: DocJournal) -> DocPeer:
         """Sync a document the central replicas co-write (and only they author) as a channel,
         each local update on disk before it leaves."""
         writers = {client_id_for(c) for c in (self.central.central_id, *self.central.peers)}
-        self.session.add(
-            DocPeer(
-                doc,
-                self.central.central_id,
-                before_publish=journal.flushed,
-                writers=frozenset(writers),
-                subscribe=False,  # the replicas' wildcard subscription carries it
-            )
+        peer = DocPeer(
+            doc,
+            self.central.central_id,
+            before_publish=journal.flushed,
+            writers=frozenset(writers),
+            subscribe=False,  # the replicas' wildcard subscription carries it
         )
+        self.session.add(peer)
+        return peer
 
     async def _open_fleet(self) -> None:
         """Central's fleet document (every assignment, stop and power order; only central
@@ -390,7 +399,8 @@ class CentralEngine:
         moved = _move_desired_state(_need(self.policy), fleet)
         if moved:
             log.warning("moved %d entries of the policy document into the fleet document", moved)
-        self._sync_central_doc(fleet, self._fleet_journal)
+        self._fleet_peer = self._sync_central_doc(fleet, self._fleet_journal)
+        self._fleet_peer.on_synced = lambda _sender: self._wake.set()  # a hand-over may end
         self.desired = DesiredDocs(
             self.central.central_id,
             self.session,
@@ -756,11 +766,56 @@ class CentralEngine:
         self.sync_index()
         self.index.table()  # the rows whose footprint moved, summed now: O(changed nodes)
 
+    def _leases_changed(self, owned: Mapping[int, int]) -> None:
+        """What the leases allow changed (a shard gained or lost, the local deadline passed,
+        a keepalive answered after it): wake the control loop, and log one structured line
+        with both clocks, so a test (or an operator) can rebuild who could act on which shard
+        with which token when. The engine acts on a subset of these intervals (``_acting``:
+        only at a step, and only while the lease stays valid ``LEASE_GUARD_S`` longer)."""
+        self._wake.set()
+        record = {
+            "replica": self.central.central_id,
+            "mono": time.monotonic(),
+            "wall": self.clock(),  # the clock decisions are stamped with (`at`)
+            "tokens": {str(s): t for s, t in sorted(owned.items())},
+        }
+        log.info("shards held %s", json.dumps(record, separators=(",", ":")))
+
     def _lease_of(self, task_id: str) -> int:
         """The fencing token a decision about ``task_id`` is written under (0: no leases)."""
         if self.leases is None:
             return 0
         return self.leases.owned().get(shard_of(task_id, self.leases.shards), 0)
+
+    def _handed_over(self, held: frozenset[int]) -> frozenset[int]:
+        """Of the shards ``held``, those this replica may act on: a shard just gained waits
+        until the fleet document has had a full answer (y-sync step 2, asked for at the
+        gain) from every other live replica, so it holds what the former owner wrote before
+        it let go. Without that, a replica back from a partition acts on its stale copy:
+        work the other placed meanwhile looks pending to it and is placed twice. After
+        :data:`HANDOVER_MAX_S` without every answer it acts anyway (a replica reaching
+        etcd but not the broker must not stall its shards); a shard lost drops out."""
+        peer = self._fleet_peer
+        assert self.leases is not None
+        if peer is None:
+            return held
+        now = peer.clock()
+        for shard in list(self._handover):
+            if shard not in held:
+                del self._handover[shard]
+        gained = held - self._owned - self._handover.keys()
+        if gained:
+            self._handover.update(dict.fromkeys(gained, now))
+            peer.request_resync()
+        others = set(self.leases.members) - {self.central.central_id}
+        for shard, since in list(self._handover.items()):
+            if all(peer.synced_at.get(o, -math.inf) > since for o in others):
+                del self._handover[shard]
+            elif now - since > HANDOVER_MAX_S:
+                log.warning("shard %d: no full answer from %s in %gs; acting anyway",
+                            shard, ", ".join(sorted(others)), HANDOVER_MAX_S)  # fmt: skip
+                del self._handover[shard]
+        return held - self._handover.keys()
 
     def _acting(self) -> tuple[bool, Shards | None]:
         """Whether this replica acts now, and on which tasks (None: the whole fleet).
@@ -783,6 +838,7 @@ class CentralEngine:
         owned = frozenset(self.leases.owned())
         if self.leases.valid_for() < LEASE_GUARD_S:
             owned = frozenset()
+        owned = self._handed_over(owned)
         if owned != self._owned:
             gained = owned - self._owned
             self._event(
@@ -1187,6 +1243,7 @@ class CentralEngine:
             else {
                 "count": self.leases.shards,
                 "owned": sorted(self._owned),
+                "handing_over": sorted(self._handover),
                 "tokens": {str(s): t for s, t in sorted(self.leases.owned().items())},
                 "members": sorted(self.leases.members),
                 "lease_valid_for_s": round(self.leases.valid_for(), 3),

@@ -116,6 +116,12 @@ def _central_schemas() -> dict[str, Schema]:
                         {
                             "count": oa.INT,
                             "owned": {"type": "array", "items": oa.INT},
+                            "handing_over": {
+                                "type": "array",
+                                "items": oa.INT,
+                                "description": "held, not acted on until the other "
+                                "replicas answered a sync of the fleet document",
+                            },
                             "tokens": oa.map_of(oa.INT, "owned shard -> its fencing token"),
                             "members": {"type": "array", "items": oa.STR},
                             "lease_valid_for_s": oa.NUMBER,
