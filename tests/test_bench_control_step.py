@@ -31,6 +31,7 @@ def test_the_step_benchmark_measures_a_small_fleet(cold: bool, packed: bool) -> 
     assert row["failed_over"] == 2 * 14
     assert row["desired_docs"] == 30
     assert 0 < row["busy_p50"] <= row["busy_p99"] and 0 < row["idle_p50"] <= row["idle_p99"]
+    assert 0 < row["busy_cpu_p50"] <= row["busy_cpu_p99"]
     assert row["walk_s"] > 0 and row["rss_mib"] > 0
     if cold:  # each replica and desired document frozen once read; the steps thawed some
         assert row["frozen"] > 0 and row["thaws"] > 0
