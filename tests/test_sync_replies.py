@@ -231,9 +231,12 @@ async def test_a_new_node_converges_with_older_centrals_only(fleet: Fleet) -> No
     del fleet.docs["central-b"].root("models")["placement"]
     await fleet.stop("node-new")
     fleet.docs["central-a"].set_mode(PolicyMode.PRIORITY)
+    node = fleet.peers["node-new"]
+    answered = node.stats["step2_in"]
     fleet.start("node-new")
     await fleet.converged()
-    assert fleet.peers["node-new"].stats["step2_in"] >= 2
+    await until(lambda: node.stats["step2_in"] >= answered + 2)  # both answered its step 1
+    assert all(fleet.peers[c].stats["replies_out"] == 0 for c in CENTRALS)  # on sender topics
     assert set(fleet.docs["node-new"].models()) == {"forecast"}
 
 
