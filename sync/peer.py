@@ -8,6 +8,15 @@ Whatever the session kept, on every (re)connect it subscribes to
 vector); every peer answers a step 1 with step 2 (the diff), and sends its own step 1 back
 when the asker has something it lacks.
 
+Answers only the asker hears: a peer that hears only some peers (``listen_to``, a node
+following central's documents) marks its step 1 (:func:`~edgesched.sync.wire.step1_payload`
+with ``replies=True``) and also subscribes to its reply topics
+``edgesched/v1/doc/<doc>/reply/<self>/<peer>``; a peer answers a marked step 1 (its step 2,
+and its own step 1 back) on the asker's reply topic instead of its own sender topic, which
+every other node of a shared document hears. Live updates still go to everyone on the sender
+topic. An older peer reads the mark as a client that wrote nothing and answers on its sender
+topic, which the asker still hears: both ways converge (docs/sync-protocol.md).
+
 Local updates are queued by the doc callback (never published from inside it) and published
 QoS 1 by a sender task, merged, with the sender's state vector attached: a receiver still
 behind after applying (out-of-order updates can leave a replica stuck) asks for a resync.
@@ -77,6 +86,7 @@ class DocPeer:
         "_local",
         "_pending_bytes",
         "_sole_writer",
+        "_step1_to",
         "_wake",
         "_want_step1",
         "accept",
@@ -96,6 +106,7 @@ class DocPeer:
         "peer_id",
         "port",
         "reassembler",
+        "replies",
         "resync_interval_s",
         "routes",
         "session_expiry_s",
@@ -127,6 +138,7 @@ class DocPeer:
         writers: frozenset[int] | None = None,
         subscribe: bool = True,
         listen_to: Collection[str] | None = None,
+        replies: bool | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``before_publish`` is awaited before anything leaves: the owner's way to make sure
@@ -142,7 +154,10 @@ class DocPeer:
         messages arrive through a wildcard another channel subscribes. ``listen_to``: hear
         only these peers (their sender topics) instead of every peer of the document: a
         node following central's documents hears the centrals, not every other node's
-        step 1 (which would grow each node's traffic with the fleet). ``host``, ``port``,
+        step 1 (which would grow each node's traffic with the fleet). ``replies``: ask to be
+        answered on our reply topics (and hear them), so that answers to our step 1 reach
+        us only, not every peer hearing the answerer's sender topic; by default when
+        ``listen_to`` is given. ``host``, ``port``,
         ``keepalive``, ``session_expiry_s`` and the backoff apply only to :meth:`run`, the
         stand-alone mode with a connection of its own."""
         self.doc = doc
@@ -173,6 +188,14 @@ class DocPeer:
             if listen_to is None
             else tuple(wire.sync_topic(doc.name, p) for p in sorted(set(listen_to)))
         )
+        #: Whether our step 1 asks to be answered on our reply topics (which we then hear).
+        self.replies = listen_to is not None if replies is None else replies
+        if self.replies:
+            heard += (
+                (wire.reply_filter(doc.name, peer_id),)
+                if listen_to is None
+                else tuple(wire.reply_filter(doc.name, peer_id, p) for p in sorted(set(listen_to)))
+            )
         self.routes: tuple[str, ...] = heard
         self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
             tuple((f, SubscribeOptions(qos=1, noLocal=True)) for f in heard) if subscribe else ()
@@ -201,6 +224,7 @@ class DocPeer:
                 "step1_out",
                 "step2_in",
                 "step2_out",
+                "replies_out",
                 "updates_in",
                 "updates_out",
                 "resync_requests",
@@ -218,7 +242,11 @@ class DocPeer:
             0,
         )
         self._local: list[bytes] = []
-        self._answers: list[tuple[bytes, int]] = []  # (remote state vector, our epoch then)
+        #: (remote state vector, our epoch then, the topic to answer on)
+        self._answers: list[tuple[bytes, int, str]] = []
+        #: Reply topics of askers that hold what we lack: our step 1 goes to each (dict: a
+        #: set in order of asking).
+        self._step1_to: dict[str, None] = {}
         writer = getattr(doc, "writer", None)  # single-writer documents name their writer
         self.writer: str | None = writer if isinstance(writer, str) else None
         self._want_step1 = False
@@ -234,6 +262,7 @@ class DocPeer:
             # A new epoch's whole state: what was queued belongs to the old epoch.
             self._local = [update]
             self._answers.clear()
+            self._step1_to.clear()
         else:
             self._local.append(update)
             if len(self._local) > MAX_QUEUED_UPDATES:
@@ -289,18 +318,27 @@ class DocPeer:
         self.connected = False
 
     async def _publish(
-        self, client: aiomqtt.Client, kind: wire.Kind, payload: bytes, epoch: int
+        self,
+        client: aiomqtt.Client,
+        kind: wire.Kind,
+        payload: bytes,
+        epoch: int,
+        topic: str | None = None,
     ) -> None:
-        """``epoch``: read with the state ``payload`` was built from, before any await."""
+        """``epoch``: read with the state ``payload`` was built from, before any await.
+        ``topic``: an asker's reply topic (default: our sender topic, heard by every peer)."""
         if self.before_publish is not None:
             await self.before_publish()
         frames = wire.encode(
             kind, self.doc.name, self.doc.client_id, payload, self.max_packet, epoch=epoch
         )
+        to = self.topic if topic is None else topic
         for frame in frames:
-            await checked(client.publish(self.topic, frame, qos=1, timeout=PUBLISH_TIMEOUT_S))
+            await checked(client.publish(to, frame, qos=1, timeout=PUBLISH_TIMEOUT_S))
             self.stats["frames_out"] += 1
             self.stats["bytes_out"] += len(frame)
+        if to != self.topic:
+            self.stats["replies_out"] += 1
 
     async def _send_loop(self, client: aiomqtt.Client) -> None:
         while True:
@@ -312,11 +350,12 @@ class DocPeer:
                 else:
                     self._want_step1 = False
                     self._last_step1 = time.monotonic()
-                    step1 = wire.step1_payload(self.doc.state_vector())
+                    self._step1_to.clear()  # every asker hears this one
+                    step1 = wire.step1_payload(self.doc.state_vector(), replies=self.replies)
                     await self._publish(client, wire.Kind.SYNC, step1, self.doc.epoch)
                     self.stats["step1_out"] += 1
             while self._answers:
-                remote_sv, epoch = self._answers.pop(0)
+                remote_sv, epoch, topic = self._answers.pop(0)
                 if epoch != self.doc.epoch:
                     continue  # asked of an epoch we left: the asker learns of the new one
                 try:
@@ -325,15 +364,22 @@ class DocPeer:
                     self.stats["rejected_payloads"] += 1
                     log.warning("doc %s: bad state vector in step 1: %s", self.doc.name, exc)
                     continue
-                await self._publish(client, wire.Kind.SYNC, wire.step2_payload(diff), epoch)
+                step2 = wire.step2_payload(diff)
+                await self._publish(client, wire.Kind.SYNC, step2, epoch, topic)
                 self.stats["step2_out"] += 1
+            while self._step1_to:  # (after the answers: the asker applies them first)
+                topic = next(iter(self._step1_to))
+                del self._step1_to[topic]
+                step1 = wire.step1_payload(self.doc.state_vector(), replies=self.replies)
+                await self._publish(client, wire.Kind.SYNC, step1, self.doc.epoch, topic)
+                self.stats["step1_out"] += 1
             outgoing = self.take_outgoing()
             if outgoing is not None:
                 update, epoch = outgoing
                 payload = wire.update_payload(update, self.doc.state_vector())
                 await self._publish(client, wire.Kind.UPDATE, payload, epoch)
                 self.stats["updates_out"] += 1
-            if not (self._local or self._answers):
+            if not (self._local or self._answers or self._step1_to):
                 await self._wake.wait()
 
     # -- remote side -----------------------------------------------------------------------
@@ -385,10 +431,14 @@ class DocPeer:
     ) -> None:
         if sync.step == YSyncMessageType.SYNC_STEP1:
             self.stats["step1_in"] += 1
-            behind = self._behind(sync.data)  # ValueError if garbage
-            asked = (sync.data, self.doc.epoch)
+            state_vector, marked = wire.split_reply_mark(sync.data)
+            behind = self._behind(state_vector)  # ValueError if garbage
+            reply = self._reply_topic(sender) if marked else None
+            asked = (state_vector, self.doc.epoch, reply or self.topic)
             self._answers = [a for a in self._answers if a != asked] + [asked]
-            if behind:
+            if behind and reply is not None:
+                self._step1_to[reply] = None  # only the asker need answer it
+            elif behind:
                 self._request_step1()
             self._wake.set()
             return
@@ -412,6 +462,14 @@ class DocPeer:
                 self._drop_pending(sender)
         elif sync.state_vector is not None:
             self._pending_bytes = 0  # caught up with a sender: nothing is held back
+
+    def _reply_topic(self, asker: str) -> str | None:
+        """Where an answer only ``asker`` hears goes; None if its name cannot be a topic level
+        of ours (then it is answered on our sender topic, as an older peer would)."""
+        try:
+            return wire.reply_topic(self.doc.name, asker, self.peer_id)
+        except ValueError:
+            return None
 
     def _behind(self, remote_state_vector: bytes) -> bool:
         """Whether the holder of ``remote_state_vector`` has operations we lack
@@ -438,6 +496,7 @@ class DocPeer:
         self.stats["replica_drops"] += 1
         drop()
         self._answers.clear()
+        self._step1_to.clear()
         self._request_step1()
 
     def _follow_epoch(self, sender: str, epoch: int) -> bool:
@@ -456,6 +515,7 @@ class DocPeer:
             self.doc.reset_to_epoch(epoch)
             self._local.clear()
             self._answers.clear()
+            self._step1_to.clear()
             self.stats["epoch_adopted"] += 1
             return True
         if action == "announce":  # the sender is behind: our step 1 tells it our epoch

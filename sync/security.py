@@ -366,9 +366,15 @@ def acl(
       ignores its updates to both), and ``doc/site-<site>/sync/<self>`` for the sites listed
       for it in ``site_members``;
     * read ``edgesched/v1/central/#`` (heartbeat), ``edgesched/v1/node/<self>/#``,
-      ``doc/node-<self>/#``, ``doc/policy/#``, ``doc/desired-<self>/#`` (its own shard of the
-      fleet's desired state) and its sites' ``doc/site-<site>/#``. Not ``doc/fleet``: the
-      fleet's assignments are for centrals only.
+      ``doc/node-<self>/#``, the policy's sender topics ``doc/policy/sync/#`` and the answers
+      addressed to it, ``doc/policy/reply/<self>/#``, ``doc/desired-<self>/#`` (its own
+      shard of the fleet's desired state) and its sites' ``doc/site-<site>/#``. Not
+      ``doc/fleet``: the fleet's assignments are for centrals only. Not another node's
+      reply topic of the policy (``doc/policy/reply/<other>/...``): answers to a node's step
+      1 are for that node only (:func:`edgesched.sync.wire.reply_topic`).
+
+    A node writes no reply topic: only centrals answer on them (nodes do not ask one another,
+    and a node answers a central's step 1 on its own sender topic, which only centrals hear).
 
     Deliberately narrower than "write ``doc/+/sync/<self>``": that would let a node inject
     updates into another node's private document under its own name. And a node does not read
@@ -376,7 +382,8 @@ def acl(
     membership is information a compromised device should not get. MQTT wildcards match
     whole levels only, so "every ``site-*`` document" cannot be written as ``site-+``: sites
     are granted per member. Centrals (``user`` blocks) read ``edgesched/v1/#`` and write
-    ``edgesched/v1/central/#`` and ``doc/+/sync/<central>``.
+    ``edgesched/v1/central/#``, ``doc/+/sync/<central>`` and their answers to any asker,
+    ``doc/+/reply/+/<central>``.
     """
     centrals = [check_identity(c) for c in central_ids]
     if not centrals:
@@ -393,7 +400,8 @@ def acl(
         f"pattern read {ROOT}/central/#",
         f"pattern read {ROOT}/node/%u/#",
         f"pattern read {ROOT}/doc/node-%u/#",
-        f"pattern read {ROOT}/doc/policy/#",
+        f"pattern read {ROOT}/doc/policy/sync/#",
+        f"pattern read {ROOT}/doc/policy/reply/%u/#",
         f"pattern read {ROOT}/doc/desired-%u/#",
     ]
     for central in centrals:
@@ -403,6 +411,7 @@ def acl(
             f"topic read {ROOT}/#",
             f"topic write {ROOT}/central/#",
             f"topic write {ROOT}/doc/+/sync/{central}",
+            f"topic write {ROOT}/doc/+/reply/+/{central}",
         ]
     for site, members in sorted((site_members or {}).items()):
         check_identity(site)

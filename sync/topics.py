@@ -1,6 +1,7 @@
 """The MQTT topics of edgesched, versioned under ``edgesched/v1``, in one place.
 
-Documents travel on ``doc/<doc>/sync/<sender>`` (see :mod:`edgesched.sync.wire`); liveness on
+Documents travel on ``doc/<doc>/sync/<sender>``, and answers meant for one asker on
+``doc/<doc>/reply/<asker>/<sender>`` (see :mod:`edgesched.sync.wire`); liveness on
 the retained ``node/<id>/status``; central's heartbeat on ``central/heartbeat``; telemetry,
 which is not CRDT state, on ``node/<id>/telemetry``; a site broker's bridge state on
 ``site/<site>/bridge``.

@@ -20,6 +20,11 @@ does not match, or a reassembled payload whose CRC does not match, is rejected.
 :class:`Reassembler` takes frames in any order, drops duplicates, hands back the whole payload
 when every chunk is in, and keeps its memory bounded (message count, bytes, age).
 
+A frame travels on its sender's topic ``doc/<doc>/sync/<sender>`` (:func:`sync_topic`),
+heard by every peer of the document, or, when it answers a step 1 whose asker asked for it
+(:data:`REPLY_MARK`), on the asker's reply topic ``doc/<doc>/reply/<asker>/<sender>``
+(:func:`reply_topic`), heard by the asker only. The sender is the last level of both.
+
 Payloads of kind :attr:`Kind.SYNC` are y-sync messages (``pycrdt.create_sync_message`` and
 friends); :attr:`Kind.UPDATE` payloads are a y-sync update message followed by the sender's
 state vector (length-prefixed), so a receiver still behind after applying can ask to resync.
@@ -77,9 +82,7 @@ def doc_topic_prefix(doc: str) -> str:
 
 def sync_topic(doc: str, sender: str) -> str:
     """``edgesched/v1/doc/<doc>/sync/<sender>``."""
-    if not sender or any(c in sender for c in "/+#\0") or len(sender.encode()) > MAX_PEER_ID_BYTES:
-        raise ValueError(f"invalid peer id {sender!r}")
-    return f"{doc_topic_prefix(doc)}/{sender}"
+    return f"{doc_topic_prefix(doc)}/{_check_peer_id(sender)}"
 
 
 def sync_filter(doc: str) -> str:
@@ -87,9 +90,33 @@ def sync_filter(doc: str) -> str:
     return f"{doc_topic_prefix(doc)}/+"
 
 
+def _check_peer_id(peer: str) -> str:
+    if not peer or any(c in peer for c in "/+#\0") or len(peer.encode()) > MAX_PEER_ID_BYTES:
+        raise ValueError(f"invalid peer id {peer!r}")
+    return peer
+
+
+def reply_topic(doc: str, asker: str, sender: str) -> str:
+    """``edgesched/v1/doc/<doc>/reply/<asker>/<sender>``: ``sender``'s answers to a step 1 of
+    ``asker`` that asked for them there (:func:`step1_payload` with ``replies=True``). Only
+    the asker hears it; the sender is the last level, as on a sync topic."""
+    prefix = doc_topic_prefix(doc).removesuffix("/sync")
+    return f"{prefix}/reply/{_check_peer_id(asker)}/{_check_peer_id(sender)}"
+
+
+def reply_filter(doc: str, asker: str, sender: str = "+") -> str:
+    """The subscription that hears the answers addressed to ``asker`` (from ``sender``, or
+    from every peer)."""
+    prefix = doc_topic_prefix(doc).removesuffix("/sync")
+    last = sender if sender == "+" else _check_peer_id(sender)
+    return f"{prefix}/reply/{_check_peer_id(asker)}/{last}"
+
+
 def chunk_budget(doc: str, max_packet: int) -> int:
-    """How many payload bytes one frame of ``doc`` may carry under ``max_packet``."""
-    topic_max = len(doc_topic_prefix(doc).encode()) + 1 + MAX_PEER_ID_BYTES
+    """How many payload bytes one frame of ``doc`` may carry under ``max_packet``, on the
+    longest topic it may travel (a reply topic: ``.../reply/<asker>/<sender>``)."""
+    reply_prefix = doc_topic_prefix(doc).removesuffix("/sync") + "/reply"
+    topic_max = len(reply_prefix.encode()) + 2 * (1 + MAX_PEER_ID_BYTES)
     budget = max_packet - MQTT_HEADROOM - topic_max - HEADER_SIZE
     if budget < 1:
         raise ValueError(f"max_packet {max_packet} leaves no room for a payload")
@@ -429,11 +456,55 @@ def decode_sync(kind: Kind, payload: bytes) -> SyncPayload:
     return SyncPayload(step, data, sv)
 
 
-def step1_payload(state_vector: bytes) -> bytes:
-    """A y-sync step 1 (``pycrdt.create_sync_message`` builds the same from a doc)."""
+def step1_payload(state_vector: bytes, *, replies: bool = False) -> bytes:
+    """A y-sync step 1 (``pycrdt.create_sync_message`` builds the same from a doc).
+
+    ``replies=True``: the asker listens on its reply topics (:func:`reply_topic`) and asks to
+    be answered there; the state vector carries :data:`REPLY_MARK` (:func:`mark_replies`)."""
+    if replies:
+        state_vector = mark_replies(state_vector)
     return bytes([YMessageType.SYNC, YSyncMessageType.SYNC_STEP1]) + write_message(state_vector)
 
 
 def step2_payload(update: bytes) -> bytes:
     """A y-sync step 2: the diff answering a step 1."""
     return bytes([YMessageType.SYNC, YSyncMessageType.SYNC_STEP2]) + write_message(update)
+
+
+# --- answers only the asker hears -------------------------------------------------------------
+
+#: The client id of the state-vector entry that marks a step 1 "answer me on my reply topic":
+#: ``(REPLY_MARK, clock 0)``, first after the entry count. Clock 0 says the client wrote
+#: nothing, so every y-sync reader, an older edgesched peer included, reads the vector as the
+#: one without the entry (the same diff, nothing missing) and answers as it always did, on its
+#: sender topic. No peer has this client id: frame headers carry client ids as u32.
+REPLY_MARK = 1 << 32
+_MARK_ENTRY = b"\x80\x80\x80\x80\x10\x00"  # varuint(REPLY_MARK), varuint(0)
+
+
+def _var_uint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(0x80 | (value & 0x7F))
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def mark_replies(state_vector: bytes) -> bytes:
+    """``state_vector`` with the :data:`REPLY_MARK` entry first (FrameError if it is no lib0
+    state vector head)."""
+    count, pos = _read_var_uint(state_vector, 0)
+    return _var_uint(count + 1) + _MARK_ENTRY + state_vector[pos:]
+
+
+def split_reply_mark(state_vector: bytes) -> tuple[bytes, bool]:
+    """``(state vector without the mark, whether it was marked)``; an unmarked vector comes
+    back as it is (the mark counts only as the first entry, as :func:`mark_replies` puts it)."""
+    try:
+        count, pos = _read_var_uint(state_vector, 0)
+    except FrameError:
+        return state_vector, False
+    if count < 1 or state_vector[pos : pos + len(_MARK_ENTRY)] != _MARK_ENTRY:
+        return state_vector, False
+    return _var_uint(count - 1) + state_vector[pos + len(_MARK_ENTRY) :], True

@@ -23,6 +23,7 @@ from cryptography.x509.oid import NameOID
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgesched.sync import security as sec
+from edgesched.sync import wire
 
 ROOT = "edgesched/v1"
 
@@ -229,6 +230,54 @@ def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: Broke
     log = tls_broker.log.read_text()
     # exactly one listener: the configured one (no implicit default listener on 1883)
     assert re.findall(r"listen socket on port (\d+)", log) == [str(tls_broker.port)], log
+
+
+def test_reply_topics_reach_only_their_asker(pki: Pki, tls_broker: Broker) -> None:
+    """Central's answers to a node's step 1 of the policy (``doc/policy/reply/<node>/<central>``)
+    reach that node only: another node may subscribe (Mosquitto grants it) but is delivered
+    nothing, and may not publish on any reply topic, neither as itself nor as central."""
+    central = node(pki, tls_broker, "central")
+    a = node(pki, tls_broker, "node-a")
+    b = node(pki, tls_broker, "node-b")
+    to_a = wire.reply_topic("policy", "node-a", "central")
+    to_b = wire.reply_topic("policy", "node-b", "central")
+    try:
+        central.subscribe(f"{ROOT}/#")
+        a.subscribe(wire.reply_filter("policy", "node-a"))
+        a.subscribe(wire.reply_filter("policy", "node-b"))  # another's: granted, not delivered
+        a.subscribe(f"{ROOT}/doc/+/reply/#")
+        a.subscribe(wire.sync_filter("policy"))
+        b.subscribe(wire.reply_filter("policy", "node-b"))
+        b.subscribe(wire.sync_filter("policy"))
+        central.publish(to_a, b"answer-a")
+        central.publish(to_b, b"answer-b")
+        central.publish(wire.reply_topic("desired-node-b", "node-b", "central"), b"desired-b")
+        for forged in (
+            to_b,  # as central, to node-b
+            wire.reply_topic("policy", "node-b", "node-a"),  # as itself, to node-b
+            wire.reply_topic("policy", "node-a", "node-a"),  # even to itself
+            wire.reply_topic("policy", "central", "node-a"),  # to central
+        ):
+            a.publish(forged, b"forged")
+        central.publish(wire.sync_topic("policy", "central"), b"live")  # everyone hears it
+        got_a = a.wait_for(wire.sync_topic("policy", "central"))
+        got_b = b.wait_for(wire.sync_topic("policy", "central"))
+        time.sleep(0.5)
+        got_a += a.drain()
+        got_b += b.drain()
+        got_central = central.drain()
+        assert sorted(got_a) == [
+            (to_a, b"answer-a"),
+            (wire.sync_topic("policy", "central"), b"live"),
+        ]
+        assert sorted(got_b) == [
+            (to_b, b"answer-b"),
+            (wire.sync_topic("policy", "central"), b"live"),
+        ]
+        assert all(p != b"forged" for _, p in got_central), got_central
+    finally:
+        for c in (central, a, b):
+            c.close()
 
 
 def test_client_id_of_another_node_is_replaced(pki: Pki, tls_broker: Broker) -> None:
