@@ -24,7 +24,6 @@ in one store transaction: one fsync for a control step's writes to a thousand do
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -54,11 +53,14 @@ class DocJournal:
         self.store = store
         self.on_error = on_error
         self.retry_s = retry_s
-        self._pending: collections.deque[bytes] = collections.deque()
+        # (a list, not a deque, and the waiters' condition and event made when first waited
+        # on: central holds a journal per desired document, and an empty deque, a condition
+        # and an event cost ~2 KiB a journal, while almost every journal is idle)
+        self._pending: list[bytes] = []
         self._queued = 0  # updates ever queued
         self._logged = 0  # updates ever committed to the store (a prefix of the queue)
-        self._changed = asyncio.Condition()
-        self._arrived = asyncio.Event()
+        self._changed: asyncio.Condition | None = None
+        self._arrived: asyncio.Event | None = None
         self._lock = asyncio.Lock()  # one logger at a time: updates go in in order
         #: Called (outside the commit) when an update is queued: a JournalSet's wake-up.
         self.on_queued: Callable[[DocJournal], None] | None = None
@@ -67,7 +69,8 @@ class DocJournal:
     def _enqueue(self, update: bytes) -> None:
         self._pending.append(update)
         self._queued += 1
-        self._arrived.set()
+        if self._arrived is not None:
+            self._arrived.set()
         if self.on_queued is not None:
             self.on_queued(self)
 
@@ -78,15 +81,19 @@ class DocJournal:
     async def flushed(self) -> None:
         """Return once every update queued so far is in the store."""
         target = self._queued
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._logged >= target)
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        changed = self._changed
+        async with changed:
+            await changed.wait_for(lambda: self._logged >= target)
 
     async def _committed(self, n: int) -> None:
-        for _ in range(n):
-            self._pending.popleft()
+        del self._pending[:n]
         self._logged += n
-        async with self._changed:
-            self._changed.notify_all()
+        changed = self._changed
+        if changed is not None:  # (None: nobody ever waited)
+            async with changed:
+                changed.notify_all()
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -116,6 +123,8 @@ class DocJournal:
         """Forever: append each queued update, in order; on a store error wait and retry."""
         while True:
             if not self._pending:
+                if self._arrived is None:
+                    self._arrived = asyncio.Event()
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue

@@ -251,7 +251,9 @@ class DocPeer:
         self.writer: str | None = writer if isinstance(writer, str) else None
         self._want_step1 = False
         self._last_step1 = -1e9
-        self._wake = asyncio.Event()
+        # (made by the send loop: central's replicas' peers never run one, and an event
+        # holds an empty deque, ~0.7 KiB, two per node)
+        self._wake: asyncio.Event | None = None
         doc.on_local_update(self._on_local_update)  # once per doc lifetime
 
     # -- local side ------------------------------------------------------------------------
@@ -267,7 +269,7 @@ class DocPeer:
             self._local.append(update)
             if len(self._local) > MAX_QUEUED_UPDATES:
                 self._local = [merge_updates(*self._local)]
-        self._wake.set()
+        self._wake_up()
 
     def take_outgoing(self) -> tuple[bytes, int] | None:
         """The local updates queued since the last call, merged into one, and the epoch they
@@ -280,7 +282,7 @@ class DocPeer:
 
     def _request_step1(self) -> None:
         self._want_step1 = True
-        self._wake.set()
+        self._wake_up()
 
     def request_resync(self) -> None:
         """Send our state vector again soon: every peer answers with what we lack."""
@@ -340,13 +342,20 @@ class DocPeer:
         if to != self.topic:
             self.stats["replies_out"] += 1
 
+    def _wake_up(self) -> None:
+        if self._wake is not None:  # (None: no send loop yet; it looks at what is queued)
+            self._wake.set()
+
     async def _send_loop(self, client: aiomqtt.Client) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        wake = self._wake
         while True:
-            self._wake.clear()  # anything arriving while we publish sets it again
+            wake.clear()  # anything arriving while we publish sets it again
             if self._want_step1:
                 wait = self._last_step1 + self.resync_interval_s - time.monotonic()
                 if wait > 0:  # coalesce resync requests
-                    asyncio.get_running_loop().call_later(wait, self._wake.set)
+                    asyncio.get_running_loop().call_later(wait, wake.set)
                 else:
                     self._want_step1 = False
                     self._last_step1 = time.monotonic()
@@ -380,7 +389,7 @@ class DocPeer:
                 await self._publish(client, wire.Kind.UPDATE, payload, epoch)
                 self.stats["updates_out"] += 1
             if not (self._local or self._answers or self._step1_to):
-                await self._wake.wait()
+                await wake.wait()
 
     # -- remote side -----------------------------------------------------------------------
 
@@ -440,7 +449,7 @@ class DocPeer:
                 self._step1_to[reply] = None  # only the asker need answer it
             elif behind:
                 self._request_step1()
-            self._wake.set()
+            self._wake_up()
             return
         self.stats["step2_in" if sync.step == YSyncMessageType.SYNC_STEP2 else "updates_in"] += 1
         if sync.data != b"\x00\x00":

@@ -54,7 +54,7 @@ class OldDocPeer(DocPeer):
         self._answers = [a for a in self._answers if a != asked] + [asked]
         if behind:
             self._request_step1()
-        self._wake.set()
+        self._wake_up()
 
 
 @dataclass
