@@ -211,7 +211,7 @@ class _Reader:
         raise self.fail(f"integer longer than {_MAX_VARUINT_BYTES} bytes")
 
     def buf(self, what: str = "buffer") -> bytes:
-        n = self.varuint(_U32 - 1, f"{what} length")
+        n = self.varuint(_U32 - 1, what)  # (a length: ``what`` names the thing measured)
         if n > self.end - self.pos:
             raise self.fail(f"{what} of {n} bytes, {self.end - self.pos} left")
         start = self.pos
@@ -263,9 +263,7 @@ class _Reader:
             raise self.fail(f"unknown any tag {tag}")
 
     def id(self, what: str) -> Id:
-        return Id(
-            self.varuint(_MAX_SAFE, f"{what} client"), self.varuint(_U32 - 1, f"{what} clock")
-        )
+        return Id(self.varuint(_MAX_SAFE, what), self.varuint(_U32 - 1, what))
 
 
 def _utf16_length(text: str) -> int:
