@@ -536,6 +536,7 @@ def _mutants() -> st.SearchStrategy[bytes]:
     )
 
 
+@pytest.mark.timeout(1800 if SLOW else 180)  # 100,000 cases take minutes
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_mutants())
 def test_fuzz_only_update_decode_error_escapes(data: bytes) -> None:
