@@ -135,6 +135,12 @@ def status_of(central: EdgeNode, node_id: str) -> str | None:
     return None if node is None else str(node["status"])
 
 
+def status_and_cause(central: EdgeNode, node_id: str) -> tuple[str, str] | None:
+    """A node's status at central and what said so (``status_cause``: will, silent, ...)."""
+    node = central_nodes(central).get(node_id)
+    return None if node is None else (str(node["status"]), str(node.get("status_cause")))
+
+
 def submit_at_central(central: EdgeNode, task_id: str, node_id: str) -> None:
     body = {"id": task_id, "command": ["sleep", "120"], "cpu": 0.05, "mem_gib": 0.05}
     body["node"] = node_id
@@ -325,16 +331,18 @@ async def test_member_dies_node_moves_to_a_survivor(nats: NatsCluster, tmp_path:
             proxy.target_port = n2.mqtt_port
             proxy.reset()  # the member's death: its connections end (a dead host: RST)
             await asyncio.to_thread(submit_at_central, central, "after-kill", "gw-b")
-            seen: set[str] = set()
+            seen: set[tuple[str, str] | None] = set()
 
             def runs_and_watch() -> bool:
-                seen.add(str(status_of(central, "gw-b")))
+                seen.add(status_and_cause(central, "gw-b"))
                 return runs(gw_b, "after-kill")
 
             await until(runs_and_watch, 40, "gw-b running central's task via nats2")
             moved_in = time.monotonic() - t_kill
             await until(lambda: converged(central, nodes), 30, "converged after the move")
-            assert "offline" not in seen, "a will of a client whose member died is lost"
+            # (gw-b may still read offline by silence, when its reconnect outlasts
+            # silent_after_s on a loaded machine: that is central noticing, not the will)
+            assert ("offline", "will") not in seen, "a will of a client whose member died is lost"
             log = gw_b.log.read_text()
             assert log.count("connected to broker") >= 2, log[-2000:]
             print(f"gw-b ran central's task {moved_in:.1f}s after its member was killed")
