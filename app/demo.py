@@ -66,8 +66,10 @@ CUT_AT_S = 10 * 3600.0
 CUT_FOR_S = 3600.0
 ENERGY_AT_S = 18 * 3600.0
 #: A cut lasts at least this long in real time: the broker notices a silent client after
-#: 1.5 keepalives, and central fails services over ``FAILOVER_AFTER_S`` after that.
-MIN_CUT_REAL_S = 8.0
+#: 1.5 keepalives, and central fails services over ``FAILOVER_AFTER_S`` after that. Measured
+#: on a loaded 2-core machine, Mosquitto published the will 6-8 s into the cut (not the 3 s
+#: the keepalive says), so 8 s left the failover no time in some runs: 12.
+MIN_CUT_REAL_S = 12.0
 KEEPALIVE_S = 2
 FAILOVER_AFTER_S = 2.0
 LEASE_S = 2.0
