@@ -52,6 +52,8 @@ import heapq
 import json
 import logging
 import multiprocessing as mp
+import os
+import pickle
 import random
 import subprocess
 import tempfile
@@ -178,39 +180,153 @@ def seeded_tasks(node_id: str, scale: Scale, now: float) -> list[tuple[str, Task
     return out
 
 
-def seed_central_assignments(fleet: PolicyDoc, ids: list[str], scale: Scale, now: float) -> int:
-    """Central's assignments of the tasks the nodes report as its own (one transaction).
+#: The registration fields every simulated node shares (one object per arch and site).
+_POWER = PowerModel(idle_w=120.0, peak_w=400.0, parked_w=10.0, wake_latency_s=60.0)
+_MODELS = {k: ModelReport(sha256="0" * 64, source="shipped") for k in ("forecast", "placement")}
 
-    Written into central's ``fleet`` document (``engine.fleet``), where ``engine.submit``
-    writes them: the running engine's control step drains those keys into its fleet index and
-    projects each entry into its node's ``desired-<node>`` document (the harness waits for
-    that, :func:`projected_assignments`). Where a node then reads them is
-    :class:`AssignmentFeed`'s business."""
+
+def node_registration(node_id: str) -> Registration:
+    """What a simulated node registers: as a node of this version, it reads packed entries
+    (``reads_packed``: central then writes its desired document packed)."""
+    number = int(node_id[3:])
+    return Registration(
+        arch=Arch.X86_64 if number % 2 else Arch.ARM64, server_class=ServerClass.GENERAL,
+        cpu=32.0, mem_gib=128.0, perf=1.0, site=f"site{number % 10}", cpu_model="simulated",
+        power=_POWER, reads_packed=True,
+    )  # fmt: skip
+
+
+def build_node_doc(node_id: str, scale: Scale, now: float) -> NodeDoc:
+    """Node ``node_id``'s own document as the node wrote it (its client id): registration,
+    power and model reports, its task entries; packed, as a node of this version writes once
+    central's policy says central reads packed entries (:meth:`PolicyDoc.packed_entries`)."""
+    doc = NodeDoc(f"node-{node_id}", client_id_for(node_id))
+    doc.packed = True
+    with doc.doc.transaction():
+        doc.set_registration(node_registration(node_id))
+        doc.set_power_report(PowerReport(state="active", since=now - 900))
+        doc.set_model_reports(_MODELS)
+        for task_id, report in seeded_tasks(node_id, scale, now):
+            doc.put_task(task_id, report)
+    return doc
+
+
+def running_tasks(node_id: str, scale: Scale) -> list[str]:
+    """The ids of the seeded task entries a node holds as running (:func:`seeded_tasks`)."""
+    running_per_10 = round(scale.running_share * 10)
+    return [f"{node_id}-t{i:03d}" for i in range(scale.tasks_per_node) if i % 10 < running_per_10]
+
+
+def seeded_assignments(
+    node_id: str, scale: Scale, now: float
+) -> Iterable[tuple[str, AssignmentEntry]]:
+    """Central's assignments of the tasks node ``node_id`` reports as central's."""
+    for task_id, report in seeded_tasks(node_id, scale, now):
+        if report.assignment is not None:
+            yield task_id, assignment_entry(
+                seeded_spec(task_id), node_id, central=CENTRAL_ID, epoch=1, replacement=False,
+                score=0.0, at=now - 900, reason="seeded",
+            )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    """What the seeder writes: central's state directory, one file of node documents per
+    simulator process (the nodes' own stores), for ``ids`` split as the simulators are."""
+
+    scale: Scale
+    ids: tuple[str, ...]
+    state_dir: str
+    node_files: tuple[str, ...]
+    now: float
+
+
+async def seed_state(plan: SeedPlan) -> dict[str, Any]:
+    """Central's SQLite as a central that ran this fleet before leaves it, and each node's
+    own document as the node holds it: the restart path, not a projection of 700,000
+    assignments on the running central's loop.
+
+    Central's store gets its ``fleet`` document (every assignment, packed, as the engine
+    writes it), each node's ``desired-<node>`` (that node's share, packed: the node reads
+    packed entries) and central's replica of each node's document (the node's own bytes).
+    On start the engine restores them (``ReplicaSet.load``, ``DesiredDocs.load``), the index
+    learns the fleet and ``DesiredDocs.match`` checks each desired document against it,
+    before it connects to the broker. The nodes' documents go to ``node_files`` (pickled
+    ``{node id: document bytes}``, simulator k's nodes ``ids[k::procs]``), from which each
+    simulated node restores its document as a restarted node does from its store."""
+    from edgesched.central.engine import FLEET_DOC
+    from edgesched.sync.store import Store
+
+    started = time.perf_counter()
+    scale, ids = plan.scale, list(plan.ids)
+    procs = len(plan.node_files)
+    central = client_id_for(CENTRAL_ID)
+    fleet = PolicyDoc(FLEET_DOC, central)
+    fleet.packed = True  # as the engine's own
+    Path(plan.state_dir).mkdir(parents=True, exist_ok=True)
+    store = await Store.open(Path(plan.state_dir) / "central.db")
+    node_bytes: list[dict[str, bytes]] = [{} for _ in range(procs)]
     count = 0
-    with fleet.doc.transaction():
-        for node_id in ids:
-            for task_id, report in seeded_tasks(node_id, scale, now):
-                if report.assignment is None:
-                    continue
-                fleet.assign(
-                    task_id,
-                    assignment_entry(
-                        seeded_spec(task_id), node_id, central=CENTRAL_ID, epoch=1,
-                        replacement=False, score=0.0, at=now - 900, reason="seeded",
-                    ),
-                )  # fmt: skip
-                count += 1
-    return count
+    try:
+        for start in range(0, len(ids), 500):
+            async with store.transaction():
+                with fleet.doc.transaction():
+                    for k, node_id in enumerate(ids[start : start + 500], start):
+                        doc = build_node_doc(node_id, scale, plan.now)
+                        node_bytes[k % procs][node_id] = doc.snapshot()
+                        await doc.persist_to(store)  # central's replica: the node's bytes
+                        desired = PolicyDoc(desired_doc_name(node_id), central)
+                        desired.packed = True
+                        with desired.doc.transaction():
+                            for task_id, entry in seeded_assignments(node_id, scale, plan.now):
+                                fleet.assign(task_id, entry)
+                                desired.assign(task_id, entry)
+                                count += 1
+                        await desired.persist_to(store)
+        await fleet.persist_to(store)
+    finally:
+        await store.close()
+    for path, nodes in zip(plan.node_files, node_bytes, strict=True):
+        Path(path).write_bytes(pickle.dumps(nodes, protocol=pickle.HIGHEST_PROTOCOL))
+    return {"assignments": count, "seconds": time.perf_counter() - started,
+            "rss_mb": psutil.Process().memory_info().rss / 1e6}  # fmt: skip
+
+
+def seeder_main(plan: SeedPlan, conn: Connection) -> None:
+    """Entry point of the seeder process (spawned: its memory is not central's)."""
+    quiet_logs()
+    conn.send(asyncio.run(seed_state(plan)))
+    conn.close()
+
+
+async def run_seeder(plan: SeedPlan) -> dict[str, Any]:
+    """:func:`seed_state` in a process of its own; its result."""
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=seeder_main, args=(plan, theirs), daemon=True)
+    proc.start()
+    theirs.close()
+    try:
+        while not ours.poll():
+            if not proc.is_alive() and not ours.poll():
+                raise RuntimeError(f"seeder exited {proc.exitcode}")
+            await asyncio.sleep(0.2)
+        result: dict[str, Any] = ours.recv()
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    return result
 
 
 def projected_assignments(engine: CentralEngine, ids: Iterable[str]) -> int:
-    """How many assignments central's desired-state documents of ``ids`` hold (what it
-    projected of the fleet document)."""
-    desired = engine.desired
-    if desired is None:
-        return 0
-    docs = [desired.docs.get(n) for n in ids]
-    return sum(len(d.root("assignments")) for d in docs if d is not None)
+    """How many assignments central's fleet index holds for the nodes ``ids`` (what its
+    desired-state documents of them must hold: ``DesiredDocs.match`` made them so at start;
+    counted in the index, since reading the documents would thaw every frozen one; what the
+    nodes' replicas received of them is :attr:`Measure.desired_held`)."""
+    wanted = set(ids)
+    return sum(1 for e in engine.index.assignments.values() if e.node in wanted)
 
 
 class AssignmentFeed:
@@ -225,7 +341,7 @@ class AssignmentFeed:
     live updates on ``.../sync/<central>``); the feed watches the replica's changed keys and
     decodes only those (``PolicyDoc.assignment``). As a real node's, the peer hears the
     centrals only (``listen_to``); :attr:`routes` are the topics its replica is fed from. If
-    assignments move again, this class and :func:`seed_central_assignments` are what
+    assignments move again, this class and :func:`seed_state` are what
     change."""
 
     def __init__(self, node_id: str) -> None:
@@ -287,6 +403,10 @@ class AssignmentFeed:
 #: What a node receives, by source: central's frames of its own document and of its desired
 #: document, central's frames of the fleet-wide policy document, and central's heartbeat.
 RECEIVED_KINDS = ("node_doc", "desired", "policy", "heartbeat")
+
+#: What a node sends, by document or kind: its own document's frames, its desired document's
+#: (step 1s), the policy (step 1s, answers to central's), its status, its telemetry.
+SENT_KINDS = ("node_doc", "desired", "policy", "status", "telemetry")
 
 #: The fleet-wide documents every node replicates (mode, tidal profile, models); one replica
 #: per simulator process stands for all of its nodes'. A node hears them from the centrals only.
@@ -356,39 +476,25 @@ def status_payload(node_id: str, state: str) -> bytes:
     return json.dumps({"node": node_id, "state": state}).encode()
 
 
-class SimNode:
-    """One simulated edge node: its own document and peer, its link's status messages."""
+#: One MQTT configuration for every simulated node's link (only its defaults are read).
+_MQTT = MqttConfig()
 
-    def __init__(self, node_id: str, scale: Scale, now: float) -> None:
+
+class SimNode:
+    """One simulated edge node: its own document and peer, its desired-state replica and
+    peer, its link's status messages. Its document is restored from the bytes the seeder
+    wrote (as a restarted node restores its own from its store), packed as it was written."""
+
+    def __init__(self, node_id: str, scale: Scale, snapshot: bytes) -> None:
         self.id = node_id
-        self.doc = NodeDoc(f"node-{node_id}", client_id_for(node_id))
-        number = int(node_id[3:])
-        arch = Arch.X86_64 if number % 2 else Arch.ARM64
-        with self.doc.doc.transaction():
-            self.doc.set_registration(
-                Registration(
-                    arch=arch, server_class=ServerClass.GENERAL, cpu=32.0, mem_gib=128.0,
-                    perf=1.0, site=f"site{number % 10}", cpu_model="simulated",
-                    power=PowerModel(idle_w=120.0, peak_w=400.0, parked_w=10.0,
-                                     wake_latency_s=60.0),
-                )
-            )  # fmt: skip
-            self.doc.set_power_report(PowerReport(state="active", since=now - 900))
-            self.doc.set_model_reports(
-                {
-                    k: ModelReport(sha256="0" * 64, source="shipped")
-                    for k in ("forecast", "placement")
-                }
-            )
-            self.running: list[str] = []  # its own running tasks, for the background exits
-            for task_id, report in seeded_tasks(node_id, scale, now):
-                self.doc.put_task(task_id, report)
-                if report.active:
-                    self.running.append(task_id)
+        self.doc = NodeDoc.restore(f"node-{node_id}", client_id_for(node_id), snapshot, [])
+        self.doc.packed = True  # (set again from the policy, as a real node does)
+        self.running = running_tasks(node_id, scale)  # its own running tasks, for churn
+        self.following = 0  # central's assignments it started and that still run
         self.peer = DocPeer(self.doc, node_id, subscribe=False)
         self.feed = AssignmentFeed(node_id)  # our desired-state replica: our assignments
         self.desired_peer = self.feed.peer()
-        self.link = CentralLink(node_id, MqttConfig())
+        self.link = CentralLink(node_id, _MQTT)
         self.online = False
         self.serving: list[asyncio.Task[None]] = []  # the peers' send loops while online
         self.bytes_in = 0  # central's frames on our two documents' topics
@@ -413,6 +519,7 @@ class SimPlan:
     port: int
     policy_snapshot: str
     scale: Scale
+    nodes_file: str  # {node id: its document's bytes}, from the seeder
 
 
 class Simulator:
@@ -423,14 +530,17 @@ class Simulator:
         self.scale = plan.scale
         self.conn = conn
         self.rng = random.Random(plan.scale.seed * 1000 + plan.index)
-        now = time.time()
-        self.nodes = {i: SimNode(i, plan.scale, now) for i in plan.ids}
         snapshot = Path(plan.policy_snapshot).read_bytes()
         # Every node holds this same replica of central's fleet-wide policy document (mode,
         # tidal profile, models: one stands for all); each its own desired-state document.
         self.policy = PolicyDoc.restore(
             "policy", client_id_for(f"bench-sim-{plan.index}"), snapshot, []
         )
+        stored: dict[str, bytes] = pickle.loads(Path(plan.nodes_file).read_bytes())
+        self.nodes = {i: SimNode(i, plan.scale, stored.pop(i)) for i in plan.ids}
+        packed = self.policy.packed_entries()  # as a real node follows central's policy
+        for node in self.nodes.values():
+            node.doc.packed = packed
         self.reassembler = wire.Reassembler()
         self.shared = 0  # bytes every online node receives (central's policy frames, heartbeats)
         #: bytes our nodes received, by document (summed over the nodes that got them)
@@ -453,6 +563,11 @@ class Simulator:
         self.broker_dropped = 0
         self.marks: dict[str, tuple[int, int, float]] = {}
         self.doc_marks: dict[str, int] = {}
+        #: bytes our nodes sent, by document or kind (summed over the nodes)
+        self.sent: dict[str, int] = dict.fromkeys(SENT_KINDS, 0)
+        self.sent_mark: dict[str, int] = dict(self.sent)
+        self.cpu_mark = 0.0
+        self.marked_at = 0.0
 
     # -- pipe --------------------------------------------------------------------------------
 
@@ -480,6 +595,9 @@ class Simulator:
             self.marks = {i: n.totals(self.shared, now) for i, n in self.nodes.items()}
             self.received_mark = dict(self.received)
             self.doc_marks = self.doc_counts()
+            self.sent_mark = self.sent_now()
+            self.cpu_mark = sum(psutil.Process().cpu_times()[:2])
+            self.marked_at = now
             self.send("marked")
         elif kind == "heal_start":
             for node_id in message[1]:
@@ -514,6 +632,13 @@ class Simulator:
             self.send("final", self.final())
             self.stop.set()
 
+    def sent_now(self) -> dict[str, int]:
+        """:attr:`sent` with what the nodes' two peers sent (their own documents' frames)."""
+        out = dict(self.sent)
+        out["node_doc"] = sum(n.peer.stats["bytes_out"] for n in self.nodes.values())
+        out["desired"] = sum(n.desired_peer.stats["bytes_out"] for n in self.nodes.values())
+        return out
+
     def doc_counts(self) -> dict[str, int]:
         keys = ("frames_out", "updates_out", "step2_out", "step1_out", "bytes_out")
         return {k: sum(n.peer.stats[k] for n in self.nodes.values()) for k in keys}
@@ -537,7 +662,10 @@ class Simulator:
             "counts": counts,
             "received": {k: v - self.received_mark[k] for k, v in self.received.items()},
             "broker_dropped": self.broker_dropped,
+            "sent": {k: v - self.sent_mark[k] for k, v in self.sent_now().items()},
             "cpu_s": sum(psutil.Process().cpu_times()[:2]),
+            "cpu_window_s": sum(psutil.Process().cpu_times()[:2]) - self.cpu_mark,
+            "window_s": now - self.marked_at,
             "rss_mb": psutil.Process().memory_info().rss / 1e6,
         }
 
@@ -581,6 +709,7 @@ class Simulator:
         await node.link.serve(self.client)
         now = time.time()
         node.bytes_out += len(status_payload(node.id, "online"))
+        self.sent["status"] += len(status_payload(node.id, "online"))
         node.online = True
         self.online_count += 1
         node.online_since = now
@@ -626,6 +755,7 @@ class Simulator:
         for frame in wire.encode(kind, doc, node.doc.client_id, payload, epoch=0):
             await self.client.publish(wire.sync_topic(doc, node.id), frame, qos=1)
             node.bytes_out += len(frame)
+            self.sent["policy"] += len(frame)
 
     async def dispatch(self, client: aiomqtt.Client) -> None:
         async for message in client.messages:
@@ -723,6 +853,7 @@ class Simulator:
         )  # fmt: skip
         if task_id.startswith(SUBMISSION_PREFIX):
             self.seen.append((task_id, node.id, now))
+        node.following += 1
         heapq.heappush(self.exits, (now + self.scale.run_s, node.id, task_id))
 
     def schedule_churn(self, node_id: str, now: float) -> None:
@@ -741,6 +872,8 @@ class Simulator:
                     if not node.running:
                         continue
                     task_id = node.running.pop(self.rng.randrange(len(node.running)))
+                else:
+                    node.following = max(0, node.following - 1)
                 report = node.doc.task(task_id)
                 if report is not None and report.active:
                     done = replace(report, state=TaskState.EXITED, exit_code=0, updated_at=now)
@@ -757,11 +890,12 @@ class Simulator:
                     node = self.nodes[node_id]
                     if not node.online or self.frozen:
                         continue
-                    running = sum(1 for r in node.doc.tasks().values() if r.active)
+                    running = len(node.running) + node.following  # (its runtime knows)
                     sample = Telemetry(time.time(), 0.3, 0.4, 180.0, running)
                     payload = json.dumps(sample.to_json()).encode()
                     await client.publish(telemetry_topic(node_id), payload, qos=0)
                     node.bytes_out += len(payload)
+                    self.sent["telemetry"] += len(payload)
                     self.counts["telemetry"] += 1
                 await asyncio.sleep(self.scale.telemetry_s / slices)
 
@@ -846,7 +980,11 @@ class Measure:
         self.rss_max = 0.0
         self.notes: list[str] = []
         self.seeded = 0
-        self.projected = 0  # of them, in central's desired-state documents
+        self.seed_s: float | None = None  # the seeder's time: central's store, nodes' docs
+        self.seeder_rss_mb: float | None = None
+        self.restart_s: float | None = None  # central's start from that store, to connected
+        self.restart_writes: int | None = None  # entries DesiredDocs.match wrote at start
+        self.projected = 0  # of them, in central's index after its restart
         self.desired_synced = 0  # nodes whose desired-state replica central answered
         self.desired_held = 0  # assignments those replicas held at fleet up
         self.published_total: int | None = None
@@ -877,6 +1015,10 @@ class Measure:
             "elapsed_s": now - self.started,
             "seeded_assignments": self.seeded,
             "projected_assignments": self.projected,
+            "seed_s": self.seed_s,
+            "seeder_rss_mb": self.seeder_rss_mb,
+            "restart_s": self.restart_s,
+            "restart_writes": self.restart_writes,
             "desired_synced": self.desired_synced,
             "desired_held": self.desired_held,
             "fleet_up_s": self.fleet_up_s,
@@ -939,6 +1081,12 @@ class Measure:
             for kind in RECEIVED_KINDS:
                 got = sum(s["received"][kind] for s in self.sims)
                 out[f"in_{kind}_mb_h"] = got / online_h / 1e6 if online_h else None
+            for kind in SENT_KINDS:
+                sent = sum(s["sent"][kind] for s in self.sims)
+                out[f"out_{kind}_mb_h"] = sent / online_h / 1e6 if online_h else None
+            sim_window = max(s["window_s"] for s in self.sims)
+            out["sim_cpu_window_s"] = sum(s["cpu_window_s"] for s in self.sims)
+            out["sim_cpu_share"] = out["sim_cpu_window_s"] / sim_window if sim_window else None
             out["sim_cpu_s"] = sum(s["cpu_s"] for s in self.sims)
             out["sim_rss_mb"] = sum(s["rss_mb"] for s in self.sims)
             counts: dict[str, int] = {}
@@ -1113,9 +1261,25 @@ async def run_size(
             mqtt=MqttConfig(port=port, reconnect_max_s=1.0),
         )
     )  # fmt: skip
+    procs = max(1, min(scale.procs, scale.nodes))
+    nodes_files = [str(workdir / f"nodes-{k}.pickle") for k in range(procs)]
+    measure.phase = "seeding"  # central's store and the nodes' own, in a process of its own
+    try:
+        async with asyncio.timeout(scale.budget_s):
+            seeded = await run_seeder(
+                SeedPlan(scale, tuple(ids), config.central.state_dir, tuple(nodes_files),
+                         time.time())
+            )  # fmt: skip
+    except (TimeoutError, RuntimeError) as exc:
+        measure.notes.append(f"seeding failed: {exc!r}")
+        return measure.summary()
+    measure.seeded, measure.seed_s = seeded["assignments"], seeded["seconds"]
+    measure.seeder_rss_mb = seeded["rss_mb"]
     engine = CentralEngine(config)
     wrap_control_step(engine, measure)
     measure.log.attach()
+    measure.phase = "central start"  # restored from SQLite: the fleet, desired docs, replicas
+    restart_t0 = time.time()
     engine_task = asyncio.create_task(engine.run(), name="central")
     sims = Sims(measure)
     background: list[asyncio.Task[None]] = []
@@ -1136,28 +1300,26 @@ async def run_size(
         return True
 
     try:
-        measure.phase = "central start"
-        async with asyncio.timeout(min(120.0, left())):
+        async with asyncio.timeout(min(scale.up_s, left())):
             await engine.wait_ready()
         await until(lambda: engine.session.connected, 30)
-        policy, fleet = engine.policy, engine.fleet
-        assert policy is not None and fleet is not None
-        measure.phase = "seeding"
-        measure.seeded = seed_central_assignments(fleet, ids, scale, time.time())
-        measure.phase = "projecting"  # the running engine: fleet -> index -> desired-<node>
-        projected = await until(
-            lambda: projected_assignments(engine, ids) >= measure.seeded, scale.up_s, 0.5
-        )
+        measure.restart_s = time.time() - restart_t0
+        policy = engine.policy
+        assert policy is not None and engine.desired is not None
+        measure.restart_writes = engine.desired.writes  # what DesiredDocs.match had to write
         measure.projected = projected_assignments(engine, ids)
-        if not projected:
+        if measure.projected != measure.seeded:
             measure.notes.append(
-                f"central projected {measure.projected} of {measure.seeded} seeded assignments"
+                f"central's index holds {measure.projected} of {measure.seeded} seeded "
+                "assignments after its restart"
             )
         snapshot = workdir / "policy.snapshot"  # the fleet-wide one: mode, tidal, models
         snapshot.write_bytes(policy.snapshot())
         measure.phase = "simulators start"
-        procs = max(1, min(scale.procs, scale.nodes))
-        plans = [SimPlan(k, tuple(ids[k::procs]), port, str(snapshot), scale) for k in range(procs)]
+        plans = [
+            SimPlan(k, tuple(ids[k::procs]), port, str(snapshot), scale, nodes_files[k])
+            for k in range(procs)
+        ]
         sims.start(plans)
         background.append(asyncio.create_task(sims.poll()))
         if report is not None:
@@ -1313,6 +1475,7 @@ def memory_needed_gb(scale: Scale) -> float:
 def measure_size(scale: Scale) -> dict[str, Any]:
     """One size in a process of its own, killed if it overruns its budget (plus a grace)."""
     with tempfile.TemporaryDirectory(prefix="edgesched-central-scale-") as tmp:
+        load_start = os.getloadavg()[0]  # (the machine is shared: say how busy it was)
         broker = start_broker(Path(tmp), scale.broker_queue)
         ctx = mp.get_context("spawn")
         ours, theirs = ctx.Pipe()
@@ -1350,6 +1513,7 @@ def measure_size(scale: Scale) -> dict[str, Any]:
                     proc.kill()
                     proc.join()
             broker.stop()
+        last["load_start"], last["load_end"] = load_start, os.getloadavg()[0]
         return last
 
 
@@ -1357,6 +1521,9 @@ def measure_size(scale: Scale) -> dict[str, Any]:
 
 ROWS: list[tuple[str, str, str]] = [
     # (label, key, format)
+    ("seeding central's store and the nodes' (s)", "seed_s", "{:.1f}"),
+    ("central restart from it, to connected (s)", "restart_s", "{:.1f}"),
+    ("  entries its desired documents lacked", "restart_writes", "{:d}"),
     ("fleet up, every node fresh (s)", "fleet_up_s", "{:.1f}"),
     ("control steps in the window", "steps", "{:d}"),
     ("control step p50 (ms)", "step_p50_ms", "{:.1f}"),
@@ -1381,19 +1548,27 @@ ROWS: list[tuple[str, str, str]] = [
     ("simulators' RSS at end (MB)", "sim_rss_mb", "{:.0f}"),
     ("central CPU in the window (s)", "cpu_s", "{:.1f}"),
     ("central CPU, share of one core", "cpu_share", "{:.0%}"),
+    ("simulators' CPU in the window, cores", "sim_cpu_share", "{:.2f}"),
+    ("machine load (1 min) at start / end", "load", "{}"),
     ("bytes to each node (MB/h, mean)", "in_mb_h", "{:.2f}"),
     ("  of it: its desired document", "in_desired_mb_h", "{:.3f}"),
     ("  of it: its own document (central's side)", "in_node_doc_mb_h", "{:.3f}"),
     ("  of it: the policy document (central's)", "in_policy_mb_h", "{:.3f}"),
     ("  of it: central's heartbeat", "in_heartbeat_mb_h", "{:.3f}"),
     ("bytes from each node (MB/h, mean)", "out_mb_h", "{:.2f}"),
+    ("  of it: its own document", "out_node_doc_mb_h", "{:.3f}"),
+    ("  of it: its desired document (step 1s)", "out_desired_mb_h", "{:.3f}"),
+    ("  of it: the policy (step 1s, answers)", "out_policy_mb_h", "{:.3f}"),
+    ("  of it: status and telemetry", "out_link_mb_h", "{:.3f}"),
     ("measured window (s)", "window_s", "{:.0f}"),
 ]
 RATIO_KEYS = {
-    "fleet_up_s", "step_p50_ms", "step_p99_ms", "step_max_ms", "submit_call_p50_ms",
+    "fleet_up_s", "seed_s", "restart_s", "sim_cpu_share", "step_p50_ms", "step_p99_ms",
+    "step_max_ms", "submit_call_p50_ms",
     "submit_call_p99_ms", "seen_p50_ms", "seen_p99_ms", "heal_p50_s", "heal_p99_s",
     "merged_per_s", "rss_mb", "cpu_s", "cpu_share", "in_mb_h", "out_mb_h", "in_desired_mb_h",
-    "in_node_doc_mb_h", "in_policy_mb_h", "in_heartbeat_mb_h", "sim_rss_mb",
+    "in_node_doc_mb_h", "in_policy_mb_h", "in_heartbeat_mb_h", "sim_rss_mb", "out_node_doc_mb_h",
+    "out_desired_mb_h", "out_policy_mb_h", "out_link_mb_h",
 }  # fmt: skip
 
 
@@ -1409,6 +1584,11 @@ def derived(s: dict[str, Any]) -> dict[str, Any]:
             out["published_lost"] += f" (+{s['applied_twice']} redelivered)"
     if s.get("cpu_s") is not None and s.get("window_s"):
         out["cpu_share"] = s["cpu_s"] / s["window_s"]
+    if s.get("out_status_mb_h") is not None and s.get("out_telemetry_mb_h") is not None:
+        out["out_link_mb_h"] = s["out_status_mb_h"] + s["out_telemetry_mb_h"]
+    if s.get("load_start") is not None:
+        end = s.get("load_end")
+        out["load"] = f"{s['load_start']:.1f} / " + ("-" if end is None else f"{end:.1f}")
     return out
 
 
