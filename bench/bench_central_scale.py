@@ -196,18 +196,63 @@ def node_registration(node_id: str) -> Registration:
     )  # fmt: skip
 
 
-def build_node_doc(node_id: str, scale: Scale, now: float) -> NodeDoc:
+#: The node whose entries are packed once with the project's classes (:class:`SeedTexts`).
+TEMPLATE_NODE = "sim00000"
+
+
+class SeedTexts:
+    """The packed text of every seeded entry, packed once with the project's own classes
+    (``NodeDoc.packed_form`` of :func:`seeded_tasks`' reports, ``PolicyDoc.packed_form`` of
+    :func:`seeded_assignments`) for :data:`TEMPLATE_NODE`; any other node's are the same
+    text with its id in place of the template's (every id is as long, and no other field
+    differs from node to node: ``tests/test_bench_central_scale.py`` checks them against the
+    classes' own). Packing 240 entries per node through the schema took ~25 ms a node, four
+    minutes for 10,000; this is what the packed documents hold, written in a fraction of it."""
+
+    def __init__(self, scale: Scale, now: float) -> None:
+        node = NodeDoc(f"node-{TEMPLATE_NODE}", client_id_for(TEMPLATE_NODE))
+        node.packed = True
+        fleet = PolicyDoc("fleet", client_id_for(CENTRAL_ID))
+        fleet.packed = True
+        self.tasks = [
+            (task_id, node.packed_form(report))
+            for task_id, report in seeded_tasks(TEMPLATE_NODE, scale, now)
+        ]
+        self.assignments = [
+            (task_id, fleet.packed_form(entry))
+            for task_id, entry in seeded_assignments(TEMPLATE_NODE, scale, now)
+        ]
+        self.now = now
+
+    @staticmethod
+    def of(node_id: str, texts: list[tuple[str, Any]]) -> list[tuple[str, str]]:
+        """``texts`` (the template node's) for ``node_id``."""
+        if len(node_id) != len(TEMPLATE_NODE):
+            raise ValueError(f"node id {node_id!r} is not as long as {TEMPLATE_NODE!r}")
+        return [(k.replace(TEMPLATE_NODE, node_id), v.replace(TEMPLATE_NODE, node_id))
+                for k, v in texts]  # fmt: skip
+
+    def tasks_of(self, node_id: str) -> list[tuple[str, str]]:
+        return self.of(node_id, self.tasks)
+
+    def assignments_of(self, node_id: str) -> list[tuple[str, str]]:
+        return self.of(node_id, self.assignments)
+
+
+def build_node_doc(node_id: str, texts: SeedTexts) -> NodeDoc:
     """Node ``node_id``'s own document as the node wrote it (its client id): registration,
     power and model reports, its task entries; packed, as a node of this version writes once
-    central's policy says central reads packed entries (:meth:`PolicyDoc.packed_entries`)."""
+    central's policy says central reads packed entries (:meth:`PolicyDoc.packed_entries`),
+    the entries' text written into its ``tasks`` map as ``NodeDoc.put_task`` writes it."""
     doc = NodeDoc(f"node-{node_id}", client_id_for(node_id))
     doc.packed = True
     with doc.doc.transaction():
         doc.set_registration(node_registration(node_id))
-        doc.set_power_report(PowerReport(state="active", since=now - 900))
+        doc.set_power_report(PowerReport(state="active", since=texts.now - 900))
         doc.set_model_reports(_MODELS)
-        for task_id, report in seeded_tasks(node_id, scale, now):
-            doc.put_task(task_id, report)
+        tasks = doc.root("tasks")
+        for task_id, text in texts.tasks_of(node_id):
+            tasks[task_id] = text
     return doc
 
 
@@ -266,23 +311,28 @@ async def seed_state(plan: SeedPlan) -> dict[str, Any]:
     Path(plan.state_dir).mkdir(parents=True, exist_ok=True)
     store = await Store.open(Path(plan.state_dir) / "central.db")
     node_bytes: list[dict[str, bytes]] = [{} for _ in range(procs)]
+    texts = SeedTexts(scale, plan.now)
     count = 0
+    assignments = fleet.root("assignments")
     try:
         for start in range(0, len(ids), 500):
             async with store.transaction():
                 with fleet.doc.transaction():
                     for k, node_id in enumerate(ids[start : start + 500], start):
-                        doc = build_node_doc(node_id, scale, plan.now)
-                        node_bytes[k % procs][node_id] = doc.snapshot()
-                        await doc.persist_to(store)  # central's replica: the node's bytes
+                        doc = build_node_doc(node_id, texts)
+                        snapshot = doc.snapshot()
+                        node_bytes[k % procs][node_id] = snapshot
+                        # central's replica of it: the node's bytes (a fresh store: one call)
+                        await store.compact(doc.name, snapshot, 0)
                         desired = PolicyDoc(desired_doc_name(node_id), central)
                         desired.packed = True
+                        held = desired.root("assignments")
                         with desired.doc.transaction():
-                            for task_id, entry in seeded_assignments(node_id, scale, plan.now):
-                                fleet.assign(task_id, entry)
-                                desired.assign(task_id, entry)
+                            for task_id, text in texts.assignments_of(node_id):
+                                assignments[task_id] = text  # as PolicyDoc.assign writes
+                                held[task_id] = text
                                 count += 1
-                        await desired.persist_to(store)
+                        await store.compact(desired.name, desired.snapshot(), 0)
         await fleet.persist_to(store)
     finally:
         await store.close()
@@ -1462,13 +1512,14 @@ def size_worker(scale: Scale, port: int, workdir: str, conn: Connection) -> None
 
 
 def memory_needed_gb(scale: Scale) -> float:
-    """A rough estimate of what one size needs, from this harness's own runs (100 and 1,000
-    nodes of 100 entries, 70 of them central's): central about 1.7 MB per node (its replica
-    of the node's document with the fleet index's view of it, about 0.5 MB; each assignment
-    in the fleet document, the index and the node's desired document, the last written entry
-    by entry by the projection, about 17 KB of the ~27 KB), the simulators about 0.8 MB per
-    node (its document, its desired replica, two peers)."""
-    per_node = (1.7e6 + 0.8e6) * scale.tasks_per_node / 100
+    """A rough estimate of what one size needs, from this harness's own runs (1,000 nodes of
+    100 entries, 70 of them central's; see docs/benchmarks.md): central about 0.45 MB per
+    node at 1,000 (restored from SQLite, its replicas and desired documents packed and
+    frozen until used; ~0.15 GB of it the process itself), the simulators about 0.27 MB per
+    node (each node's packed document, its desired replica, two peers), the seeder (gone
+    before the simulators start) less than either; a margin for the replicas central holds
+    live after the fleet's bring-up."""
+    per_node = (0.45e6 + 0.3e6) * scale.tasks_per_node / 100
     return scale.nodes * per_node / 1e9 + 0.5
 
 

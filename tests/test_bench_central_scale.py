@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import bench_central_scale as bench
 
-from edgesched.sync.doc import desired_doc_name
+from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for, desired_doc_name
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.topics import HEARTBEAT_TOPIC
 
@@ -105,3 +105,30 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     assert "ERROR" not in result["central_log"], result["central_errors"]
     table = bench.table([result, result])
     assert "control step p99 (ms)" in table and "x1.0" in table and "finished" in table
+
+
+def test_seeded_texts_are_what_the_classes_write() -> None:
+    """The seeder writes each node's entries as the template node's packed text with the
+    node's id in place: exactly what ``NodeDoc.put_task`` and ``PolicyDoc.assign`` of a
+    packed document write for that node."""
+    scale = bench.Scale(nodes=20, tasks_per_node=12)
+    now = 1_700_000_000.0
+    texts = bench.SeedTexts(scale, now)
+    for node_id in ("sim00000", "sim00007", "sim12345"):
+        built = bench.build_node_doc(node_id, texts)
+        own = NodeDoc(f"node-{node_id}", client_id_for(node_id))
+        own.packed = True
+        for task_id, report in bench.seeded_tasks(node_id, scale, now):
+            own.put_task(task_id, report)
+        assert built.tasks() == own.tasks()
+        assert dict(built.root("tasks").items()) == dict(own.root("tasks").items())
+        registration = built.registration()
+        assert registration is not None and registration.reads_packed
+        fleet = PolicyDoc("fleet", client_id_for("central"))
+        fleet.packed = True
+        for task_id, entry in bench.seeded_assignments(node_id, scale, now):
+            fleet.assign(task_id, entry)
+        assert dict(fleet.root("assignments").items()) == dict(texts.assignments_of(node_id))
+    assert bench.running_tasks("sim00003", scale) == [
+        t for t, r in bench.seeded_tasks("sim00003", scale, now) if r.active
+    ]
