@@ -739,9 +739,12 @@ class Simulator:
                 asyncio.create_task(self.exit_loop()),
                 asyncio.create_task(self.telemetry_loop(client)),
             ]
-            for node in self.nodes.values():
-                await self.go_online(node)
-                self.schedule_churn(node.id, time.time())
+            nodes = list(self.nodes.values())
+            for start in range(0, len(nodes), 100):  # (a fleet's nodes connect at once)
+                batch = nodes[start : start + 100]
+                await asyncio.gather(*(self.go_online(node) for node in batch))
+                for node in batch:
+                    self.schedule_churn(node.id, time.time())
             self.send("ready", len(self.nodes))
             await self.stop.wait()
             for task in loops:
