@@ -988,9 +988,14 @@ class CentralLog(logging.Handler):
         super().__init__(logging.WARNING)
         self.counts: dict[str, int] = {}
         self.first: list[str] = []
+        self.warnings: dict[str, int] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         self.counts[record.levelname] = self.counts.get(record.levelname, 0) + 1
+        if record.levelno < logging.ERROR:  # warnings: how many of each kind (its format)
+            kind = f"{record.name}: {str(record.msg)[:80]}"
+            if kind in self.warnings or len(self.warnings) < self.KEEP:
+                self.warnings[kind] = self.warnings.get(kind, 0) + 1
         if len(self.first) < self.KEEP and record.levelno >= logging.ERROR:
             text = f"{record.name}: {record.getMessage()}"
             if record.exc_info and record.exc_info[1] is not None:
@@ -1038,6 +1043,7 @@ class Measure:
         self.restart_s: float | None = None  # central's start from that store, to connected
         self.restart_writes: int | None = None  # entries DesiredDocs.match wrote at start
         self.projected = 0  # of them, in central's index after its restart
+        self.fresh = 0  # nodes fresh at central (counted while the fleet comes up)
         self.desired_synced = 0  # nodes whose desired-state replica central answered
         self.desired_held = 0  # assignments those replicas held at fleet up
         self.published_total: int | None = None
@@ -1072,6 +1078,7 @@ class Measure:
             "seeder_rss_mb": self.seeder_rss_mb,
             "restart_s": self.restart_s,
             "restart_writes": self.restart_writes,
+            "fresh": self.fresh,
             "desired_synced": self.desired_synced,
             "desired_held": self.desired_held,
             "fleet_up_s": self.fleet_up_s,
@@ -1105,6 +1112,7 @@ class Measure:
             "notes": list(self.notes),
             "central_log": dict(self.log.counts),
             "central_errors": list(self.log.first),
+            "central_warnings": dict(self.log.warnings),
         }
         if window_s and self.status0 and self.status1:
             merged = self.status1["updates_in"] - self.status0["updates_in"]
@@ -1381,13 +1389,18 @@ async def run_size(
         async with asyncio.timeout(left()):
             ready = await sims.replies_of_all()
         assert all(r[0] == "ready" for r in ready), ready
-        measure.phase = "fleet up"
-        up = await until(lambda: all(engine.is_fresh(n) for n in ids), scale.up_s, 0.5)
+        measure.phase = "fleet up"  # both waits below within up_s: then the window starts
+        up_end = time.monotonic() + scale.up_s
+
+        def fleet_fresh() -> bool:
+            measure.fresh = sum(1 for n in ids if engine.is_fresh(n))
+            return measure.fresh == len(ids)
+
+        up = await until(fleet_fresh, scale.up_s, 1.0)
         if not up:
-            count = sum(1 for n in ids if engine.is_fresh(n))
-            measure.notes.append(f"fleet never fully fresh: {count}/{len(ids)} nodes")
+            measure.notes.append(f"fleet never fully fresh: {measure.fresh}/{len(ids)} nodes")
         # ... and every node's desired-state replica answered by central (its step 2)
-        end = time.monotonic() + min(scale.up_s, left())
+        end = min(up_end, time.monotonic() + left())
         while True:
             replies = await sims.ask("desired")
             measure.desired_synced = sum(r[1] for r in replies)
@@ -1690,6 +1703,8 @@ def table(results: list[dict[str, Any]]) -> str:
             text.append("  central logged: " + ", ".join(f"{v} {k.lower()}" for k, v in
                                                         sorted(logged.items())))  # fmt: skip
             text += [f"    {line}" for line in r.get("central_errors", [])]
+            warned = sorted((r.get("central_warnings") or {}).items(), key=lambda kv: -kv[1])
+            text += [f"    {count} x {kind}" for kind, count in warned[:8]]
         counts = r.get("sim_counts")
         if counts:
             sent = counts["policy_step1_sent"]
