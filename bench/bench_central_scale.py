@@ -20,23 +20,28 @@ node sends its own step 1 of it when it connects. As a real node's peers of cent
 ``desired-<id>`` from the centrals only (their sender topics, ``.../sync/<central>``): no other
 node's frames of either reach it, and none are counted as received (:func:`node_subscriptions`).
 
-Per size: seed central's fleet document with the assignments the nodes already run (the running
-engine projects them into the desired documents; the harness waits for it), bring the fleet up
-(every node fresh at central, every node's desired document answered by central), then the
-measured window: submissions at central (``engine.submit``) at ``--rate`` per second for
-``--steady-s``, then a heal of 10% of the fleet (offline ``--offline-s``, then back,
-resyncing), then a drain. Printed, for each size and as a ratio of the largest size to the
-smallest (100 nodes by default): control-step p50/p99 (the engine instance's ``control_step``
-wrapped and timed), submit -> assignment seen by its node, heal -> converged (central's replica
-fresh and byte-equal to the node's document, and the node's desired document byte-equal to
-central's), node updates merged per second at central and how many the simulators published
-that central never applied, central's RSS and CPU, payload bytes to and from each node scaled
-to an hour, and what central logged at warning and error level. Each size has
-a wall-clock budget; a size that overruns it is killed and printed as "did not finish within
+Per size: a seeder process writes central's SQLite as a central that ran this fleet before
+leaves it (the ``fleet`` document with every assignment, each node's ``desired-<node>`` and
+central's replica of each node's document, packed: the nodes register ``reads_packed``) and each
+node's own document, which its simulated node restores as a restarted node does
+(:func:`seed_state`); central starts through its real restart path (replicas, desired documents,
+the index learning the fleet, ``DesiredDocs.match``) before it connects; then the fleet comes up
+(every node fresh at central, every node's desired document answered by central, within
+``--up-s``), then the measured window: submissions at central (``engine.submit``) at ``--rate``
+per second for ``--steady-s``, then a heal of 10% of the fleet at once (offline ``--offline-s``,
+then back, resyncing), then a drain. Printed, for each size and as a ratio of the largest size
+to the smallest (100 nodes by default): control-step p50/p99 (the engine instance's
+``control_step`` wrapped and timed), submit -> assignment seen by its node, heal -> converged
+(central's replica fresh and byte-equal to the node's document, and the node's desired document
+byte-equal to central's), node updates merged per second at central and how many the simulators
+published that central never applied, central's RSS and CPU, the simulators' RSS and CPU, the
+machine's load, payload bytes to and from each node scaled to an hour (by document both ways:
+the policy apart), and what central logged at warning and error level. Each size has a
+wall-clock budget; a size that overruns it is killed and printed as "did not finish within
 budget" with what it measured so far.
 
-    .venv/bin/python bench/bench_central_scale.py [--nodes 100,1000] [--budget-s 900]
-        [--rate 10] [--steady-s 30] [--offline-s 10] [--procs N]
+    .venv/bin/python bench/bench_central_scale.py [--nodes 100,1000,10000] [--budget-s 900]
+        [--rate 2] [--steady-s 30] [--offline-s 10] [--up-s 300] [--procs N]
 
 ``make bench`` runs the defaults. Run it from a scratch directory (``cd /tmp``): each size
 works in a temporary directory of its own. :func:`memory_needed_gb` estimates what a size
@@ -134,6 +139,9 @@ class Scale:
     procs: int = 1
     broker_queue: int | None = None  # max_queued_messages of the bench broker (None: default)
     seed: int = 1
+    #: nodes connecting per second, the whole fleet (0: all at once, 100 at a time per
+    #: simulator; a burst that loses messages queued for central past 1,000 nodes)
+    connect_rate: float = 50.0
 
 
 # --- the fleet: ids, node documents and the assignments central holds of them ---------------
@@ -739,12 +747,7 @@ class Simulator:
                 asyncio.create_task(self.exit_loop()),
                 asyncio.create_task(self.telemetry_loop(client)),
             ]
-            nodes = list(self.nodes.values())
-            for start in range(0, len(nodes), 100):  # (a fleet's nodes connect at once)
-                batch = nodes[start : start + 100]
-                await asyncio.gather(*(self.go_online(node) for node in batch))
-                for node in batch:
-                    self.schedule_churn(node.id, time.time())
+            await self.connect_all()
             self.send("ready", len(self.nodes))
             await self.stop.wait()
             for task in loops:
@@ -753,6 +756,22 @@ class Simulator:
                 for serving in node.serving:
                     serving.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
+
+    async def connect_all(self) -> None:
+        """Every node connects: paced at ``connect_rate`` (this simulator's share of it), in
+        batches of up to 100 connecting at once."""
+        nodes = list(self.nodes.values())
+        rate = self.scale.connect_rate * len(nodes) / max(1, self.scale.nodes)  # our share
+        size = 100 if rate <= 0 else max(1, min(100, round(rate / 10)))  # ~10 batches a second
+        started = time.monotonic()
+        for start in range(0, len(nodes), size):
+            if rate > 0:
+                due = started + start / rate
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+            batch = nodes[start : start + size]
+            await asyncio.gather(*(self.go_online(node) for node in batch))
+            for node in batch:
+                self.schedule_churn(node.id, time.time())
 
     async def go_online(self, node: SimNode) -> float:
         """What a node does on (re)connect: retained online status, its document peer's step 1
@@ -1528,14 +1547,13 @@ def size_worker(scale: Scale, port: int, workdir: str, conn: Connection) -> None
 
 
 def memory_needed_gb(scale: Scale) -> float:
-    """A rough estimate of what one size needs, from this harness's own runs (1,000 nodes of
-    100 entries, 70 of them central's; see docs/benchmarks.md): central about 0.45 MB per
-    node at 1,000 (restored from SQLite, its replicas and desired documents packed and
-    frozen until used; ~0.15 GB of it the process itself), the simulators about 0.27 MB per
-    node (each node's packed document, its desired replica, two peers), the seeder (gone
-    before the simulators start) less than either; a margin for the replicas central holds
-    live after the fleet's bring-up."""
-    per_node = (0.45e6 + 0.3e6) * scale.tasks_per_node / 100
+    """A rough estimate of what one size needs, from this harness's own runs of 1,000, 3,000
+    and 10,000 nodes of 100 entries, 70 of them central's (docs/benchmarks.md): central about
+    0.3 MB per node past its ~0.15 GB (2.9 GB bringing 10,000 up: restored from SQLite, its
+    replicas and desired documents packed, frozen until their node speaks), the simulators
+    about 0.15-0.27 MB per node (each node's packed document, its desired replica, two
+    peers), the seeder (0.8 GB at 10,000) gone before either grows."""
+    per_node = (0.3e6 + 0.2e6) * scale.tasks_per_node / 100
     return scale.nodes * per_node / 1e9 + 0.5
 
 
@@ -1735,6 +1753,12 @@ def main() -> None:
     parser.add_argument(
         "--up-s", type=float, default=600.0, help="longest wait for the fleet to come up"
     )
+    parser.add_argument(
+        "--connect-rate",
+        type=float,
+        default=50.0,
+        help="nodes connecting per second at bring-up, the whole fleet (0: all at once)",
+    )
     parser.add_argument("--force", action="store_true", help="run a size that may not fit")
     parser.add_argument(
         "--broker-queue",
@@ -1750,7 +1774,7 @@ def main() -> None:
             nodes=n, tasks_per_node=args.tasks, rate=args.rate, steady_s=args.steady_s,
             offline_s=args.offline_s, budget_s=args.budget_s,
             procs=args.procs or (1 if n <= 2000 else 2), broker_queue=args.broker_queue,
-            up_s=args.up_s,
+            up_s=args.up_s, connect_rate=args.connect_rate,
         )  # fmt: skip
         need = memory_needed_gb(scale)
         have = psutil.virtual_memory().available / 1e9
@@ -1769,6 +1793,7 @@ def main() -> None:
     print()
     queue = "default" if args.broker_queue is None else str(args.broker_queue)
     print(f"central scale: {args.rate:g} submissions/s, {args.tasks} task entries per node, "
+          f"nodes connecting {args.connect_rate:g}/s (0: at once), "
           f"heal of 10% after {args.steady_s:g}s (offline {args.offline_s:g}s), "
           f"broker max_queued_messages {queue}")  # fmt: skip
     print(table(results))

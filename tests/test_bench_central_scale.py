@@ -66,7 +66,9 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
         broker.stop()
     assert result["finished"], result["notes"]
     assert result["seeded_assignments"] == 8 * 7  # 70% of each node's 10 entries
-    # Central projected them (fleet -> desired-<node>), and every node's replica got its own.
+    # Central restarted from the seeded store: its desired documents held them already.
+    assert result["seed_s"] > 0 and result["restart_s"] > 0 and result["restart_writes"] == 0
+    # Its index holds them, and every node's replica of its desired document got its own.
     assert result["projected_assignments"] == 8 * 7
     assert result["desired_synced"] == 8 and result["desired_held"] == 8 * 7
     assert result["fleet_up_s"] is not None and result["fleet_up_s"] < 20
@@ -101,6 +103,9 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     # Central's own process, and bytes both ways for every node.
     assert result["cpu_s"] > 0 and result["rss_mb"] > 20
     assert result["in_mb_h"] > 0 and result["out_mb_h"] > 0
+    assert result["out_node_doc_mb_h"] > 0 and result["out_telemetry_mb_h"] > 0
+    assert result["out_policy_mb_h"] > 0 and result["out_desired_mb_h"] > 0  # (the heal)
+    assert result["sim_cpu_share"] is not None and result["sim_cpu_share"] > 0
     # Central logged no error (warnings are allowed: the healed node's will, say).
     assert "ERROR" not in result["central_log"], result["central_errors"]
     table = bench.table([result, result])
