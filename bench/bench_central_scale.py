@@ -20,23 +20,28 @@ node sends its own step 1 of it when it connects. As a real node's peers of cent
 ``desired-<id>`` from the centrals only (their sender topics, ``.../sync/<central>``): no other
 node's frames of either reach it, and none are counted as received (:func:`node_subscriptions`).
 
-Per size: seed central's fleet document with the assignments the nodes already run (the running
-engine projects them into the desired documents; the harness waits for it), bring the fleet up
-(every node fresh at central, every node's desired document answered by central), then the
-measured window: submissions at central (``engine.submit``) at ``--rate`` per second for
-``--steady-s``, then a heal of 10% of the fleet (offline ``--offline-s``, then back,
-resyncing), then a drain. Printed, for each size and as a ratio of the largest size to the
-smallest (100 nodes by default): control-step p50/p99 (the engine instance's ``control_step``
-wrapped and timed), submit -> assignment seen by its node, heal -> converged (central's replica
-fresh and byte-equal to the node's document, and the node's desired document byte-equal to
-central's), node updates merged per second at central and how many the simulators published
-that central never applied, central's RSS and CPU, payload bytes to and from each node scaled
-to an hour, and what central logged at warning and error level. Each size has
-a wall-clock budget; a size that overruns it is killed and printed as "did not finish within
+Per size: a seeder process writes central's SQLite as a central that ran this fleet before
+leaves it (the ``fleet`` document with every assignment, each node's ``desired-<node>`` and
+central's replica of each node's document, packed: the nodes register ``reads_packed``) and each
+node's own document, which its simulated node restores as a restarted node does
+(:func:`seed_state`); central starts through its real restart path (replicas, desired documents,
+the index learning the fleet, ``DesiredDocs.match``) before it connects; then the fleet comes up
+(every node fresh at central, every node's desired document answered by central, within
+``--up-s``), then the measured window: submissions at central (``engine.submit``) at ``--rate``
+per second for ``--steady-s``, then a heal of 10% of the fleet at once (offline ``--offline-s``,
+then back, resyncing), then a drain. Printed, for each size and as a ratio of the largest size
+to the smallest (100 nodes by default): control-step p50/p99 (the engine instance's
+``control_step`` wrapped and timed), submit -> assignment seen by its node, heal -> converged
+(central's replica fresh and byte-equal to the node's document, and the node's desired document
+byte-equal to central's), node updates merged per second at central and how many the simulators
+published that central never applied, central's RSS and CPU, the simulators' RSS and CPU, the
+machine's load, payload bytes to and from each node scaled to an hour (by document both ways:
+the policy apart), and what central logged at warning and error level. Each size has a
+wall-clock budget; a size that overruns it is killed and printed as "did not finish within
 budget" with what it measured so far.
 
-    .venv/bin/python bench/bench_central_scale.py [--nodes 100,1000] [--budget-s 900]
-        [--rate 10] [--steady-s 30] [--offline-s 10] [--procs N]
+    .venv/bin/python bench/bench_central_scale.py [--nodes 100,1000,10000] [--budget-s 900]
+        [--rate 2] [--steady-s 30] [--offline-s 10] [--up-s 300] [--procs N]
 
 ``make bench`` runs the defaults. Run it from a scratch directory (``cd /tmp``): each size
 works in a temporary directory of its own. :func:`memory_needed_gb` estimates what a size
@@ -52,6 +57,8 @@ import heapq
 import json
 import logging
 import multiprocessing as mp
+import os
+import pickle
 import random
 import subprocess
 import tempfile
@@ -132,6 +139,9 @@ class Scale:
     procs: int = 1
     broker_queue: int | None = None  # max_queued_messages of the bench broker (None: default)
     seed: int = 1
+    #: nodes connecting per second, the whole fleet (0: all at once, 100 at a time per
+    #: simulator; a burst that loses messages queued for central past 1,000 nodes)
+    connect_rate: float = 50.0
 
 
 # --- the fleet: ids, node documents and the assignments central holds of them ---------------
@@ -178,39 +188,203 @@ def seeded_tasks(node_id: str, scale: Scale, now: float) -> list[tuple[str, Task
     return out
 
 
-def seed_central_assignments(fleet: PolicyDoc, ids: list[str], scale: Scale, now: float) -> int:
-    """Central's assignments of the tasks the nodes report as its own (one transaction).
+#: The registration fields every simulated node shares (one object per arch and site).
+_POWER = PowerModel(idle_w=120.0, peak_w=400.0, parked_w=10.0, wake_latency_s=60.0)
+_MODELS = {k: ModelReport(sha256="0" * 64, source="shipped") for k in ("forecast", "placement")}
 
-    Written into central's ``fleet`` document (``engine.fleet``), where ``engine.submit``
-    writes them: the running engine's control step drains those keys into its fleet index and
-    projects each entry into its node's ``desired-<node>`` document (the harness waits for
-    that, :func:`projected_assignments`). Where a node then reads them is
-    :class:`AssignmentFeed`'s business."""
+
+def node_registration(node_id: str) -> Registration:
+    """What a simulated node registers: as a node of this version, it reads packed entries
+    (``reads_packed``: central then writes its desired document packed)."""
+    number = int(node_id[3:])
+    return Registration(
+        arch=Arch.X86_64 if number % 2 else Arch.ARM64, server_class=ServerClass.GENERAL,
+        cpu=32.0, mem_gib=128.0, perf=1.0, site=f"site{number % 10}", cpu_model="simulated",
+        power=_POWER, reads_packed=True,
+    )  # fmt: skip
+
+
+#: The node whose entries are packed once with the project's classes (:class:`SeedTexts`).
+TEMPLATE_NODE = "sim00000"
+
+
+class SeedTexts:
+    """The packed text of every seeded entry, packed once with the project's own classes
+    (``NodeDoc.packed_form`` of :func:`seeded_tasks`' reports, ``PolicyDoc.packed_form`` of
+    :func:`seeded_assignments`) for :data:`TEMPLATE_NODE`; any other node's are the same
+    text with its id in place of the template's (every id is as long, and no other field
+    differs from node to node: ``tests/test_bench_central_scale.py`` checks them against the
+    classes' own). Packing 240 entries per node through the schema took ~25 ms a node, four
+    minutes for 10,000; this is what the packed documents hold, written in a fraction of it."""
+
+    def __init__(self, scale: Scale, now: float) -> None:
+        node = NodeDoc(f"node-{TEMPLATE_NODE}", client_id_for(TEMPLATE_NODE))
+        node.packed = True
+        fleet = PolicyDoc("fleet", client_id_for(CENTRAL_ID))
+        fleet.packed = True
+        self.tasks = [
+            (task_id, node.packed_form(report))
+            for task_id, report in seeded_tasks(TEMPLATE_NODE, scale, now)
+        ]
+        self.assignments = [
+            (task_id, fleet.packed_form(entry))
+            for task_id, entry in seeded_assignments(TEMPLATE_NODE, scale, now)
+        ]
+        self.now = now
+
+    @staticmethod
+    def of(node_id: str, texts: list[tuple[str, Any]]) -> list[tuple[str, str]]:
+        """``texts`` (the template node's) for ``node_id``."""
+        if len(node_id) != len(TEMPLATE_NODE):
+            raise ValueError(f"node id {node_id!r} is not as long as {TEMPLATE_NODE!r}")
+        return [(k.replace(TEMPLATE_NODE, node_id), v.replace(TEMPLATE_NODE, node_id))
+                for k, v in texts]  # fmt: skip
+
+    def tasks_of(self, node_id: str) -> list[tuple[str, str]]:
+        return self.of(node_id, self.tasks)
+
+    def assignments_of(self, node_id: str) -> list[tuple[str, str]]:
+        return self.of(node_id, self.assignments)
+
+
+def build_node_doc(node_id: str, texts: SeedTexts) -> NodeDoc:
+    """Node ``node_id``'s own document as the node wrote it (its client id): registration,
+    power and model reports, its task entries; packed, as a node of this version writes once
+    central's policy says central reads packed entries (:meth:`PolicyDoc.packed_entries`),
+    the entries' text written into its ``tasks`` map as ``NodeDoc.put_task`` writes it."""
+    doc = NodeDoc(f"node-{node_id}", client_id_for(node_id))
+    doc.packed = True
+    with doc.doc.transaction():
+        doc.set_registration(node_registration(node_id))
+        doc.set_power_report(PowerReport(state="active", since=texts.now - 900))
+        doc.set_model_reports(_MODELS)
+        tasks = doc.root("tasks")
+        for task_id, text in texts.tasks_of(node_id):
+            tasks[task_id] = text
+    return doc
+
+
+def running_tasks(node_id: str, scale: Scale) -> list[str]:
+    """The ids of the seeded task entries a node holds as running (:func:`seeded_tasks`)."""
+    running_per_10 = round(scale.running_share * 10)
+    return [f"{node_id}-t{i:03d}" for i in range(scale.tasks_per_node) if i % 10 < running_per_10]
+
+
+def seeded_assignments(
+    node_id: str, scale: Scale, now: float
+) -> Iterable[tuple[str, AssignmentEntry]]:
+    """Central's assignments of the tasks node ``node_id`` reports as central's."""
+    for task_id, report in seeded_tasks(node_id, scale, now):
+        if report.assignment is not None:
+            yield task_id, assignment_entry(
+                seeded_spec(task_id), node_id, central=CENTRAL_ID, epoch=1, replacement=False,
+                score=0.0, at=now - 900, reason="seeded",
+            )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    """What the seeder writes: central's state directory, one file of node documents per
+    simulator process (the nodes' own stores), for ``ids`` split as the simulators are."""
+
+    scale: Scale
+    ids: tuple[str, ...]
+    state_dir: str
+    node_files: tuple[str, ...]
+    now: float
+
+
+async def seed_state(plan: SeedPlan) -> dict[str, Any]:
+    """Central's SQLite as a central that ran this fleet before leaves it, and each node's
+    own document as the node holds it: the restart path, not a projection of 700,000
+    assignments on the running central's loop.
+
+    Central's store gets its ``fleet`` document (every assignment, packed, as the engine
+    writes it), each node's ``desired-<node>`` (that node's share, packed: the node reads
+    packed entries) and central's replica of each node's document (the node's own bytes).
+    On start the engine restores them (``ReplicaSet.load``, ``DesiredDocs.load``), the index
+    learns the fleet and ``DesiredDocs.match`` checks each desired document against it,
+    before it connects to the broker. The nodes' documents go to ``node_files`` (pickled
+    ``{node id: document bytes}``, simulator k's nodes ``ids[k::procs]``), from which each
+    simulated node restores its document as a restarted node does from its store."""
+    from edgesched.central.engine import FLEET_DOC
+    from edgesched.sync.store import Store
+
+    started = time.perf_counter()
+    scale, ids = plan.scale, list(plan.ids)
+    procs = len(plan.node_files)
+    central = client_id_for(CENTRAL_ID)
+    fleet = PolicyDoc(FLEET_DOC, central)
+    fleet.packed = True  # as the engine's own
+    Path(plan.state_dir).mkdir(parents=True, exist_ok=True)
+    store = await Store.open(Path(plan.state_dir) / "central.db")
+    node_bytes: list[dict[str, bytes]] = [{} for _ in range(procs)]
+    texts = SeedTexts(scale, plan.now)
     count = 0
-    with fleet.doc.transaction():
-        for node_id in ids:
-            for task_id, report in seeded_tasks(node_id, scale, now):
-                if report.assignment is None:
-                    continue
-                fleet.assign(
-                    task_id,
-                    assignment_entry(
-                        seeded_spec(task_id), node_id, central=CENTRAL_ID, epoch=1,
-                        replacement=False, score=0.0, at=now - 900, reason="seeded",
-                    ),
-                )  # fmt: skip
-                count += 1
-    return count
+    assignments = fleet.root("assignments")
+    try:
+        for start in range(0, len(ids), 500):
+            async with store.transaction():
+                with fleet.doc.transaction():
+                    for k, node_id in enumerate(ids[start : start + 500], start):
+                        doc = build_node_doc(node_id, texts)
+                        snapshot = doc.snapshot()
+                        node_bytes[k % procs][node_id] = snapshot
+                        # central's replica of it: the node's bytes (a fresh store: one call)
+                        await store.compact(doc.name, snapshot, 0)
+                        desired = PolicyDoc(desired_doc_name(node_id), central)
+                        desired.packed = True
+                        held = desired.root("assignments")
+                        with desired.doc.transaction():
+                            for task_id, text in texts.assignments_of(node_id):
+                                assignments[task_id] = text  # as PolicyDoc.assign writes
+                                held[task_id] = text
+                                count += 1
+                        await store.compact(desired.name, desired.snapshot(), 0)
+        await fleet.persist_to(store)
+    finally:
+        await store.close()
+    for path, nodes in zip(plan.node_files, node_bytes, strict=True):
+        Path(path).write_bytes(pickle.dumps(nodes, protocol=pickle.HIGHEST_PROTOCOL))
+    return {"assignments": count, "seconds": time.perf_counter() - started,
+            "rss_mb": psutil.Process().memory_info().rss / 1e6}  # fmt: skip
+
+
+def seeder_main(plan: SeedPlan, conn: Connection) -> None:
+    """Entry point of the seeder process (spawned: its memory is not central's)."""
+    quiet_logs()
+    conn.send(asyncio.run(seed_state(plan)))
+    conn.close()
+
+
+async def run_seeder(plan: SeedPlan) -> dict[str, Any]:
+    """:func:`seed_state` in a process of its own; its result."""
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=seeder_main, args=(plan, theirs), daemon=True)
+    proc.start()
+    theirs.close()
+    try:
+        while not ours.poll():
+            if not proc.is_alive() and not ours.poll():
+                raise RuntimeError(f"seeder exited {proc.exitcode}")
+            await asyncio.sleep(0.2)
+        result: dict[str, Any] = ours.recv()
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    return result
 
 
 def projected_assignments(engine: CentralEngine, ids: Iterable[str]) -> int:
-    """How many assignments central's desired-state documents of ``ids`` hold (what it
-    projected of the fleet document)."""
-    desired = engine.desired
-    if desired is None:
-        return 0
-    docs = [desired.docs.get(n) for n in ids]
-    return sum(len(d.root("assignments")) for d in docs if d is not None)
+    """How many assignments central's fleet index holds for the nodes ``ids`` (what its
+    desired-state documents of them must hold: ``DesiredDocs.match`` made them so at start;
+    counted in the index, since reading the documents would thaw every frozen one; what the
+    nodes' replicas received of them is :attr:`Measure.desired_held`)."""
+    wanted = set(ids)
+    return sum(1 for e in engine.index.assignments.values() if e.node in wanted)
 
 
 class AssignmentFeed:
@@ -225,7 +399,7 @@ class AssignmentFeed:
     live updates on ``.../sync/<central>``); the feed watches the replica's changed keys and
     decodes only those (``PolicyDoc.assignment``). As a real node's, the peer hears the
     centrals only (``listen_to``); :attr:`routes` are the topics its replica is fed from. If
-    assignments move again, this class and :func:`seed_central_assignments` are what
+    assignments move again, this class and :func:`seed_state` are what
     change."""
 
     def __init__(self, node_id: str) -> None:
@@ -287,6 +461,10 @@ class AssignmentFeed:
 #: What a node receives, by source: central's frames of its own document and of its desired
 #: document, central's frames of the fleet-wide policy document, and central's heartbeat.
 RECEIVED_KINDS = ("node_doc", "desired", "policy", "heartbeat")
+
+#: What a node sends, by document or kind: its own document's frames, its desired document's
+#: (step 1s), the policy (step 1s, answers to central's), its status, its telemetry.
+SENT_KINDS = ("node_doc", "desired", "policy", "status", "telemetry")
 
 #: The fleet-wide documents every node replicates (mode, tidal profile, models); one replica
 #: per simulator process stands for all of its nodes'. A node hears them from the centrals only.
@@ -356,39 +534,25 @@ def status_payload(node_id: str, state: str) -> bytes:
     return json.dumps({"node": node_id, "state": state}).encode()
 
 
-class SimNode:
-    """One simulated edge node: its own document and peer, its link's status messages."""
+#: One MQTT configuration for every simulated node's link (only its defaults are read).
+_MQTT = MqttConfig()
 
-    def __init__(self, node_id: str, scale: Scale, now: float) -> None:
+
+class SimNode:
+    """One simulated edge node: its own document and peer, its desired-state replica and
+    peer, its link's status messages. Its document is restored from the bytes the seeder
+    wrote (as a restarted node restores its own from its store), packed as it was written."""
+
+    def __init__(self, node_id: str, scale: Scale, snapshot: bytes) -> None:
         self.id = node_id
-        self.doc = NodeDoc(f"node-{node_id}", client_id_for(node_id))
-        number = int(node_id[3:])
-        arch = Arch.X86_64 if number % 2 else Arch.ARM64
-        with self.doc.doc.transaction():
-            self.doc.set_registration(
-                Registration(
-                    arch=arch, server_class=ServerClass.GENERAL, cpu=32.0, mem_gib=128.0,
-                    perf=1.0, site=f"site{number % 10}", cpu_model="simulated",
-                    power=PowerModel(idle_w=120.0, peak_w=400.0, parked_w=10.0,
-                                     wake_latency_s=60.0),
-                )
-            )  # fmt: skip
-            self.doc.set_power_report(PowerReport(state="active", since=now - 900))
-            self.doc.set_model_reports(
-                {
-                    k: ModelReport(sha256="0" * 64, source="shipped")
-                    for k in ("forecast", "placement")
-                }
-            )
-            self.running: list[str] = []  # its own running tasks, for the background exits
-            for task_id, report in seeded_tasks(node_id, scale, now):
-                self.doc.put_task(task_id, report)
-                if report.active:
-                    self.running.append(task_id)
+        self.doc = NodeDoc.restore(f"node-{node_id}", client_id_for(node_id), snapshot, [])
+        self.doc.packed = True  # (set again from the policy, as a real node does)
+        self.running = running_tasks(node_id, scale)  # its own running tasks, for churn
+        self.following = 0  # central's assignments it started and that still run
         self.peer = DocPeer(self.doc, node_id, subscribe=False)
         self.feed = AssignmentFeed(node_id)  # our desired-state replica: our assignments
         self.desired_peer = self.feed.peer()
-        self.link = CentralLink(node_id, MqttConfig())
+        self.link = CentralLink(node_id, _MQTT)
         self.online = False
         self.serving: list[asyncio.Task[None]] = []  # the peers' send loops while online
         self.bytes_in = 0  # central's frames on our two documents' topics
@@ -413,6 +577,7 @@ class SimPlan:
     port: int
     policy_snapshot: str
     scale: Scale
+    nodes_file: str  # {node id: its document's bytes}, from the seeder
 
 
 class Simulator:
@@ -423,14 +588,17 @@ class Simulator:
         self.scale = plan.scale
         self.conn = conn
         self.rng = random.Random(plan.scale.seed * 1000 + plan.index)
-        now = time.time()
-        self.nodes = {i: SimNode(i, plan.scale, now) for i in plan.ids}
         snapshot = Path(plan.policy_snapshot).read_bytes()
         # Every node holds this same replica of central's fleet-wide policy document (mode,
         # tidal profile, models: one stands for all); each its own desired-state document.
         self.policy = PolicyDoc.restore(
             "policy", client_id_for(f"bench-sim-{plan.index}"), snapshot, []
         )
+        stored: dict[str, bytes] = pickle.loads(Path(plan.nodes_file).read_bytes())
+        self.nodes = {i: SimNode(i, plan.scale, stored.pop(i)) for i in plan.ids}
+        packed = self.policy.packed_entries()  # as a real node follows central's policy
+        for node in self.nodes.values():
+            node.doc.packed = packed
         self.reassembler = wire.Reassembler()
         self.shared = 0  # bytes every online node receives (central's policy frames, heartbeats)
         #: bytes our nodes received, by document (summed over the nodes that got them)
@@ -453,6 +621,11 @@ class Simulator:
         self.broker_dropped = 0
         self.marks: dict[str, tuple[int, int, float]] = {}
         self.doc_marks: dict[str, int] = {}
+        #: bytes our nodes sent, by document or kind (summed over the nodes)
+        self.sent: dict[str, int] = dict.fromkeys(SENT_KINDS, 0)
+        self.sent_mark: dict[str, int] = dict(self.sent)
+        self.cpu_mark = 0.0
+        self.marked_at = 0.0
 
     # -- pipe --------------------------------------------------------------------------------
 
@@ -480,6 +653,9 @@ class Simulator:
             self.marks = {i: n.totals(self.shared, now) for i, n in self.nodes.items()}
             self.received_mark = dict(self.received)
             self.doc_marks = self.doc_counts()
+            self.sent_mark = self.sent_now()
+            self.cpu_mark = sum(psutil.Process().cpu_times()[:2])
+            self.marked_at = now
             self.send("marked")
         elif kind == "heal_start":
             for node_id in message[1]:
@@ -514,6 +690,13 @@ class Simulator:
             self.send("final", self.final())
             self.stop.set()
 
+    def sent_now(self) -> dict[str, int]:
+        """:attr:`sent` with what the nodes' two peers sent (their own documents' frames)."""
+        out = dict(self.sent)
+        out["node_doc"] = sum(n.peer.stats["bytes_out"] for n in self.nodes.values())
+        out["desired"] = sum(n.desired_peer.stats["bytes_out"] for n in self.nodes.values())
+        return out
+
     def doc_counts(self) -> dict[str, int]:
         keys = ("frames_out", "updates_out", "step2_out", "step1_out", "bytes_out")
         return {k: sum(n.peer.stats[k] for n in self.nodes.values()) for k in keys}
@@ -537,7 +720,10 @@ class Simulator:
             "counts": counts,
             "received": {k: v - self.received_mark[k] for k, v in self.received.items()},
             "broker_dropped": self.broker_dropped,
+            "sent": {k: v - self.sent_mark[k] for k, v in self.sent_now().items()},
             "cpu_s": sum(psutil.Process().cpu_times()[:2]),
+            "cpu_window_s": sum(psutil.Process().cpu_times()[:2]) - self.cpu_mark,
+            "window_s": now - self.marked_at,
             "rss_mb": psutil.Process().memory_info().rss / 1e6,
         }
 
@@ -561,9 +747,7 @@ class Simulator:
                 asyncio.create_task(self.exit_loop()),
                 asyncio.create_task(self.telemetry_loop(client)),
             ]
-            for node in self.nodes.values():
-                await self.go_online(node)
-                self.schedule_churn(node.id, time.time())
+            await self.connect_all()
             self.send("ready", len(self.nodes))
             await self.stop.wait()
             for task in loops:
@@ -573,6 +757,22 @@ class Simulator:
                     serving.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
 
+    async def connect_all(self) -> None:
+        """Every node connects: paced at ``connect_rate`` (this simulator's share of it), in
+        batches of up to 100 connecting at once."""
+        nodes = list(self.nodes.values())
+        rate = self.scale.connect_rate * len(nodes) / max(1, self.scale.nodes)  # our share
+        size = 100 if rate <= 0 else max(1, min(100, round(rate / 10)))  # ~10 batches a second
+        started = time.monotonic()
+        for start in range(0, len(nodes), size):
+            if rate > 0:
+                due = started + start / rate
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+            batch = nodes[start : start + size]
+            await asyncio.gather(*(self.go_online(node) for node in batch))
+            for node in batch:
+                self.schedule_churn(node.id, time.time())
+
     async def go_online(self, node: SimNode) -> float:
         """What a node does on (re)connect: retained online status, its document peer's step 1
         and queued updates, its desired-state peer's step 1 (central's step 2 brings what it
@@ -581,6 +781,7 @@ class Simulator:
         await node.link.serve(self.client)
         now = time.time()
         node.bytes_out += len(status_payload(node.id, "online"))
+        self.sent["status"] += len(status_payload(node.id, "online"))
         node.online = True
         self.online_count += 1
         node.online_since = now
@@ -626,6 +827,7 @@ class Simulator:
         for frame in wire.encode(kind, doc, node.doc.client_id, payload, epoch=0):
             await self.client.publish(wire.sync_topic(doc, node.id), frame, qos=1)
             node.bytes_out += len(frame)
+            self.sent["policy"] += len(frame)
 
     async def dispatch(self, client: aiomqtt.Client) -> None:
         async for message in client.messages:
@@ -723,6 +925,7 @@ class Simulator:
         )  # fmt: skip
         if task_id.startswith(SUBMISSION_PREFIX):
             self.seen.append((task_id, node.id, now))
+        node.following += 1
         heapq.heappush(self.exits, (now + self.scale.run_s, node.id, task_id))
 
     def schedule_churn(self, node_id: str, now: float) -> None:
@@ -741,6 +944,8 @@ class Simulator:
                     if not node.running:
                         continue
                     task_id = node.running.pop(self.rng.randrange(len(node.running)))
+                else:
+                    node.following = max(0, node.following - 1)
                 report = node.doc.task(task_id)
                 if report is not None and report.active:
                     done = replace(report, state=TaskState.EXITED, exit_code=0, updated_at=now)
@@ -757,11 +962,12 @@ class Simulator:
                     node = self.nodes[node_id]
                     if not node.online or self.frozen:
                         continue
-                    running = sum(1 for r in node.doc.tasks().values() if r.active)
+                    running = len(node.running) + node.following  # (its runtime knows)
                     sample = Telemetry(time.time(), 0.3, 0.4, 180.0, running)
                     payload = json.dumps(sample.to_json()).encode()
                     await client.publish(telemetry_topic(node_id), payload, qos=0)
                     node.bytes_out += len(payload)
+                    self.sent["telemetry"] += len(payload)
                     self.counts["telemetry"] += 1
                 await asyncio.sleep(self.scale.telemetry_s / slices)
 
@@ -801,9 +1007,14 @@ class CentralLog(logging.Handler):
         super().__init__(logging.WARNING)
         self.counts: dict[str, int] = {}
         self.first: list[str] = []
+        self.warnings: dict[str, int] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         self.counts[record.levelname] = self.counts.get(record.levelname, 0) + 1
+        if record.levelno < logging.ERROR:  # warnings: how many of each kind (its format)
+            kind = f"{record.name}: {str(record.msg)[:80]}"
+            if kind in self.warnings or len(self.warnings) < self.KEEP:
+                self.warnings[kind] = self.warnings.get(kind, 0) + 1
         if len(self.first) < self.KEEP and record.levelno >= logging.ERROR:
             text = f"{record.name}: {record.getMessage()}"
             if record.exc_info and record.exc_info[1] is not None:
@@ -846,7 +1057,12 @@ class Measure:
         self.rss_max = 0.0
         self.notes: list[str] = []
         self.seeded = 0
-        self.projected = 0  # of them, in central's desired-state documents
+        self.seed_s: float | None = None  # the seeder's time: central's store, nodes' docs
+        self.seeder_rss_mb: float | None = None
+        self.restart_s: float | None = None  # central's start from that store, to connected
+        self.restart_writes: int | None = None  # entries DesiredDocs.match wrote at start
+        self.projected = 0  # of them, in central's index after its restart
+        self.fresh = 0  # nodes fresh at central (counted while the fleet comes up)
         self.desired_synced = 0  # nodes whose desired-state replica central answered
         self.desired_held = 0  # assignments those replicas held at fleet up
         self.published_total: int | None = None
@@ -877,6 +1093,11 @@ class Measure:
             "elapsed_s": now - self.started,
             "seeded_assignments": self.seeded,
             "projected_assignments": self.projected,
+            "seed_s": self.seed_s,
+            "seeder_rss_mb": self.seeder_rss_mb,
+            "restart_s": self.restart_s,
+            "restart_writes": self.restart_writes,
+            "fresh": self.fresh,
             "desired_synced": self.desired_synced,
             "desired_held": self.desired_held,
             "fleet_up_s": self.fleet_up_s,
@@ -910,6 +1131,7 @@ class Measure:
             "notes": list(self.notes),
             "central_log": dict(self.log.counts),
             "central_errors": list(self.log.first),
+            "central_warnings": dict(self.log.warnings),
         }
         if window_s and self.status0 and self.status1:
             merged = self.status1["updates_in"] - self.status0["updates_in"]
@@ -939,6 +1161,12 @@ class Measure:
             for kind in RECEIVED_KINDS:
                 got = sum(s["received"][kind] for s in self.sims)
                 out[f"in_{kind}_mb_h"] = got / online_h / 1e6 if online_h else None
+            for kind in SENT_KINDS:
+                sent = sum(s["sent"][kind] for s in self.sims)
+                out[f"out_{kind}_mb_h"] = sent / online_h / 1e6 if online_h else None
+            sim_window = max(s["window_s"] for s in self.sims)
+            out["sim_cpu_window_s"] = sum(s["cpu_window_s"] for s in self.sims)
+            out["sim_cpu_share"] = out["sim_cpu_window_s"] / sim_window if sim_window else None
             out["sim_cpu_s"] = sum(s["cpu_s"] for s in self.sims)
             out["sim_rss_mb"] = sum(s["rss_mb"] for s in self.sims)
             counts: dict[str, int] = {}
@@ -1113,9 +1341,25 @@ async def run_size(
             mqtt=MqttConfig(port=port, reconnect_max_s=1.0),
         )
     )  # fmt: skip
+    procs = max(1, min(scale.procs, scale.nodes))
+    nodes_files = [str(workdir / f"nodes-{k}.pickle") for k in range(procs)]
+    measure.phase = "seeding"  # central's store and the nodes' own, in a process of its own
+    try:
+        async with asyncio.timeout(scale.budget_s):
+            seeded = await run_seeder(
+                SeedPlan(scale, tuple(ids), config.central.state_dir, tuple(nodes_files),
+                         time.time())
+            )  # fmt: skip
+    except (TimeoutError, RuntimeError) as exc:
+        measure.notes.append(f"seeding failed: {exc!r}")
+        return measure.summary()
+    measure.seeded, measure.seed_s = seeded["assignments"], seeded["seconds"]
+    measure.seeder_rss_mb = seeded["rss_mb"]
     engine = CentralEngine(config)
     wrap_control_step(engine, measure)
     measure.log.attach()
+    measure.phase = "central start"  # restored from SQLite: the fleet, desired docs, replicas
+    restart_t0 = time.time()
     engine_task = asyncio.create_task(engine.run(), name="central")
     sims = Sims(measure)
     background: list[asyncio.Task[None]] = []
@@ -1136,28 +1380,26 @@ async def run_size(
         return True
 
     try:
-        measure.phase = "central start"
-        async with asyncio.timeout(min(120.0, left())):
+        async with asyncio.timeout(min(scale.up_s, left())):
             await engine.wait_ready()
         await until(lambda: engine.session.connected, 30)
-        policy, fleet = engine.policy, engine.fleet
-        assert policy is not None and fleet is not None
-        measure.phase = "seeding"
-        measure.seeded = seed_central_assignments(fleet, ids, scale, time.time())
-        measure.phase = "projecting"  # the running engine: fleet -> index -> desired-<node>
-        projected = await until(
-            lambda: projected_assignments(engine, ids) >= measure.seeded, scale.up_s, 0.5
-        )
+        measure.restart_s = time.time() - restart_t0
+        policy = engine.policy
+        assert policy is not None and engine.desired is not None
+        measure.restart_writes = engine.desired.writes  # what DesiredDocs.match had to write
         measure.projected = projected_assignments(engine, ids)
-        if not projected:
+        if measure.projected != measure.seeded:
             measure.notes.append(
-                f"central projected {measure.projected} of {measure.seeded} seeded assignments"
+                f"central's index holds {measure.projected} of {measure.seeded} seeded "
+                "assignments after its restart"
             )
         snapshot = workdir / "policy.snapshot"  # the fleet-wide one: mode, tidal, models
         snapshot.write_bytes(policy.snapshot())
         measure.phase = "simulators start"
-        procs = max(1, min(scale.procs, scale.nodes))
-        plans = [SimPlan(k, tuple(ids[k::procs]), port, str(snapshot), scale) for k in range(procs)]
+        plans = [
+            SimPlan(k, tuple(ids[k::procs]), port, str(snapshot), scale, nodes_files[k])
+            for k in range(procs)
+        ]
         sims.start(plans)
         background.append(asyncio.create_task(sims.poll()))
         if report is not None:
@@ -1166,13 +1408,18 @@ async def run_size(
         async with asyncio.timeout(left()):
             ready = await sims.replies_of_all()
         assert all(r[0] == "ready" for r in ready), ready
-        measure.phase = "fleet up"
-        up = await until(lambda: all(engine.is_fresh(n) for n in ids), scale.up_s, 0.5)
+        measure.phase = "fleet up"  # both waits below within up_s: then the window starts
+        up_end = time.monotonic() + scale.up_s
+
+        def fleet_fresh() -> bool:
+            measure.fresh = sum(1 for n in ids if engine.is_fresh(n))
+            return measure.fresh == len(ids)
+
+        up = await until(fleet_fresh, scale.up_s, 1.0)
         if not up:
-            count = sum(1 for n in ids if engine.is_fresh(n))
-            measure.notes.append(f"fleet never fully fresh: {count}/{len(ids)} nodes")
+            measure.notes.append(f"fleet never fully fresh: {measure.fresh}/{len(ids)} nodes")
         # ... and every node's desired-state replica answered by central (its step 2)
-        end = time.monotonic() + min(scale.up_s, left())
+        end = min(up_end, time.monotonic() + left())
         while True:
             replies = await sims.ask("desired")
             measure.desired_synced = sum(r[1] for r in replies)
@@ -1300,19 +1547,20 @@ def size_worker(scale: Scale, port: int, workdir: str, conn: Connection) -> None
 
 
 def memory_needed_gb(scale: Scale) -> float:
-    """A rough estimate of what one size needs, from this harness's own runs (100 and 1,000
-    nodes of 100 entries, 70 of them central's): central about 1.7 MB per node (its replica
-    of the node's document with the fleet index's view of it, about 0.5 MB; each assignment
-    in the fleet document, the index and the node's desired document, the last written entry
-    by entry by the projection, about 17 KB of the ~27 KB), the simulators about 0.8 MB per
-    node (its document, its desired replica, two peers)."""
-    per_node = (1.7e6 + 0.8e6) * scale.tasks_per_node / 100
+    """A rough estimate of what one size needs, from this harness's own runs of 1,000, 3,000
+    and 10,000 nodes of 100 entries, 70 of them central's (docs/benchmarks.md): central about
+    0.3 MB per node past its ~0.15 GB (2.9 GB bringing 10,000 up: restored from SQLite, its
+    replicas and desired documents packed, frozen until their node speaks), the simulators
+    about 0.15-0.27 MB per node (each node's packed document, its desired replica, two
+    peers), the seeder (0.8 GB at 10,000) gone before either grows."""
+    per_node = (0.3e6 + 0.2e6) * scale.tasks_per_node / 100
     return scale.nodes * per_node / 1e9 + 0.5
 
 
 def measure_size(scale: Scale) -> dict[str, Any]:
     """One size in a process of its own, killed if it overruns its budget (plus a grace)."""
     with tempfile.TemporaryDirectory(prefix="edgesched-central-scale-") as tmp:
+        load_start = os.getloadavg()[0]  # (the machine is shared: say how busy it was)
         broker = start_broker(Path(tmp), scale.broker_queue)
         ctx = mp.get_context("spawn")
         ours, theirs = ctx.Pipe()
@@ -1350,6 +1598,7 @@ def measure_size(scale: Scale) -> dict[str, Any]:
                     proc.kill()
                     proc.join()
             broker.stop()
+        last["load_start"], last["load_end"] = load_start, os.getloadavg()[0]
         return last
 
 
@@ -1357,6 +1606,9 @@ def measure_size(scale: Scale) -> dict[str, Any]:
 
 ROWS: list[tuple[str, str, str]] = [
     # (label, key, format)
+    ("seeding central's store and the nodes' (s)", "seed_s", "{:.1f}"),
+    ("central restart from it, to connected (s)", "restart_s", "{:.1f}"),
+    ("  entries its desired documents lacked", "restart_writes", "{:d}"),
     ("fleet up, every node fresh (s)", "fleet_up_s", "{:.1f}"),
     ("control steps in the window", "steps", "{:d}"),
     ("control step p50 (ms)", "step_p50_ms", "{:.1f}"),
@@ -1381,19 +1633,27 @@ ROWS: list[tuple[str, str, str]] = [
     ("simulators' RSS at end (MB)", "sim_rss_mb", "{:.0f}"),
     ("central CPU in the window (s)", "cpu_s", "{:.1f}"),
     ("central CPU, share of one core", "cpu_share", "{:.0%}"),
+    ("simulators' CPU in the window, cores", "sim_cpu_share", "{:.2f}"),
+    ("machine load (1 min) at start / end", "load", "{}"),
     ("bytes to each node (MB/h, mean)", "in_mb_h", "{:.2f}"),
     ("  of it: its desired document", "in_desired_mb_h", "{:.3f}"),
     ("  of it: its own document (central's side)", "in_node_doc_mb_h", "{:.3f}"),
     ("  of it: the policy document (central's)", "in_policy_mb_h", "{:.3f}"),
     ("  of it: central's heartbeat", "in_heartbeat_mb_h", "{:.3f}"),
     ("bytes from each node (MB/h, mean)", "out_mb_h", "{:.2f}"),
+    ("  of it: its own document", "out_node_doc_mb_h", "{:.3f}"),
+    ("  of it: its desired document (step 1s)", "out_desired_mb_h", "{:.3f}"),
+    ("  of it: the policy (step 1s, answers)", "out_policy_mb_h", "{:.3f}"),
+    ("  of it: status and telemetry", "out_link_mb_h", "{:.3f}"),
     ("measured window (s)", "window_s", "{:.0f}"),
 ]
 RATIO_KEYS = {
-    "fleet_up_s", "step_p50_ms", "step_p99_ms", "step_max_ms", "submit_call_p50_ms",
+    "fleet_up_s", "seed_s", "restart_s", "sim_cpu_share", "step_p50_ms", "step_p99_ms",
+    "step_max_ms", "submit_call_p50_ms",
     "submit_call_p99_ms", "seen_p50_ms", "seen_p99_ms", "heal_p50_s", "heal_p99_s",
     "merged_per_s", "rss_mb", "cpu_s", "cpu_share", "in_mb_h", "out_mb_h", "in_desired_mb_h",
-    "in_node_doc_mb_h", "in_policy_mb_h", "in_heartbeat_mb_h", "sim_rss_mb",
+    "in_node_doc_mb_h", "in_policy_mb_h", "in_heartbeat_mb_h", "sim_rss_mb", "out_node_doc_mb_h",
+    "out_desired_mb_h", "out_policy_mb_h", "out_link_mb_h",
 }  # fmt: skip
 
 
@@ -1409,6 +1669,11 @@ def derived(s: dict[str, Any]) -> dict[str, Any]:
             out["published_lost"] += f" (+{s['applied_twice']} redelivered)"
     if s.get("cpu_s") is not None and s.get("window_s"):
         out["cpu_share"] = s["cpu_s"] / s["window_s"]
+    if s.get("out_status_mb_h") is not None and s.get("out_telemetry_mb_h") is not None:
+        out["out_link_mb_h"] = s["out_status_mb_h"] + s["out_telemetry_mb_h"]
+    if s.get("load_start") is not None:
+        end = s.get("load_end")
+        out["load"] = f"{s['load_start']:.1f} / " + ("-" if end is None else f"{end:.1f}")
     return out
 
 
@@ -1456,6 +1721,8 @@ def table(results: list[dict[str, Any]]) -> str:
             text.append("  central logged: " + ", ".join(f"{v} {k.lower()}" for k, v in
                                                         sorted(logged.items())))  # fmt: skip
             text += [f"    {line}" for line in r.get("central_errors", [])]
+            warned = sorted((r.get("central_warnings") or {}).items(), key=lambda kv: -kv[1])
+            text += [f"    {count} x {kind}" for kind, count in warned[:8]]
         counts = r.get("sim_counts")
         if counts:
             sent = counts["policy_step1_sent"]
@@ -1486,6 +1753,12 @@ def main() -> None:
     parser.add_argument(
         "--up-s", type=float, default=600.0, help="longest wait for the fleet to come up"
     )
+    parser.add_argument(
+        "--connect-rate",
+        type=float,
+        default=50.0,
+        help="nodes connecting per second at bring-up, the whole fleet (0: all at once)",
+    )
     parser.add_argument("--force", action="store_true", help="run a size that may not fit")
     parser.add_argument(
         "--broker-queue",
@@ -1501,7 +1774,7 @@ def main() -> None:
             nodes=n, tasks_per_node=args.tasks, rate=args.rate, steady_s=args.steady_s,
             offline_s=args.offline_s, budget_s=args.budget_s,
             procs=args.procs or (1 if n <= 2000 else 2), broker_queue=args.broker_queue,
-            up_s=args.up_s,
+            up_s=args.up_s, connect_rate=args.connect_rate,
         )  # fmt: skip
         need = memory_needed_gb(scale)
         have = psutil.virtual_memory().available / 1e9
@@ -1520,6 +1793,7 @@ def main() -> None:
     print()
     queue = "default" if args.broker_queue is None else str(args.broker_queue)
     print(f"central scale: {args.rate:g} submissions/s, {args.tasks} task entries per node, "
+          f"nodes connecting {args.connect_rate:g}/s (0: at once), "
           f"heal of 10% after {args.steady_s:g}s (offline {args.offline_s:g}s), "
           f"broker max_queued_messages {queue}")  # fmt: skip
     print(table(results))

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import bench_central_scale as bench
 
-from edgesched.sync.doc import desired_doc_name
+from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for, desired_doc_name
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.topics import HEARTBEAT_TOPIC
 
@@ -66,7 +66,9 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
         broker.stop()
     assert result["finished"], result["notes"]
     assert result["seeded_assignments"] == 8 * 7  # 70% of each node's 10 entries
-    # Central projected them (fleet -> desired-<node>), and every node's replica got its own.
+    # Central restarted from the seeded store: its desired documents held them already.
+    assert result["seed_s"] > 0 and result["restart_s"] > 0 and result["restart_writes"] == 0
+    # Its index holds them, and every node's replica of its desired document got its own.
     assert result["projected_assignments"] == 8 * 7
     assert result["desired_synced"] == 8 and result["desired_held"] == 8 * 7
     assert result["fleet_up_s"] is not None and result["fleet_up_s"] < 20
@@ -101,7 +103,37 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     # Central's own process, and bytes both ways for every node.
     assert result["cpu_s"] > 0 and result["rss_mb"] > 20
     assert result["in_mb_h"] > 0 and result["out_mb_h"] > 0
+    assert result["out_node_doc_mb_h"] > 0 and result["out_telemetry_mb_h"] > 0
+    assert result["out_policy_mb_h"] > 0 and result["out_desired_mb_h"] > 0  # (the heal)
+    assert result["sim_cpu_share"] is not None and result["sim_cpu_share"] > 0
     # Central logged no error (warnings are allowed: the healed node's will, say).
     assert "ERROR" not in result["central_log"], result["central_errors"]
     table = bench.table([result, result])
     assert "control step p99 (ms)" in table and "x1.0" in table and "finished" in table
+
+
+def test_seeded_texts_are_what_the_classes_write() -> None:
+    """The seeder writes each node's entries as the template node's packed text with the
+    node's id in place: exactly what ``NodeDoc.put_task`` and ``PolicyDoc.assign`` of a
+    packed document write for that node."""
+    scale = bench.Scale(nodes=20, tasks_per_node=12)
+    now = 1_700_000_000.0
+    texts = bench.SeedTexts(scale, now)
+    for node_id in ("sim00000", "sim00007", "sim12345"):
+        built = bench.build_node_doc(node_id, texts)
+        own = NodeDoc(f"node-{node_id}", client_id_for(node_id))
+        own.packed = True
+        for task_id, report in bench.seeded_tasks(node_id, scale, now):
+            own.put_task(task_id, report)
+        assert built.tasks() == own.tasks()
+        assert dict(built.root("tasks").items()) == dict(own.root("tasks").items())
+        registration = built.registration()
+        assert registration is not None and registration.reads_packed
+        fleet = PolicyDoc("fleet", client_id_for("central"))
+        fleet.packed = True
+        for task_id, entry in bench.seeded_assignments(node_id, scale, now):
+            fleet.assign(task_id, entry)
+        assert dict(fleet.root("assignments").items()) == dict(texts.assignments_of(node_id))
+    assert bench.running_tasks("sim00003", scale) == [
+        t for t, r in bench.seeded_tasks("sim00003", scale, now) if r.active
+    ]
