@@ -424,8 +424,12 @@ class AssignmentFeed:
     @staticmethod
     def peer_routes(node_id: str) -> tuple[str, ...]:
         """The topics node ``node_id``'s desired replica is fed from: the centrals' sender
-        topics of its desired document (what a real node's peer subscribes)."""
-        return tuple(wire.sync_topic(desired_doc_name(node_id), c) for c in sorted(CENTRALS))
+        topics of its desired document and their answers to its step 1 on its reply topics
+        (what a real node's peer subscribes)."""
+        doc = desired_doc_name(node_id)
+        return tuple(wire.sync_topic(doc, c) for c in sorted(CENTRALS)) + tuple(
+            wire.reply_filter(doc, node_id, c) for c in sorted(CENTRALS)
+        )
 
     def peer(self) -> DocPeer:
         """The node's peer of its replica: read only, only centrals author it, and it hears
@@ -482,6 +486,9 @@ def node_subscriptions(ids: Iterable[str]) -> list[tuple[str, SubscribeOptions]]
     for node_id in ids:
         subs.append((wire.sync_filter(f"node-{node_id}"), qos1))
         subs += [(route, qos1) for route in AssignmentFeed.peer_routes(node_id)]
+        subs += [  # the centrals' answers to its policy step 1: addressed to it alone
+            (wire.reply_filter(d, node_id, c), qos1) for d in SHARED_DOCS for c in sorted(CENTRALS)
+        ]
     return subs
 
 
@@ -814,10 +821,16 @@ class Simulator:
 
     async def policy_step1(self, node: SimNode) -> None:
         """The node's policy peer's step 1 (on every connect), on its own sender topic: heard
-        by the centrals only (no node subscribes another's), which answer it."""
+        by the centrals only (no node subscribes another's), which answer it on the sender
+        topic every node hears. Unmarked, as an older node's: the simulator's one policy
+        replica standing for all its nodes does not follow central's answers on reply topics
+        yet (with the mark, the tiny fleet stopped coming up: not found why in this round), so
+        this harness's policy bytes are an older node's; ``bench_policy_fanout.py`` measures
+        the reply topics. Each node's desired document uses them (its real DocPeer)."""
         for name in SHARED_DOCS:
             sv = self.policy.state_vector()
-            await self.publish_as(node, name, wire.Kind.SYNC, wire.step1_payload(sv))
+            step1 = wire.step1_payload(sv)
+            await self.publish_as(node, name, wire.Kind.SYNC, step1)
             self.counts["policy_step1_sent"] += 1
 
     async def publish_as(self, node: SimNode, doc: str, kind: wire.Kind, payload: bytes) -> None:
@@ -842,18 +855,27 @@ class Simulator:
                     self.broker_dropped = int(payload)
                 continue
             parts = topic.split("/")
-            if len(parts) != 6:
+            if len(parts) == 6 and parts[4] == "sync":
+                doc, sender, asker = parts[3], parts[5], None
+            elif len(parts) == 7 and parts[4] == "reply":  # an answer to one node's step 1
+                doc, sender, asker = parts[3], parts[6], parts[5]
+            else:
                 continue
-            doc, sender = parts[3], parts[5]
             owner = AssignmentFeed.node_of(doc)
             if (doc in SHARED_DOCS or owner is not None) and sender not in CENTRALS:
                 self.counts["frames_not_from_central"] += 1  # not subscribed: never happens
                 continue
-            if doc in SHARED_DOCS:  # central's, to every online node
-                self.shared += len(payload)
-                self.received["policy"] += len(payload) * self.online_count
+            if doc in SHARED_DOCS:  # central's: to every online node, or its answer to one
+                asked = None if asker is None else self.nodes.get(asker)
+                if asked is None:
+                    self.shared += len(payload)  # (every online node's)
+                    self.received["policy"] += len(payload) * self.online_count
+                else:
+                    self.received["policy"] += len(payload)
+                    asked.bytes_in += len(payload)
+                    self.counts["policy_replies_from_central"] += 1
                 self.counts["policy_frames_from_central"] += 1
-                await self.on_policy(sender, payload)
+                await self.on_policy(sender, payload, asked)
                 continue
             if owner is not None:
                 target = self.nodes.get(owner)
@@ -876,7 +898,9 @@ class Simulator:
                 if entry.node == target.id:
                     self.follow(target, task_id, entry)
 
-    async def on_policy(self, sender: str, payload: bytes) -> None:
+    async def on_policy(self, sender: str, payload: bytes, asker: SimNode | None = None) -> None:
+        """Central's frame of the policy: to every online node, or (``asker``) its answer to
+        that node's step 1 alone."""
         try:
             message = self.reassembler.feed(payload)
             if message is None:
@@ -886,6 +910,8 @@ class Simulator:
             self.counts["bad_policy_frames"] += 1
             return
         online = [n for n in self.nodes.values() if n.online and n.id != sender]
+        if asker is not None:
+            online = [asker] if asker.online else []
         if sync.step == YSyncMessageType.SYNC_STEP1:  # central's: every node's peer answers
             self.counts["policy_step1_heard"] += 1
             answer = wire.step2_payload(self.policy.diff(sync.data))

@@ -34,11 +34,20 @@ def test_nodes_hear_centrals_documents_from_the_centrals_only() -> None:
         "edgesched/v1/doc/node-sim00001/sync/+",
         "edgesched/v1/doc/desired-sim00000/sync/central",
         "edgesched/v1/doc/desired-sim00001/sync/central",
+        # central's answers to each node's own step 1s, which only that node hears
+        "edgesched/v1/doc/desired-sim00000/reply/sim00000/central",
+        "edgesched/v1/doc/desired-sim00001/reply/sim00001/central",
+        "edgesched/v1/doc/policy/reply/sim00000/central",  # (subscribed, not asked for yet)
+        "edgesched/v1/doc/policy/reply/sim00001/central",
     }
     # The feed's peer is built as a real node's (listen_to the centrals), and routes so.
     feed = bench.AssignmentFeed("sim00000")
     peer = feed.peer()
-    assert peer.routes == feed.routes == ("edgesched/v1/doc/desired-sim00000/sync/central",)
+    assert peer.routes == feed.routes
+    assert feed.routes == (
+        "edgesched/v1/doc/desired-sim00000/sync/central",
+        "edgesched/v1/doc/desired-sim00000/reply/sim00000/central",
+    )
     real = DocPeer(feed.doc, "sim00000", listen_to=bench.CENTRALS)  # edge/engine.py's
     assert {t for t, _ in real.subscriptions} == set(feed.routes)
     assert feed.node_doc("sim00000") == desired_doc_name("sim00000")
