@@ -479,3 +479,69 @@ def test_a_nodes_sums_kept_as_it_changes_stay_those_of_its_tasks(
     table = index.table()
     assert table.used[table.index["n"]].tolist() == [0.0, 0.0, 0.0, 0.0]
     assert table.usage == {}
+
+
+def test_a_recheck_of_the_whole_fleet_is_worked_through_a_slice_a_step() -> None:
+    """recheck_all (leadership, a shard gained) over more assignments than a step takes:
+    settlements come a slice at a time (at most the limit each), the backlog shrinks to
+    zero, and together they are what one unbounded look gives; forgetting times are
+    scheduled a slice at a time too, and every finished one is forgotten in the end."""
+    from edgesched.central import fleetindex
+
+    reg = REGISTRATIONS[1]
+    assert reg is not None
+
+    def fleet() -> FleetIndex:
+        index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
+        nodes = [f"n{i:03d}" for i in range(50)]
+        for n in nodes:
+            index.set_status(n, "online", 0.0)
+            index.set_fresh(n, True)
+        ref = AssignmentRef("central", 1)
+        running = TaskReport(state=TaskState.RUNNING, updated_at=2.0, cpu=0.5, assignment=ref)
+        done = TaskReport(state=TaskState.EXITED, updated_at=2.0, cpu=0.5, assignment=ref)
+        reports: dict[str, dict[str, TaskReport]] = {n: {} for n in nodes}
+        for i in range(600):
+            task, node = f"t{i:04d}", nodes[i % len(nodes)]
+            index.set_assignment(task, AssignmentEntry(spec(task, "never", 0.5), node, 1,
+                                                       "central", 1.0))  # fmt: skip
+            reports[node][task] = done if i % 3 == 0 else running
+            if i % 10 == 0:  # also claimed by the next node: to settle
+                reports[nodes[(i + 1) % len(nodes)]][task] = running
+        for n in nodes:
+            index.update_node(n, NodeView(reg, reports[n]), None)
+        index.settlements(ReconcilePolicy.KEEP_ORIGINAL)
+        index.forgettable(0.0)
+        return index
+
+    def view(settled: list[Any]) -> list[tuple[str, str, list[str]]]:
+        return sorted((s.task_id, s.winner.node_id, [c.node_id for c in s.losers]) for s in settled)
+
+    whole = fleet()
+    whole.recheck_all()  # 600 <= RECHECK_AT_ONCE: forgetting times scheduled at once
+    assert whole.backlog == 600  # (every task due a look)
+    at_once = view(whole.settlements(ReconcilePolicy.KEEP_ORIGINAL))
+    assert at_once and whole.backlog == 0
+
+    sliced = fleet()
+    was = fleetindex.RECHECK_AT_ONCE
+    fleetindex.RECHECK_AT_ONCE = 100
+    try:
+        sliced.recheck_all()
+    finally:
+        fleetindex.RECHECK_AT_ONCE = was
+    assert sliced.backlog == 1200  # 600 to settle, 600 to schedule
+    got: list[Any] = []
+    backlogs = []
+    while sliced.backlog:
+        batch = sliced.settlements(ReconcilePolicy.KEEP_ORIGINAL, limit=150)
+        assert len(batch) <= 150
+        got += batch
+        sliced.recheck_some(150)
+        backlogs.append(sliced.backlog)
+    assert backlogs == sorted(backlogs, reverse=True) and len(backlogs) == 4
+    assert view(got) == at_once
+    late = RETENTION + 10.0
+    forgotten = whole.forgettable(late)
+    assert len(forgotten) == 180  # the exited tasks (a third) but the 20 still running elsewhere
+    assert sliced.forgettable(late) == forgotten
