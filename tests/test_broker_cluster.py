@@ -315,8 +315,8 @@ async def test_member_dies_node_moves_to_a_survivor(nats: NatsCluster, tmp_path:
     """(d) gw-b reaches the cluster through a proxy pointed at nats3; nats3 is killed
     (SIGKILL) and the proxy pointed at nats2, as a DNS name or load balancer would be: gw-b
     reconnects there, its persistent session (held in JetStream, R3) is found, a task
-    submitted at central meanwhile runs on it, every replica converges. nats3's death takes
-    gw-b's last will with it: central never reads gw-b offline (measured, docs/brokers.md)."""
+    submitted at central meanwhile runs on it, every replica converges. nats3's death usually
+    takes gw-b's last will with it (not always: docs/brokers.md)."""
     n1, n2, n3 = nats.members
     async with FaultProxy("127.0.0.1", 0, n3.mqtt_host, n3.mqtt_port) as proxy:
         ports = {"gw-a": n2.mqtt_port, "gw-b": proxy.port}
@@ -340,12 +340,18 @@ async def test_member_dies_node_moves_to_a_survivor(nats: NatsCluster, tmp_path:
             await until(runs_and_watch, 40, "gw-b running central's task via nats2")
             moved_in = time.monotonic() - t_kill
             await until(lambda: converged(central, nodes), 30, "converged after the move")
-            # (gw-b may still read offline by silence, when its reconnect outlasts
-            # silent_after_s on a loaded machine: that is central noticing, not the will)
-            assert ("offline", "will") not in seen, "a will of a client whose member died is lost"
+            # Whether central reads gw-b's will is not promised either way: in most runs
+            # nats3's death takes it along (central never reads gw-b offline), but in a CI
+            # run under load central read it (the session taken over on nats2, it seems).
+            # What edgesched relies on is neither: silence marks a node offline whose will
+            # was lost, and the node moves and runs its work. Printed, not asserted.
+            will = ("offline", "will") in seen
             log = gw_b.log.read_text()
             assert log.count("connected to broker") >= 2, log[-2000:]
-            print(f"gw-b ran central's task {moved_in:.1f}s after its member was killed")
+            print(
+                f"gw-b ran central's task {moved_in:.1f}s after its member was killed; "
+                f"central {'read' if will else 'never read'} its will"
+            )
 
             # The member comes back and rejoins; the fleet is undisturbed.
             await asyncio.to_thread(n3.start)
