@@ -167,7 +167,7 @@ class DocPeer:
         #: A one-writer document's only valid "authors" state vector starts with this (one
         #: entry, the writer's client id): the writer check's fast path.
         self._sole_writer: bytes | None = (
-            b"\x01" + _var_uint(next(iter(writers)))
+            b"\x01" + wire.var_uint(next(iter(writers)))
             if writers is not None and len(writers) == 1
             else None
         )
@@ -574,20 +574,11 @@ class DocPeer:
             )
 
 
-def _var_uint(value: int) -> bytes:
-    """``value`` as a lib0 varuint (the encoding of state vectors), shortest form."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append(0x80 | (value & 0x7F))
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _only_client(state_vector: bytes, head: bytes) -> bool:
-    """Whether ``state_vector`` is ``head`` (count 1 and a client id, as :func:`_var_uint`
-    writes them) followed by exactly one well-formed varuint clock (at most 10 bytes, as
-    :func:`~edgesched.sync.doc.decode_state_vector` takes). False says nothing: decode it."""
+    """Whether ``state_vector`` is ``head`` (count 1 and a client id, as
+    :func:`~edgesched.sync.wire.var_uint` writes them) followed by exactly one well-formed
+    varuint clock (at most 10 bytes, as :func:`~edgesched.sync.doc.decode_state_vector`
+    takes). False says nothing: decode it."""
     if not state_vector.startswith(head):
         return False
     clock = state_vector[len(head) :]

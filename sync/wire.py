@@ -482,7 +482,9 @@ REPLY_MARK = 1 << 32
 _MARK_ENTRY = b"\x80\x80\x80\x80\x10\x00"  # varuint(REPLY_MARK), varuint(0)
 
 
-def _var_uint(value: int) -> bytes:
+def var_uint(value: int) -> bytes:
+    """``value`` as a lib0 varuint (the encoding of state vectors and Yjs updates), shortest
+    form."""
     out = bytearray()
     while value > 0x7F:
         out.append(0x80 | (value & 0x7F))
@@ -495,7 +497,7 @@ def mark_replies(state_vector: bytes) -> bytes:
     """``state_vector`` with the :data:`REPLY_MARK` entry first (FrameError if it is no lib0
     state vector head)."""
     count, pos = _read_var_uint(state_vector, 0)
-    return _var_uint(count + 1) + _MARK_ENTRY + state_vector[pos:]
+    return var_uint(count + 1) + _MARK_ENTRY + state_vector[pos:]
 
 
 def split_reply_mark(state_vector: bytes) -> tuple[bytes, bool]:
@@ -507,4 +509,4 @@ def split_reply_mark(state_vector: bytes) -> tuple[bytes, bool]:
         return state_vector, False
     if count < 1 or state_vector[pos : pos + len(_MARK_ENTRY)] != _MARK_ENTRY:
         return state_vector, False
-    return _var_uint(count - 1) + state_vector[pos + len(_MARK_ENTRY) :], True
+    return var_uint(count - 1) + state_vector[pos + len(_MARK_ENTRY) :], True

@@ -418,7 +418,7 @@ def test_a_replica_that_authored_content_is_never_dropped() -> None:
 def _sv(entries: list[tuple[int, int]], pad: int = 0) -> bytes:
     """A lib0 state vector of ``entries``; ``pad`` extra 0x80 continuation bytes in each
     clock (non-canonical, still decodable when short enough)."""
-    from edgesched.sync.peer import _var_uint
+    from edgesched.sync.wire import var_uint as _var_uint
 
     def clock(value: int) -> bytes:
         raw = bytearray(_var_uint(value))
@@ -442,7 +442,8 @@ def test_the_writer_fast_path_agrees_with_decoding(
     """The writer check's shortcut says yes only where the decoded state vector is exactly
     one entry, of the writer: every other vector goes through the full decode."""
     from edgesched.sync.doc import decode_state_vector
-    from edgesched.sync.peer import _only_client, _var_uint
+    from edgesched.sync.peer import _only_client
+    from edgesched.sync.wire import var_uint as _var_uint
 
     for vector in (_sv(entries, pad), _sv(entries, pad) + tail, _sv([(writer, 7)], pad) + tail):
         if _only_client(vector, b"\x01" + _var_uint(writer)):

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pycrdt import Array, Doc, Map, Text, get_state, merge_updates
 
+from edgesched.sync import wire
 from edgesched.sync.doc import decode_state_vector
 from edgesched.sync.yupdate import (
     MAX_ANY_DEPTH,
@@ -255,13 +256,7 @@ def test_a_pure_delete_of_another_writers_item_is_refused() -> None:
 # ----------------------------------------------------------- hand-made updates, all kinds
 
 
-def vu(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(0x80 | (value & 0x7F))
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+vu = wire.var_uint
 
 
 def vs(text: str) -> bytes:
