@@ -177,6 +177,8 @@ class CentralEngine:
         #: (the smallest live id acts for the whole fleet).
         self.leases: ShardLeases | None = None
         self._owned: frozenset[int] = frozenset()
+        #: whether the last control step acted (a recheck's backlog is worked through then)
+        self._acted = False
         #: shards held but not yet acted on: gained at (the fleet peer's clock), waiting for
         #: a full answer from every other live replica (see _handed_over)
         self._handover: dict[int, float] = {}
@@ -746,9 +748,9 @@ class CentralEngine:
             self._wake.clear()
             async with self._lock:
                 self.control_step()
-            if self.index.backlog:  # a recheck of the whole fleet, a slice a step: next one
-                self._wake.set()  # at once, once the loop has served what is waiting
-                await asyncio.sleep(0)
+            if self._acted and self.index.backlog:  # a recheck of the whole fleet, a slice
+                self._wake.set()  # a step: the next at once, once the loop has served what
+                await asyncio.sleep(0)  # is waiting (not while another replica acts)
 
     def control_step(self) -> None:
         """Place waiting tasks, fail services over, settle tasks placed twice, forget finished
@@ -758,6 +760,7 @@ class CentralEngine:
         self.liveness.sweep(self.clock())  # nodes silent too long: offline, even with no will
         self.sync_index()
         acting, mine = self._acting()
+        self._acted = acting
         if not acting:
             return
         now = self.clock()
