@@ -226,10 +226,12 @@ def _sample(cycle: _Cycle, task: Task, demand: FloatArray) -> tuple[NodeTable, i
         window = table.window(lo, hi)
         feasible = FILTER_CHAIN.feasible(window, task, demand, static[lo:hi])
         found = int(np.count_nonzero(feasible))
-        if found >= want or size >= n:
+        if found >= want:
             return window, lo, feasible
         grown = 4 * size if found == 0 else math.ceil(size * want * 1.1 / found)
-        size = min(max(grown, size + 1), n)
+        size = max(grown, size + 1)
+        if size >= n:  # the whole table after all: no sample
+            return table, 0, FILTER_CHAIN.feasible(table, task, demand, static)
 
 
 def _place(cycle: _Cycle, task: Task) -> bool:
