@@ -96,11 +96,6 @@ class _Member:
 PATCH_UP_TO = 8
 
 
-#: A fleet of up to this many assignments is rechecked in one step (:meth:`FleetIndex.recheck_all`);
-#: a larger one a slice a step.
-RECHECK_AT_ONCE = 20_000
-
-
 #: Changes of a node's footprint between two exact sums of it (:meth:`FleetIndex.table`).
 EXACT_EVERY = 64
 
@@ -393,8 +388,7 @@ class FleetIndex:
         self._stops_due.update(self.stops)
         self._prune_at.clear()
         self._prune_heap.clear()
-        self._prune_recheck = list(self.assignments)
-        self.recheck_some(None if len(self._prune_recheck) <= RECHECK_AT_ONCE else 0)
+        self._prune_recheck = list(self.assignments)  # (the engine's step: recheck_some)
 
     def recheck_some(self, limit: int | None) -> None:
         """Schedule a forgetting time for up to ``limit`` (None: all) of the assignments

@@ -190,22 +190,7 @@ class NodeTable:
         is bound in the window), no index, nothing of what runs on the rows. Never patched,
         forked or bound itself. O(stop - start) for the tuple of nodes, no array copy."""
         rows = slice(start, stop)
-        return NodeTable(
-            nodes=self.nodes[rows],
-            index={},
-            capacity=self.capacity[rows],
-            used=self.used[rows],
-            arch=self.arch[rows],
-            server_class=self.server_class[rows],
-            state=self.state[rows],
-            efficiency=self.efficiency[rows],
-            perf=self.perf[rows],
-            idle_w=self.idle_w[rows],
-            peak_w=self.peak_w[rows],
-            on_node=[],
-            usage={},
-            reserve_per_accel=self.reserve_per_accel,
-        )
+        return self._patched(self.nodes[rows], {}, [c[rows] for c in self._columns()], [], {})
 
     def with_node(self, node: Node, used: npt.ArrayLike, placements: list[Placement]) -> NodeTable:
         """A new table with ``node``'s row holding ``used`` and ``placements`` (what

@@ -486,8 +486,6 @@ def test_a_recheck_of_the_whole_fleet_is_worked_through_a_slice_a_step() -> None
     settlements come a slice at a time (at most the limit each), the backlog shrinks to
     zero, and together they are what one unbounded look gives; forgetting times are
     scheduled a slice at a time too, and every finished one is forgotten in the end."""
-    from edgesched.central import fleetindex
-
     reg = REGISTRATIONS[1]
     assert reg is not None
 
@@ -518,18 +516,14 @@ def test_a_recheck_of_the_whole_fleet_is_worked_through_a_slice_a_step() -> None
         return sorted((s.task_id, s.winner.node_id, [c.node_id for c in s.losers]) for s in settled)
 
     whole = fleet()
-    whole.recheck_all()  # 600 <= RECHECK_AT_ONCE: forgetting times scheduled at once
+    whole.recheck_all()
+    whole.recheck_some(None)  # forgetting times scheduled at once
     assert whole.backlog == 600  # (every task due a look)
     at_once = view(whole.settlements(ReconcilePolicy.KEEP_ORIGINAL))
     assert at_once and whole.backlog == 0
 
     sliced = fleet()
-    was = fleetindex.RECHECK_AT_ONCE
-    fleetindex.RECHECK_AT_ONCE = 100
-    try:
-        sliced.recheck_all()
-    finally:
-        fleetindex.RECHECK_AT_ONCE = was
+    sliced.recheck_all()
     assert sliced.backlog == 1200  # 600 to settle, 600 to schedule
     got: list[Any] = []
     backlogs = []
