@@ -101,6 +101,7 @@ from edgesched.sync.schema import (
     Registration,
     TaskReport,
 )
+from edgesched.sync.security import queue_settings
 from edgesched.sync.telemetry import Telemetry, telemetry_topic
 from edgesched.sync.topics import HEARTBEAT_TOPIC
 
@@ -137,7 +138,7 @@ class Scale:
     up_s: float = 600.0  # longest wait for the whole fleet to be fresh at central
     budget_s: float = 900.0
     procs: int = 1
-    broker_queue: int | None = None  # max_queued_messages of the bench broker (None: default)
+    broker_queue: int | None = None  # max_queued_messages of the bench broker (None: deployed)
     seed: int = 1
     #: nodes connecting per second, the whole fleet (0: all at once, 100 at a time per
     #: simulator; a burst that loses messages queued for central past 1,000 nodes)
@@ -511,11 +512,12 @@ class BenchBroker:
 
 
 def start_broker(workdir: Path, queue: int | None = None) -> BenchBroker:
-    """Mosquitto on 127.0.0.1 on a free port, anonymous, no persistence, its queue and
-    in-flight limits at their defaults (1,000 queued and 20 in flight per client: what the
-    project's ``broker_config`` deploys) unless ``queue`` sets ``max_queued_messages`` (0: no
-    limit; ``--broker-queue``, to measure central's own work past the point where the default
-    queue drops its messages); ``$SYS`` every second for the dropped count."""
+    """Mosquitto on 127.0.0.1 on a free port, anonymous, no persistence, with the queue
+    limits the project's ``broker_config`` deploys (``queue_settings``: 100,000 messages or
+    256 MiB per client: central is one subscriber for the whole fleet, and Mosquitto's
+    default of 1,000 drops most of a fleet's burst) unless ``queue`` sets
+    ``max_queued_messages`` (0: no limit; ``--broker-queue``); in-flight at Mosquitto's 20;
+    ``$SYS`` every second for the dropped count."""
     exe = mosquitto_path()
     if exe is None:
         raise SystemExit("Mosquitto is not installed: run `make setup`")
@@ -524,7 +526,10 @@ def start_broker(workdir: Path, queue: int | None = None) -> BenchBroker:
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
         "log_dest none\nsys_interval 1\n"
-        + ("" if queue is None else f"max_queued_messages {queue}\n")
+        + "\n".join(
+            queue_settings() if queue is None else queue_settings(max_queued_messages=queue)
+        )
+        + "\n"
     )
     proc = subprocess.Popen(
         [exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -1790,7 +1795,7 @@ def main() -> None:
         "--broker-queue",
         type=int,
         default=None,
-        help="the bench broker's max_queued_messages (default: Mosquitto's 1,000; 0: none)",
+        help="the bench broker's max_queued_messages (default: the deployed 100,000; 0: none)",
     )
     args = parser.parse_args()
     sizes = sorted(int(n.replace(",", "").replace("_", "")) for n in args.nodes.split(","))
@@ -1817,7 +1822,7 @@ def main() -> None:
         print(f"{n:,} nodes: {'finished' if r.get('finished') else 'did not finish within budget'}"
               f" after {r.get('elapsed_s', 0):.0f}s", flush=True)  # fmt: skip
     print()
-    queue = "default" if args.broker_queue is None else str(args.broker_queue)
+    queue = "as deployed" if args.broker_queue is None else str(args.broker_queue)
     print(f"central scale: {args.rate:g} submissions/s, {args.tasks} task entries per node, "
           f"nodes connecting {args.connect_rate:g}/s (0: at once), "
           f"heal of 10% after {args.steady_s:g}s (offline {args.offline_s:g}s), "

@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from edgesched.sync.doc import DESIRED_PREFIX, PolicyDoc, client_id_for, desired_doc_name
 from edgesched.sync.freezer import Freezer
 from edgesched.sync.journal import JournalSet
+from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import AssignmentEntry, PowerOrder, StopOrder
 from edgesched.sync.security import sender_check
@@ -50,10 +51,11 @@ class DesiredDocs:
         clock: Callable[[], float] = time.time,
         freezer: Freezer | None = None,
         reads_packed: Callable[[str], bool] = lambda _node: False,
+        pacer: ResyncPacer | None = None,
     ) -> None:
         """``freezer``: watches every desired-state document (frozen while unused);
         ``reads_packed``: whether a node reads packed entries (its registration says), which
-        its document is then written with."""
+        its document is then written with; ``pacer``: paces each peer's own step 1s."""
         self.central_id = central_id
         self.client_id = client_id_for(central_id)
         self.session = session
@@ -62,6 +64,7 @@ class DesiredDocs:
         self.clock = clock
         self.freezer = freezer
         self.reads_packed = reads_packed
+        self.pacer = pacer
         self.docs: dict[str, PolicyDoc] = {}
         self.journals = JournalSet(store)
         self.writes = 0  # entries written or removed by the projection
@@ -85,6 +88,7 @@ class DesiredDocs:
                 writers=frozenset(client_id_for(c) for c in self.centrals),
                 subscribe=False,  # central's wildcard subscription carries its messages
                 clock=self.clock,
+                pacer=self.pacer,
             )
         )
         self.docs[node_id] = doc

@@ -71,6 +71,7 @@ from edgesched.sync.doc import (
 )
 from edgesched.sync.freezer import Freezer
 from edgesched.sync.journal import DocJournal
+from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.reconcile import ReconcilePolicy
 from edgesched.sync.schema import (
@@ -193,6 +194,10 @@ class CentralEngine:
         cold = self.freezer if self.central.cold_after_s > 0 else None
         self._thaws_counted = 0
         self._sweeps = 0
+        #: The step 1s central's document peers send on their own, paced (two per node on
+        #: every connect): a channel of the session, so a lost connection voids its line.
+        self.resync_pacer = ResyncPacer(self.central.resync_per_s)
+        self.session.add(self.resync_pacer)
         self.replicas = NodeReplicas(
             self.central.central_id,
             self.session,
@@ -200,6 +205,7 @@ class CentralEngine:
             centrals=self.central.peers,
             clock=clock,
             freezer=cold,
+            pacer=self.resync_pacer,
         )
         self.session.fallback = self.replicas
         self.session.add(self.heartbeat)
@@ -416,6 +422,7 @@ class CentralEngine:
             clock=self.clock,
             freezer=self.replicas.freezer,  # (the same rule as the replicas')
             reads_packed=self.index.reads_packed,
+            pacer=self.resync_pacer,
         )
         restored = await self.desired.load()
         self.sync_index(project=False)  # the index learns the restored fleet at once

@@ -31,6 +31,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.freezer import Freezer
+from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import NodeView
 from edgesched.sync.security import sender_check
@@ -83,10 +84,12 @@ class NodeReplicas(Listener):
         centrals: Collection[str] = (),
         clock: Callable[[], float] = time.time,
         freezer: Freezer | None = None,
+        pacer: ResyncPacer | None = None,
     ) -> None:
         """``nodes``: accept only these node ids (empty: any node that speaks for itself).
         ``centrals``: fellow central replicas whose relayed messages are accepted too.
-        ``freezer``: watches every replica's document (frozen while unused)."""
+        ``freezer``: watches every replica's document (frozen while unused). ``pacer``:
+        paces each replica peer's own step 1s (:mod:`edgesched.sync.pacer`)."""
         self.central_id = central_id
         self.client_id = client_id_for(central_id)
         self.session = session
@@ -95,6 +98,7 @@ class NodeReplicas(Listener):
         self.centrals = frozenset(centrals) | {central_id}
         self.clock = clock
         self.freezer = freezer
+        self.pacer = pacer
         self.replicas: dict[str, Replica] = {}
         self.routes: tuple[str, ...] = (DOC_SYNC_FILTER,)
         self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
@@ -141,6 +145,7 @@ class NodeReplicas(Listener):
             writers=frozenset({client_id_for(node_id)}),
             subscribe=False,  # the wildcard subscription carries its messages
             clock=self.clock,
+            pacer=self.pacer,
         )
         replica = Replica(node_id, doc, peer, first_seen=self.clock())
         doc.track_changes("tasks")  # for central's fleet index, the one consumer

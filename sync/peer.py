@@ -38,6 +38,7 @@ from pycrdt import YSyncMessageType, get_state, merge_updates
 
 from edgesched.sync import wire
 from edgesched.sync.doc import UpdateRejected, decode_state_vector
+from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.session import Endpoint, MqttSession, checked
 
 log = logging.getLogger("edgesched.sync.peer")
@@ -86,6 +87,7 @@ class DocPeer:
         "_local",
         "_pending_bytes",
         "_sole_writer",
+        "_step1_slot",
         "_step1_to",
         "_wake",
         "_want_step1",
@@ -103,6 +105,7 @@ class DocPeer:
         "max_packet",
         "max_pending_bytes",
         "on_synced",
+        "pacer",
         "peer_id",
         "port",
         "reassembler",
@@ -140,6 +143,7 @@ class DocPeer:
         listen_to: Collection[str] | None = None,
         replies: bool | None = None,
         clock: Callable[[], float] = time.time,
+        pacer: ResyncPacer | None = None,
     ) -> None:
         """``before_publish`` is awaited before anything leaves: the owner's way to make sure
         every local update in it is persisted first (a published but unpersisted update would
@@ -157,7 +161,9 @@ class DocPeer:
         step 1 (which would grow each node's traffic with the fleet). ``replies``: ask to be
         answered on our reply topics (and hear them), so that answers to our step 1 reach
         us only, not every peer hearing the answerer's sender topic; by default when
-        ``listen_to`` is given. ``host``, ``port``,
+        ``listen_to`` is given. ``pacer``: the step 1s we send on our own (on every connect,
+        and when we find ourselves behind) wait for a slot of it, shared with the other peers
+        of the connection (:mod:`edgesched.sync.pacer`); answers never wait. ``host``, ``port``,
         ``keepalive``, ``session_expiry_s`` and the backoff apply only to :meth:`run`, the
         stand-alone mode with a connection of its own."""
         self.doc = doc
@@ -251,6 +257,9 @@ class DocPeer:
         self.writer: str | None = writer if isinstance(writer, str) else None
         self._want_step1 = False
         self._last_step1 = -1e9
+        self.pacer = pacer
+        #: the pacer's slot (time.monotonic) for the step 1 we want to send, once reserved
+        self._step1_slot: float | None = None
         # (made by the send loop: central's replicas' peers never run one, and an event
         # holds an empty deque, ~0.7 KiB, two per node)
         self._wake: asyncio.Event | None = None
@@ -314,6 +323,7 @@ class DocPeer:
         log.info("doc %s: %s connected", self.doc.name, self.peer_id)
         self._want_step1 = True  # resync by state vector on every connect
         self._last_step1 = -1e9
+        self._step1_slot = None  # (a slot of a previous connection is void)
         await self._send_loop(client)
 
     def disconnected(self) -> None:
@@ -353,12 +363,18 @@ class DocPeer:
         while True:
             wake.clear()  # anything arriving while we publish sets it again
             if self._want_step1:
-                wait = self._last_step1 + self.resync_interval_s - time.monotonic()
-                if wait > 0:  # coalesce resync requests
-                    asyncio.get_running_loop().call_later(wait, wake.set)
+                now = time.monotonic()
+                due = self._last_step1 + self.resync_interval_s  # coalesce resync requests
+                if self.pacer is not None:
+                    if self._step1_slot is None:
+                        self._step1_slot = self.pacer.reserve()
+                    due = max(due, self._step1_slot)
+                if due > now:
+                    asyncio.get_running_loop().call_later(due - now, wake.set)
                 else:
                     self._want_step1 = False
-                    self._last_step1 = time.monotonic()
+                    self._step1_slot = None
+                    self._last_step1 = now
                     self._step1_to.clear()  # every asker hears this one
                     step1 = wire.step1_payload(self.doc.state_vector(), replies=self.replies)
                     await self._publish(client, wire.Kind.SYNC, step1, self.doc.epoch)

@@ -221,6 +221,13 @@ class Channel(Protocol):
     def disconnected(self) -> None: ...
 
 
+def channel_name(channel: Channel) -> str:
+    """A channel as the log names it: its class, and the topic it sends on if it has one."""
+    topic = getattr(channel, "topic", None)
+    kind = type(channel).__name__
+    return f"{kind} {topic}" if isinstance(topic, str) else kind
+
+
 class Listener:
     """Base of a channel that only hears (its subscriptions and :meth:`Channel.handle`):
     nothing to do while connected, nothing to undo when the connection ends."""
@@ -319,6 +326,8 @@ class MqttSession:
         self._added: asyncio.Queue[Channel] = asyncio.Queue()
         self._addresses = ((endpoint.host, endpoint.port), *endpoint.alternates)
         self._at = 0  # index into _addresses of the one to connect to next
+        #: what ended the last connection, when a channel's own work did (for the log)
+        self._failed_in = ""
 
     @property
     def address(self) -> tuple[str, int]:
@@ -401,6 +410,7 @@ class MqttSession:
         delay = self.backoff_initial_s
         while True:
             where = "{}:{}".format(*self.address)
+            self._failed_in = ""
             try:
                 async with self._client() as client:
                     self.connected = True
@@ -411,7 +421,13 @@ class MqttSession:
             except aiomqtt.MqttError as exc:
                 reraise_if_cancelling()
                 if self.connected:
-                    log.warning("%s lost broker %s: %s", self.endpoint.identifier, where, exc)
+                    log.warning(
+                        "%s lost broker %s: %s%s",
+                        self.endpoint.identifier,
+                        where,
+                        exc,
+                        f" (in {self._failed_in})" if self._failed_in else "",
+                    )
                 else:
                     log.debug("broker %s unreachable: %s", where, exc)
             finally:
@@ -442,6 +458,7 @@ class MqttSession:
                 done, _ = await asyncio.wait([*serving, added], return_when=asyncio.FIRST_COMPLETED)
                 for task in serving:
                     if task in done and not task.cancelled() and (exc := task.exception()):
+                        self._failed_in = task.get_name()
                         raise exc
                 serving = [t for t in serving if t not in done]
                 if added in done:
@@ -456,12 +473,15 @@ class MqttSession:
             await asyncio.gather(*serving, return_exceptions=True)
 
     async def _start(self, client: aiomqtt.Client, channel: Channel) -> asyncio.Task[None]:
+        name = channel_name(channel)
+        self._failed_in = f"subscribing {name}"
         for topic_filter, options in channel.subscriptions:
             if self.endpoint.protocol == "3.1.1":
                 await checked(client.subscribe(topic_filter, qos=options.QoS))
             else:
                 await checked(client.subscribe(topic_filter, options=options))
-        return asyncio.create_task(channel.serve(client))
+        self._failed_in = ""
+        return asyncio.create_task(channel.serve(client), name=name)
 
     async def _dispatch(self, client: aiomqtt.Client) -> None:
         """Hand every incoming message to its channel until the connection ends.
