@@ -85,6 +85,7 @@ from edgesched.sync.schema import (
     TidalEntry,
 )
 from edgesched.sync.session import MqttSession, wait_event
+from edgesched.sync.stall import StallWatch
 from edgesched.sync.store import Store, StoreError
 from edgesched.sync.topics import node_of_topic
 
@@ -165,6 +166,8 @@ class CentralEngine:
         self.state_dir = Path(self.central.state_dir)
         self.clock = clock
         self.metrics = CentralMetrics()
+        #: logs where the event loop was held, when it is held past 2 s (sync/stall.py)
+        self.stall_watch = StallWatch()
         self._endpoint = self.central.mqtt.endpoint(self.central.central_id)  # files read now
         self.session = MqttSession(
             self._endpoint,
@@ -308,6 +311,7 @@ class CentralEngine:
                     group.create_task(self._cold_loop(), name="cold-documents"),
                     group.create_task(self._control_loop(), name="control"),
                     group.create_task(self._forecast_loop(), name="forecast"),
+                    group.create_task(self.stall_watch.run(), name="stall-watch"),
                 ]
                 self._ready.set()
                 log.info(

@@ -30,6 +30,7 @@ caller's cancel count.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
@@ -47,6 +48,14 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 log = logging.getLogger("edgesched.sync.session")
 
 T = TypeVar("T")
+
+
+#: How long a SUBACK may take. A resumed persistent session gets its queued messages first,
+#: and a central's queue can hold tens of thousands (the deployed broker keeps 100,000 per
+#: client): behind them, the 5 s default timed out on every reconnect, and each reconnect
+#: queued more (``bench/bench_central_scale.py`` at 10,000 nodes). A dead link is noticed by
+#: the keepalive, which fails the wait at once.
+SUBSCRIBE_TIMEOUT_S = 120.0
 
 
 def reraise_if_cancelling() -> None:
@@ -448,11 +457,12 @@ class MqttSession:
         The same structure as :func:`first_failure`, with a set of tasks that grows."""
         while not self._added.empty():  # everything added so far is served below
             self._added.get_nowait()
-        serving = [asyncio.create_task(self._dispatch(client), name="mqtt-dispatch")]
+        dispatch = asyncio.create_task(self._dispatch(client), name="mqtt-dispatch")
+        serving = [dispatch]
         added: asyncio.Task[Channel] | None = None
         try:
             for channel in [*self.channels, *([self.fallback] if self.fallback else [])]:
-                serving.append(await self._start(client, channel))
+                serving.append(await self._start(client, channel, dispatch))
             while True:
                 added = asyncio.create_task(self._added.get())
                 done, _ = await asyncio.wait([*serving, added], return_when=asyncio.FIRST_COMPLETED)
@@ -462,7 +472,7 @@ class MqttSession:
                         raise exc
                 serving = [t for t in serving if t not in done]
                 if added in done:
-                    serving.append(await self._start(client, added.result()))
+                    serving.append(await self._start(client, added.result(), dispatch))
                 else:
                     added.cancel()
         finally:
@@ -472,14 +482,32 @@ class MqttSession:
                 task.cancel()
             await asyncio.gather(*serving, return_exceptions=True)
 
-    async def _start(self, client: aiomqtt.Client, channel: Channel) -> asyncio.Task[None]:
+    async def _start(
+        self, client: aiomqtt.Client, channel: Channel, dispatch: asyncio.Task[None]
+    ) -> asyncio.Task[None]:
         name = channel_name(channel)
         self._failed_in = f"subscribing {name}"
         for topic_filter, options in channel.subscriptions:
+            # (the broker sends a resumed session's queued messages before the SUBACK, and
+            # central's queue may hold a fleet's burst: its timeout is long, and the end of
+            # the connection, which the dispatch task sees, ends the wait at once)
             if self.endpoint.protocol == "3.1.1":
-                await checked(client.subscribe(topic_filter, qos=options.QoS))
+                call = client.subscribe(topic_filter, qos=options.QoS, timeout=SUBSCRIBE_TIMEOUT_S)
             else:
-                await checked(client.subscribe(topic_filter, options=options))
+                call = client.subscribe(topic_filter, options=options, timeout=SUBSCRIBE_TIMEOUT_S)
+            subscribing = asyncio.ensure_future(call)
+            try:
+                first = asyncio.FIRST_COMPLETED
+                await checked(asyncio.wait({subscribing, dispatch}, return_when=first))
+            finally:
+                if not subscribing.done():
+                    subscribing.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                        await subscribing
+            if subscribing.cancelled() or not subscribing.done():
+                exc = None if dispatch.cancelled() else dispatch.exception()
+                raise exc or aiomqtt.MqttError(f"connection ended while subscribing {name}")
+            subscribing.result()  # (its MqttError, if it failed)
         self._failed_in = ""
         return asyncio.create_task(channel.serve(client), name=name)
 
