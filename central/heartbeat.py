@@ -18,7 +18,7 @@ from collections.abc import Callable
 import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from edgesched.sync.session import Listener, checked
+from edgesched.sync.session import Listener, publish
 from edgesched.sync.topics import HEARTBEAT_TOPIC, parse_heartbeat
 
 
@@ -45,7 +45,7 @@ class Heartbeat:
 
     async def serve(self, client: aiomqtt.Client) -> None:
         while True:
-            await checked(client.publish(HEARTBEAT_TOPIC, self.payload(), qos=0))
+            await publish(client, HEARTBEAT_TOPIC, self.payload(), qos=0)
             self.sent += 1
             await asyncio.sleep(self.interval_s)
 

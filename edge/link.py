@@ -21,7 +21,7 @@ import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.config import MqttConfig
-from edgesched.sync.session import checked
+from edgesched.sync.session import publish
 from edgesched.sync.topics import HEARTBEAT_TOPIC, parse_heartbeat, status_topic
 
 log = logging.getLogger("edgesched.edge.link")
@@ -71,8 +71,8 @@ class CentralLink:
         self.broker_connected = True
         self.connects += 1
         log.info("connected to broker %s:%d", self.mqtt.host, self.mqtt.port)
-        await checked(
-            client.publish(status_topic(self.node_id), self._status("online"), qos=1, retain=True)
+        await publish(
+            client, status_topic(self.node_id), self._status("online"), qos=1, retain=True
         )
 
     def disconnected(self) -> None:

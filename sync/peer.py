@@ -39,7 +39,7 @@ from pycrdt import YSyncMessageType, get_state, merge_updates
 from edgesched.sync import wire
 from edgesched.sync.doc import UpdateRejected, decode_state_vector
 from edgesched.sync.pacer import ResyncPacer
-from edgesched.sync.session import Endpoint, MqttSession, checked
+from edgesched.sync.session import Endpoint, MqttSession, publish
 
 log = logging.getLogger("edgesched.sync.peer")
 
@@ -346,7 +346,7 @@ class DocPeer:
         )
         to = self.topic if topic is None else topic
         for frame in frames:
-            await checked(client.publish(to, frame, qos=1, timeout=PUBLISH_TIMEOUT_S))
+            await publish(client, to, frame, qos=1, timeout=PUBLISH_TIMEOUT_S)
             self.stats["frames_out"] += 1
             self.stats["bytes_out"] += len(frame)
         if to != self.topic:

@@ -35,6 +35,7 @@ import logging
 import random
 import ssl
 import time
+import weakref
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -56,6 +57,36 @@ T = TypeVar("T")
 #: queued more (``bench/bench_central_scale.py`` at 10,000 nodes). A dead link is noticed by
 #: the keepalive, which fails the wait at once.
 SUBSCRIBE_TIMEOUT_S = 120.0
+
+
+#: Publishes one connection may have waiting on aiomqtt at once; the rest wait their turn.
+#: aiomqtt 2.5 scans every pending call on each new one (``_pending_call``: ``mid in`` a
+#: generator, then ``len(list(...))``), so N publishes in flight cost O(N^2): central's 20,000
+#: connect-time step 1s held its event loop for 4-13 s at a time, past the keepalive, and the
+#: broker dropped it (``bench/bench_central_scale.py``). Bounded, a publish costs O(this).
+MAX_PENDING_PUBLISHES = 256
+_publish_gates: weakref.WeakKeyDictionary[aiomqtt.Client, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def publish(
+    client: aiomqtt.Client,
+    topic: str,
+    payload: bytes,
+    *,
+    qos: int = 0,
+    retain: bool = False,
+    timeout: float | None = None,
+) -> None:
+    """``client.publish``, at most :data:`MAX_PENDING_PUBLISHES` of them pending per client,
+    first come first served, cancel-safe (:func:`checked`). ``timeout`` (aiomqtt's: the
+    client's own when None) counts from the publish's turn."""
+    gate = _publish_gates.get(client)
+    if gate is None:
+        gate = _publish_gates[client] = asyncio.Semaphore(MAX_PENDING_PUBLISHES)
+    async with gate:
+        await checked(client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout))
 
 
 def reraise_if_cancelling() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from edgesched.sync.session import checked
+from edgesched.sync.session import publish
 from edgesched.sync.topics import json_object, node_of_topic
 from edgesched.sync.wire import TOPIC_ROOT
 
@@ -102,7 +102,7 @@ class TelemetryPublisher:
             sample = self._latest
             if sample is not None:
                 payload = json.dumps(sample.to_json()).encode()
-                await checked(client.publish(self.topic, payload, qos=0))
+                await publish(client, self.topic, payload, qos=0)
                 self.sent += 1
 
     def handle(self, topic: str, payload: bytes) -> None:  # pragma: no cover - no routes

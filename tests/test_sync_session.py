@@ -224,3 +224,57 @@ class _Recorder:
 
     def disconnected(self) -> None:
         return None
+
+
+async def test_publishes_pending_on_one_client_are_bounded(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiomqtt scans every pending call on each new publish: thousands at once cost O(N^2) and
+    held central's loop for seconds. Through :func:`edgesched.sync.session.publish` no more
+    than ``MAX_PENDING_PUBLISHES`` are ever inside ``client.publish`` at once, and every one
+    of a larger burst is still delivered, in order of asking."""
+    from edgesched.sync import session as session_module
+
+    monkeypatch.setattr(session_module, "MAX_PENDING_PUBLISHES", 8)
+    received: list[bytes] = []
+    ready = asyncio.Event()
+
+    async def ear() -> None:
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="ear") as client:
+            await client.subscribe("bounded/#", qos=1)
+            ready.set()
+            async for message in client.messages:
+                assert isinstance(message.payload, bytes)
+                received.append(message.payload)
+
+    listening = asyncio.create_task(ear())
+    await asyncio.wait_for(ready.wait(), 10)
+    inside = peak = 0
+    try:
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="burst") as client:
+            real = client.publish
+
+            async def counting(*args: object, **kwargs: object) -> None:
+                nonlocal inside, peak
+                inside += 1
+                peak = max(peak, inside)
+                try:
+                    await real(*args, **kwargs)  # type: ignore[arg-type]
+                finally:
+                    inside -= 1
+
+            monkeypatch.setattr(client, "publish", counting)
+            burst = [f"{i:04d}".encode() for i in range(300)]
+            await asyncio.gather(
+                *(session_module.publish(client, "bounded/x", p, qos=1) for p in burst)
+            )
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(received) < len(burst):
+                assert asyncio.get_running_loop().time() < deadline, len(received)
+                await asyncio.sleep(0.02)
+        assert 1 < peak <= 8
+        assert sorted(received) == burst
+    finally:
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+            await listening
