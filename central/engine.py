@@ -111,6 +111,17 @@ HANDOVER_MAX_S = 5.0
 #: first step at 10,000 nodes x 70 assignments looked at all 700,000 in one go (~15 s), long
 #: past the broker's keepalive.
 RECHECK_PER_STEP = 20_000
+#: A gap between control steps this much longer than ``cycle_s`` means the event loop was
+#: held (a step wakes at least every ``cycle_s``): the nodes' messages of the gap wait unread.
+HELD_GAP_S = 2.0
+
+
+def held_between(previous: float | None, now: float, cycle_s: float) -> bool:
+    """Whether the loop was held between two control steps begun at ``previous`` and ``now``
+    (``time.monotonic``; None: no step before)."""
+    return previous is not None and now - previous > cycle_s + HELD_GAP_S
+
+
 #: The policy document's maps the fleet index follows by key.
 POLICY_ROOTS = ("assignments", "stops", "power")
 
@@ -754,10 +765,23 @@ class CentralEngine:
     # --- the control loop -----------------------------------------------------------------
 
     async def _control_loop(self) -> None:
+        swept_at: float | None = None  # (time.monotonic) when the last step began
         while True:
             await wait_event(self._wake, self.central.cycle_s)
             self._wake.clear()
             async with self._lock:
+                began = time.monotonic()
+                if held_between(swept_at, began, self.central.cycle_s):
+                    # the loop was held (a stall of ours, not the nodes'): what they sent
+                    # meanwhile is still unread, so nobody's silence counts it
+                    assert swept_at is not None
+                    log.warning(
+                        "no control step for %.1f s (central's event loop was held): every "
+                        "node's silence starts over",
+                        began - swept_at,
+                    )
+                    self.liveness.start_over(self.clock())
+                swept_at = began
                 self.control_step()
             if self._acted and self.index.backlog:  # a recheck of the whole fleet, a slice
                 self._wake.set()  # a step: the next at once, once the loop has served what

@@ -59,6 +59,8 @@ CAUSES = ("status", "heard", "will", "site", "silent")
 #: The default of ``[central] silent_after_s`` (see :class:`edgesched.config.CentralConfig`,
 #: which says why 20 s).
 SILENT_AFTER_S = 20.0
+#: Nodes a sweep names one by one in the log; the rest of a larger sweep in one line.
+LOGGED_PER_SWEEP = 20
 
 
 @dataclass(frozen=True)
@@ -138,12 +140,17 @@ class Liveness(Listener):
         """Connected (again): every node that reads online gets a fresh ``silent_after_s``
         from now; the retained statuses arrive anew with the subscription."""
         if self.link_down:
-            now = self.clock()
-            self._watch = dict.fromkeys(self._watch, now)
+            self.start_over(self.clock())
         self.link_down = False
 
     def disconnected(self) -> None:
         self.link_down = True
+
+    def start_over(self, now: float) -> None:
+        """Central could not hear anyone until ``now`` (its connection was down, or its event
+        loop was held and messages waited unread): every node that reads online gets a fresh
+        ``silent_after_s`` from ``now``. O(online nodes)."""
+        self._watch = dict.fromkeys(self._watch, now)
 
     def cause(self, node_id: str) -> str | None:
         """Why ``node_id`` reads what it reads (:data:`CAUSES`), None if never announced."""
@@ -198,11 +205,20 @@ class Liveness(Listener):
                 break
             del self._watch[node_id]
             self.silent[node_id] = last
-            log.warning(
-                "node %s: nothing heard for %.1f s (its status says online)", node_id, now - last
-            )
+            if len(swept) < LOGGED_PER_SWEEP:
+                log.warning(
+                    "node %s: nothing heard for %.1f s (its status says online)",
+                    node_id,
+                    now - last,
+                )
             self._settle(node_id)
             swept.append(node_id)
+        if len(swept) > LOGGED_PER_SWEEP:
+            log.warning(
+                "%d more nodes: nothing heard for more than %.1f s (their status says online)",
+                len(swept) - LOGGED_PER_SWEEP,
+                self.silent_after_s,
+            )
         return swept
 
     def _hear(self, node_id: str, at: float) -> bool:

@@ -124,6 +124,49 @@ def test_only_the_silent_ones_oldest_first_in_one_sweep() -> None:
     assert live.nodes["a"].since == 1002.0 and live.nodes["c"].since == 1003.0
 
 
+def test_a_held_loop_is_nobodys_silence() -> None:
+    """Central's loop was held 30 s (its messages waited unread): start_over gives every
+    online node a fresh window from then, as a reconnect does; a node really gone is still
+    swept one window later."""
+    clock = Clock()
+    live, _ = live_with(clock)
+    for node in ("a", "b"):
+        announce(live, node)
+    live.heard("a", 1005.0)
+    clock.now = 1035.0
+    live.start_over(clock.now)  # the control loop saw the gap before its sweep
+    assert live.sweep(1035.0) == []
+    live.heard("a", 1036.0)  # the backlog read: a spoke, b did not
+    assert live.sweep(1045.5) == ["b"]
+    assert live.nodes["b"].since == 1035.0  # silent since the start over, not since 1000
+    assert live.state("a") == "online"
+
+
+def test_a_large_sweep_logs_a_few_nodes_by_name_and_a_summary(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from edgesched.central.liveness import LOGGED_PER_SWEEP
+
+    caplog.set_level("WARNING", logger="edgesched.central.liveness")
+    live, changes = live_with(Clock())
+    nodes = [f"n{i:03d}" for i in range(LOGGED_PER_SWEEP + 30)]
+    for node in nodes:
+        announce(live, node)
+    assert live.sweep(1011.0) == nodes
+    assert len(changes) == 2 * len(nodes)  # each told online, then offline
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == LOGGED_PER_SWEEP + 1
+    assert lines[-1].startswith("30 more nodes: nothing heard")
+
+
+def test_the_control_loop_tells_a_held_loop_from_a_quiet_one() -> None:
+    from edgesched.central.engine import HELD_GAP_S, held_between
+
+    assert not held_between(None, 100.0, 1.0)
+    assert not held_between(100.0, 101.0 + HELD_GAP_S - 0.01, 1.0)  # a step a cycle later
+    assert held_between(100.0, 101.0 + HELD_GAP_S + 0.01, 1.0)
+
+
 def test_times_out_of_order_delay_a_sweep_never_hasten_it() -> None:
     """heard() told an older time than the newest it has (not what central does: it tells
     its clock as messages arrive): the node is not swept early, and late by at most the
