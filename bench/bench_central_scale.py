@@ -15,10 +15,15 @@ node), synced by the node's own DocPeer as a real node's (:class:`AssignmentFeed
 assignment is started (a running ``TaskReport`` with its assignment) and exits ``--run-s``
 later. The fleet-wide policy document (mode, tidal profile, models) is held once per simulator
 process (every node holds the same replica of it; one copy stands for all of them), and each
-node sends its own step 1 of it when it connects. As a real node's peers of central's documents
-(``DocPeer(..., listen_to=centrals)``), a simulated node hears ``policy`` and its own
-``desired-<id>`` from the centrals only (their sender topics, ``.../sync/<central>``): no other
-node's frames of either reach it, and none are counted as received (:func:`node_subscriptions`).
+node sends its own step 1 of it when it connects, marked as a real node's (``replies=True``).
+As a real node's peers of central's documents (``DocPeer(..., listen_to=centrals)``), a
+simulated node hears ``policy`` and its own ``desired-<id>`` from the centrals only: their
+sender topics (``.../sync/<central>``: live updates, heard by every node) and its own reply
+topics (``.../reply/<id>/<central>``: central's answers to its step 1s, heard by it alone). No
+other node's frames of either reach it, and none are counted as received
+(:func:`node_subscriptions`), so a node's policy bytes do not grow with the fleet. A simulator
+whose loop dies (an exception while dispatching, say) exits at once and the size stops with
+its name, not as a fleet that never comes up (:meth:`Simulator.ended`).
 
 Per size: a seeder process writes central's SQLite as a central that ran this fleet before
 leaves it (the ``fleet`` document with every assignment, each node's ``desired-<node>`` and
@@ -42,6 +47,7 @@ budget" with what it measured so far.
 
     .venv/bin/python bench/bench_central_scale.py [--nodes 100,1000,10000] [--budget-s 900]
         [--rate 2] [--steady-s 30] [--offline-s 10] [--up-s 300] [--procs N]
+        [--broker-log FILE]
 
 ``make bench`` runs the defaults. Run it from a scratch directory (``cd /tmp``): each size
 works in a temporary directory of its own. :func:`memory_needed_gb` estimates what a size
@@ -139,6 +145,7 @@ class Scale:
     budget_s: float = 900.0
     procs: int = 1
     broker_queue: int | None = None  # max_queued_messages of the bench broker (None: deployed)
+    broker_log: str | None = None  # a file the bench broker appends its log to (None: no log)
     seed: int = 1
     #: nodes connecting per second, the whole fleet (0: all at once, 100 at a time per
     #: simulator; a burst that loses messages queued for central past 1,000 nodes)
@@ -480,7 +487,9 @@ def node_subscriptions(ids: Iterable[str]) -> list[tuple[str, SubscribeOptions]]
     """What a simulator's connection subscribes for its nodes ``ids``: what real nodes'
     sessions subscribe. The shared documents and each node's desired document from the
     centrals only (their sender topics, as ``DocPeer(..., listen_to=centrals)``), each node's
-    own document from every peer (``.../sync/+``: central's replicas), the heartbeat."""
+    own document from every peer (``.../sync/+``: central's replicas), the heartbeat, and
+    each node's reply topics of those documents from the centrals (their answers to its
+    marked step 1s, which it alone hears)."""
     qos1 = SubscribeOptions(qos=1, noLocal=True)
     subs = [(wire.sync_topic(d, c), qos1) for d in SHARED_DOCS for c in sorted(CENTRALS)]
     subs.append((HEARTBEAT_TOPIC, SubscribeOptions(qos=0)))
@@ -511,13 +520,22 @@ class BenchBroker:
                 self.proc.wait()
 
 
-def start_broker(workdir: Path, queue: int | None = None) -> BenchBroker:
+#: What ``--broker-log`` has Mosquitto log: connections and disconnections with their reasons.
+BROKER_LOG = (
+    "log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n"
+    "log_type information\nconnection_messages true\nlog_timestamp true\n"
+    "log_timestamp_format %Y-%m-%dT%H:%M:%S\n"
+)
+
+
+def start_broker(workdir: Path, queue: int | None = None, log: str | None = None) -> BenchBroker:
     """Mosquitto on 127.0.0.1 on a free port, anonymous, no persistence, with the queue
     limits the project's ``broker_config`` deploys (``queue_settings``: 100,000 messages or
     256 MiB per client: central is one subscriber for the whole fleet, and Mosquitto's
     default of 1,000 drops most of a fleet's burst) unless ``queue`` sets
     ``max_queued_messages`` (0: no limit; ``--broker-queue``); in-flight at Mosquitto's 20;
-    ``$SYS`` every second for the dropped count."""
+    ``$SYS`` every second for the dropped count. ``log`` (``--broker-log``): append the
+    broker's log there (connections, and why each ended), else it logs nothing."""
     exe = mosquitto_path()
     if exe is None:
         raise SystemExit("Mosquitto is not installed: run `make setup`")
@@ -525,15 +543,17 @@ def start_broker(workdir: Path, queue: int | None = None) -> BenchBroker:
     conf = workdir / "mosquitto.conf"
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-        "log_dest none\nsys_interval 1\n"
+        + ("log_dest none\n" if log is None else BROKER_LOG)
+        + "sys_interval 1\n"
         + "\n".join(
             queue_settings() if queue is None else queue_settings(max_queued_messages=queue)
         )
         + "\n"
     )
-    proc = subprocess.Popen(
-        [exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    # (its stderr: Mosquitto drops root's privileges before it would open a log file)
+    with contextlib.ExitStack() as stack:
+        err = subprocess.DEVNULL if log is None else stack.enter_context(open(log, "ab"))
+        proc = subprocess.Popen([exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=err)
     wait_for_port(port)
     return BenchBroker(port, proc)
 
@@ -592,6 +612,10 @@ class SimPlan:
     nodes_file: str  # {node id: its document's bytes}, from the seeder
 
 
+class SimulatorDied(RuntimeError):
+    """A simulator's loop ended before the harness stopped it."""
+
+
 class Simulator:
     """The nodes of one process over one MQTT connection, driven by the harness's pipe."""
 
@@ -621,13 +645,15 @@ class Simulator:
         self.seen: list[tuple[str, str, float]] = []
         self.client: aiomqtt.Client | None = None
         self.stop = asyncio.Event()
+        #: (loop name, its exception) of a loop that ended before we were stopped
+        self.died: tuple[str, BaseException | None] | None = None
         self.policy_resync_at = 0.0
         self.frozen = False
         self.counts: dict[str, int] = dict.fromkeys(
             ("policy_step1_sent", "policy_step1_heard", "policy_answers",
-             "policy_frames_from_central", "frames_from_central", "desired_frames_from_central",
-             "frames_not_from_central", "dropped_while_offline", "telemetry",
-             "bad_policy_frames"),
+             "policy_frames_from_central", "policy_replies_from_central", "frames_from_central",
+             "desired_frames_from_central", "frames_not_from_central", "dropped_while_offline",
+             "telemetry", "bad_policy_frames"),
             0,
         )  # fmt: skip
         self.broker_dropped = 0
@@ -754,13 +780,14 @@ class Simulator:
             for start in range(0, len(subs), 500):
                 await client.subscribe(subs[start : start + 500])
             loops = [
-                asyncio.create_task(self.dispatch(client)),
-                asyncio.create_task(self.control()),
-                asyncio.create_task(self.exit_loop()),
-                asyncio.create_task(self.telemetry_loop(client)),
+                asyncio.create_task(self.dispatch(client), name="dispatch"),
+                asyncio.create_task(self.control(), name="control"),
+                asyncio.create_task(self.exit_loop(), name="exit_loop"),
+                asyncio.create_task(self.telemetry_loop(client), name="telemetry_loop"),
+                asyncio.create_task(self.come_up(), name="connect_all"),
             ]
-            await self.connect_all()
-            self.send("ready", len(self.nodes))
+            for task in loops:
+                task.add_done_callback(self.ended)
             await self.stop.wait()
             for task in loops:
                 task.cancel()
@@ -768,6 +795,28 @@ class Simulator:
                 for serving in node.serving:
                     serving.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
+        if self.died is not None:
+            name, exc = self.died
+            raise SimulatorDied(f"simulator {self.plan.index}: its {name} ended") from exc
+
+    def ended(self, task: asyncio.Task[None]) -> None:
+        """A loop of ours ended. Before the harness stopped us, that is this simulator's end
+        (its nodes would go deaf or silent while the harness waits for them): stop, and
+        :meth:`run` raises, so the process exits non-zero with the traceback on stderr and the
+        harness names it (:meth:`Sims.check`). The first try of the marked policy step 1 lost
+        its dispatch loop this way (a KeyError: a count never declared, on central's first
+        answer on a reply topic), silently, and looked like a fleet that never came up."""
+        if task.cancelled() or self.stop.is_set() or self.died is not None:
+            return
+        exc = task.exception()
+        if exc is None and task.get_name() == "connect_all":
+            return  # every node connected: its job is done
+        self.died = (task.get_name(), exc)
+        self.stop.set()
+
+    async def come_up(self) -> None:
+        await self.connect_all()
+        self.send("ready", len(self.nodes))
 
     async def connect_all(self) -> None:
         """Every node connects: paced at ``connect_rate`` (this simulator's share of it), in
@@ -825,16 +874,19 @@ class Simulator:
         await self.client.publish(will.topic, will.payload, qos=1, retain=True)
 
     async def policy_step1(self, node: SimNode) -> None:
-        """The node's policy peer's step 1 (on every connect), on its own sender topic: heard
-        by the centrals only (no node subscribes another's), which answer it on the sender
-        topic every node hears. Unmarked, as an older node's: the simulator's one policy
-        replica standing for all its nodes does not follow central's answers on reply topics
-        yet (with the mark, the tiny fleet stopped coming up: not found why in this round), so
-        this harness's policy bytes are an older node's; ``bench_policy_fanout.py`` measures
-        the reply topics. Each node's desired document uses them (its real DocPeer)."""
+        """The node's policy peer's step 1 (on every connect), marked as a real node's
+        (``wire.step1_payload(sv, replies=True)``: its peer listens to the centrals only), on
+        its own sender topic, which only the centrals hear. Central answers on the node's reply
+        topic ``.../policy/reply/<node>/<central>``, which only that node hears: its step 2,
+        and its own step 1 back when the node holds what it lacks (never here: the simulator's
+        replica writes nothing). :meth:`dispatch` counts such an answer as the asker's bytes
+        alone and :meth:`on_policy` answers central's step 1 as the asker alone, so a node's
+        reconnect costs no other node anything, and the policy bytes per node stay flat as
+        the fleet grows. The one policy replica per simulator stands for all its nodes':
+        central's answer to any of them is applied to it once."""
         for name in SHARED_DOCS:
             sv = self.policy.state_vector()
-            step1 = wire.step1_payload(sv)
+            step1 = wire.step1_payload(sv, replies=True)
             await self.publish_as(node, name, wire.Kind.SYNC, step1)
             self.counts["policy_step1_sent"] += 1
 
@@ -904,8 +956,10 @@ class Simulator:
                     self.follow(target, task_id, entry)
 
     async def on_policy(self, sender: str, payload: bytes, asker: SimNode | None = None) -> None:
-        """Central's frame of the policy: to every online node, or (``asker``) its answer to
-        that node's step 1 alone."""
+        """Central's frame of the policy: on its sender topic, to every online node (a live
+        update, or its own step 1 on connect, which every node's peer answers), or on
+        ``asker``'s reply topic, its answer to that node's marked step 1 (its step 2, or its
+        step 1 back, which that node alone answers)."""
         try:
             message = self.reassembler.feed(payload)
             if message is None:
@@ -1406,6 +1460,7 @@ async def run_size(
         while not pred():
             if time.monotonic() > end:
                 return False
+            sims.check()  # (a simulator that died: said at once, not after the wait)
             await asyncio.sleep(interval)
             measure.sample()
         return True
@@ -1592,7 +1647,7 @@ def measure_size(scale: Scale) -> dict[str, Any]:
     """One size in a process of its own, killed if it overruns its budget (plus a grace)."""
     with tempfile.TemporaryDirectory(prefix="edgesched-central-scale-") as tmp:
         load_start = os.getloadavg()[0]  # (the machine is shared: say how busy it was)
-        broker = start_broker(Path(tmp), scale.broker_queue)
+        broker = start_broker(Path(tmp), scale.broker_queue, scale.broker_log)
         ctx = mp.get_context("spawn")
         ours, theirs = ctx.Pipe()
         proc = ctx.Process(target=size_worker, args=(scale, broker.port, tmp, theirs))
@@ -1622,6 +1677,9 @@ def measure_size(scale: Scale) -> dict[str, Any]:
             else:
                 last["notes"] = [*last.get("notes", []), "killed: over budget"]
         finally:
+            if broker.proc.poll() is not None:  # (every connection lost at once: say why)
+                note = f"the broker exited {broker.proc.returncode} during the run"
+                last["notes"] = [*last.get("notes", []), note]
             if proc.is_alive():
                 proc.terminate()
                 proc.join(10)
@@ -1669,12 +1727,12 @@ ROWS: list[tuple[str, str, str]] = [
     ("bytes to each node (MB/h, mean)", "in_mb_h", "{:.2f}"),
     ("  of it: its desired document", "in_desired_mb_h", "{:.3f}"),
     ("  of it: its own document (central's side)", "in_node_doc_mb_h", "{:.3f}"),
-    ("  of it: the policy document (central's)", "in_policy_mb_h", "{:.3f}"),
+    ("  of it: the policy document (central's)", "in_policy_mb_h", "{:.4f}"),
     ("  of it: central's heartbeat", "in_heartbeat_mb_h", "{:.3f}"),
     ("bytes from each node (MB/h, mean)", "out_mb_h", "{:.2f}"),
     ("  of it: its own document", "out_node_doc_mb_h", "{:.3f}"),
     ("  of it: its desired document (step 1s)", "out_desired_mb_h", "{:.3f}"),
-    ("  of it: the policy (step 1s, answers)", "out_policy_mb_h", "{:.3f}"),
+    ("  of it: the policy (step 1s, answers)", "out_policy_mb_h", "{:.4f}"),
     ("  of it: status and telemetry", "out_link_mb_h", "{:.3f}"),
     ("measured window (s)", "window_s", "{:.0f}"),
 ]
@@ -1760,7 +1818,8 @@ def table(results: list[dict[str, Any]]) -> str:
             text.append(
                 f"  simulators: {sent} policy step 1s sent by nodes (to central only), "
                 f"{counts['policy_frames_from_central']} policy frames from central "
-                f"({counts['policy_step1_heard']} step 1s, {counts['policy_answers']} node "
+                f"({counts['policy_replies_from_central']} on the askers' reply topics; "
+                f"{counts['policy_step1_heard']} step 1s, {counts['policy_answers']} node "
                 f"answers), {counts['frames_not_from_central']} frames of central's documents "
                 f"from anyone else, {counts['frames_from_central']} node-document and "
                 f"{counts['desired_frames_from_central']} desired-document frames from central "
@@ -1797,6 +1856,11 @@ def main() -> None:
         default=None,
         help="the bench broker's max_queued_messages (default: the deployed 100,000; 0: none)",
     )
+    parser.add_argument(
+        "--broker-log",
+        default=None,
+        help="append the bench broker's log (connections, why each ended) to this file",
+    )
     args = parser.parse_args()
     sizes = sorted(int(n.replace(",", "").replace("_", "")) for n in args.nodes.split(","))
     results = []
@@ -1805,6 +1869,7 @@ def main() -> None:
             nodes=n, tasks_per_node=args.tasks, rate=args.rate, steady_s=args.steady_s,
             offline_s=args.offline_s, budget_s=args.budget_s,
             procs=args.procs or (1 if n <= 2000 else 2), broker_queue=args.broker_queue,
+            broker_log=None if args.broker_log is None else str(Path(args.broker_log).resolve()),
             up_s=args.up_s, connect_rate=args.connect_rate,
         )  # fmt: skip
         need = memory_needed_gb(scale)

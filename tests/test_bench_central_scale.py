@@ -8,13 +8,24 @@ central's documents (policy, its desired document) from central only, as a real 
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing as mp
+import pickle
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import bench_central_scale as bench
+from pycrdt import YSyncMessageType
 
+from edgesched.core.policy import PolicyMode
+from edgesched.sync import wire
 from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for, desired_doc_name
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.topics import HEARTBEAT_TOPIC
@@ -37,9 +48,14 @@ def test_nodes_hear_centrals_documents_from_the_centrals_only() -> None:
         # central's answers to each node's own step 1s, which only that node hears
         "edgesched/v1/doc/desired-sim00000/reply/sim00000/central",
         "edgesched/v1/doc/desired-sim00001/reply/sim00001/central",
-        "edgesched/v1/doc/policy/reply/sim00000/central",  # (subscribed, not asked for yet)
+        "edgesched/v1/doc/policy/reply/sim00000/central",  # and to their policy step 1s
         "edgesched/v1/doc/policy/reply/sim00001/central",
     }
+    # A real node's policy peer (listen_to the centrals) hears these, and marks its step 1.
+    for node_id in ids:
+        policy = DocPeer(PolicyDoc("policy", client_id_for(node_id)), node_id,
+                         listen_to=bench.CENTRALS)  # fmt: skip
+        assert policy.replies and set(policy.routes) <= set(topics)
     # The feed's peer is built as a real node's (listen_to the centrals), and routes so.
     feed = bench.AssignmentFeed("sim00000")
     peer = feed.peer()
@@ -99,6 +115,8 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     assert result["merged"] > 0 and result["merged_per_s"] > 0
     counts = result["sim_counts"]
     assert counts["policy_step1_sent"] == 8 + 1  # each node on connect, the healed one again
+    # ... marked, as a real node's: central answered each on that node's reply topic alone
+    assert counts["policy_replies_from_central"] >= counts["policy_step1_sent"]
     assert counts["desired_step1_out"] >= 8 + 1  # each desired peer's too (and resyncs)
     assert counts["desired_step2_in"] >= 8 + 1  # central answered each
     assert counts["desired_frames_from_central"] > 0
@@ -146,3 +164,124 @@ def test_seeded_texts_are_what_the_classes_write() -> None:
     assert bench.running_tasks("sim00003", scale) == [
         t for t, r in bench.seeded_tasks("sim00003", scale, now) if r.active
     ]
+
+
+def make_simulator(tmp_path: Path, ids: list[str], policy: PolicyDoc, port: int = 1) -> Any:
+    """A simulator of ``ids`` holding ``policy``'s replica, as the harness starts one (its
+    pipe's other end returned too)."""
+    scale = bench.Scale(nodes=len(ids), tasks_per_node=4, telemetry_s=60.0, churn_s=3600.0)
+    texts = bench.SeedTexts(scale, 1_700_000_000.0)
+    nodes = {i: bench.build_node_doc(i, texts).snapshot() for i in ids}
+    (tmp_path / "nodes.pickle").write_bytes(pickle.dumps(nodes))
+    (tmp_path / "policy.snapshot").write_bytes(policy.snapshot())
+    plan = bench.SimPlan(0, tuple(ids), port, str(tmp_path / "policy.snapshot"), scale,
+                         str(tmp_path / "nodes.pickle"))  # fmt: skip
+    ours, theirs = mp.Pipe()
+    return bench.Simulator(plan, theirs), ours
+
+
+class FakeClient:
+    """What :meth:`Simulator.dispatch` reads (``messages``) and writes (``publish``)."""
+
+    def __init__(self, incoming: list[tuple[str, bytes]]) -> None:
+        self.incoming = incoming
+        self.published: list[tuple[str, bytes]] = []
+
+    @property
+    def messages(self) -> AsyncIterator[Any]:
+        async def gen() -> AsyncIterator[Any]:
+            for topic, payload in self.incoming:
+                yield SimpleNamespace(topic=SimpleNamespace(value=topic), payload=payload)
+
+        return gen()
+
+    async def publish(self, topic: str, payload: bytes, qos: int = 0, **_: Any) -> None:
+        self.published.append((topic, payload))
+
+
+async def test_central_policy_answers_on_reply_topics_reach_their_asker_only(
+    tmp_path: Path,
+) -> None:
+    """Central's answers to a node's marked policy step 1 come on that node's reply topic:
+    its step 2 is applied to the simulator's policy replica and counted as the asker's bytes
+    only (no other node's, none shared), and its step 1 back is answered by the asker alone,
+    on the asker's sender topic. (Before, the first such answer killed the dispatch loop with
+    a KeyError, silently: the fleet never came up with the mark.)"""
+    central = PolicyDoc("policy", client_id_for(bench.CENTRAL_ID))
+    central.set_mode(PolicyMode.BALANCE)
+    sim, _pipe = make_simulator(tmp_path, ["sim00000", "sim00001", "sim00002"], central)
+    for node in sim.nodes.values():
+        node.online = True
+    sim.online_count = len(sim.nodes)
+    # what the node sends: marked (central answers on its reply topic)
+    asker = sim.nodes["sim00000"]
+    fake = FakeClient([])
+    sim.client = fake
+    await sim.policy_step1(asker)
+    [(topic, frame)] = fake.published
+    assert topic == "edgesched/v1/doc/policy/sync/sim00000"
+    message = wire.Reassembler().feed(frame)
+    assert message is not None
+    sync = wire.decode_sync(message.kind, message.payload)
+    assert sync.step == YSyncMessageType.SYNC_STEP1
+    assert wire.split_reply_mark(sync.data) == (sim.policy.state_vector(), True)
+    # central moved on since the replica's snapshot: its step 2 brings the change
+    central.set_mode(PolicyMode.ENERGY)
+    enc = wire.encode  # central's frames, as its peer publishes them
+    step2 = enc(wire.Kind.SYNC, "policy", central.client_id,
+                wire.step2_payload(central.diff(sim.policy.state_vector())))[0]  # fmt: skip
+    # ... and a step 1 of a central that lacks something, to another node's reply topic
+    empty = PolicyDoc("policy", client_id_for("central-b"))
+    step1 = enc(wire.Kind.SYNC, "policy", empty.client_id,
+                wire.step1_payload(empty.state_vector()))[0]  # fmt: skip
+    fake = FakeClient([
+        (wire.reply_topic("policy", "sim00000", bench.CENTRAL_ID), step2),
+        (wire.reply_topic("policy", "sim00001", bench.CENTRAL_ID), step1),
+    ])  # fmt: skip
+    sim.client = fake
+    asker.bytes_in = 0
+    await asyncio.wait_for(sim.dispatch(fake), 10)
+    assert sim.counts["policy_replies_from_central"] == 2
+    assert sim.counts["policy_frames_from_central"] == 2
+    assert sim.policy.mode() == PolicyMode.ENERGY  # the one replica all nodes share
+    assert sim.policy.content_hash() == central.content_hash()
+    assert asker.bytes_in == len(step2)
+    assert sim.nodes["sim00001"].bytes_in == len(step1)
+    assert sim.nodes["sim00002"].bytes_in == 0 and sim.shared == 0  # nobody else paid
+    assert sim.received["policy"] == len(step2) + len(step1)
+    # central's step 1 to sim00001 is answered by sim00001 alone, on its sender topic
+    assert sim.counts["policy_step1_heard"] == sim.counts["policy_answers"] == 1
+    [(topic, frame)] = fake.published
+    assert topic == "edgesched/v1/doc/policy/sync/sim00001"
+    message = wire.Reassembler().feed(frame)
+    assert message is not None
+    answer = wire.decode_sync(message.kind, message.payload)
+    assert answer.step == YSyncMessageType.SYNC_STEP2
+    assert empty.apply_remote(answer.data, sender="sim00001") is not None
+    assert empty.content_hash() == central.content_hash()
+
+
+async def test_a_simulator_whose_loop_dies_exits_and_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A simulator loop that raises ends the simulator (its process exits non-zero and the
+    harness says so) instead of leaving its nodes deaf while the harness waits for them. (The
+    broker logs, as ``--broker-log`` has it, the simulator's connection and its end.)"""
+    broker = bench.start_broker(tmp_path, log=str(tmp_path / "broker.log"))
+    try:
+        sim, pipe = make_simulator(
+            tmp_path, ["sim00000"], PolicyDoc("policy", client_id_for("central")), broker.port
+        )
+
+        async def broken(client: Any) -> None:
+            raise KeyError("policy_replies_from_central")
+
+        monkeypatch.setattr(sim, "dispatch", broken)
+        with pytest.raises(bench.SimulatorDied, match="dispatch") as died:
+            await asyncio.wait_for(sim.run(), 30)
+        assert isinstance(died.value.__cause__, KeyError)
+        pipe.close()
+    finally:
+        broker.stop()
+    log = (tmp_path / "broker.log").read_text()
+    assert "edgesched-bench-sim-0" in log and "disconnected" in log
