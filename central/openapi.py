@@ -131,7 +131,11 @@ def _central_schemas() -> dict[str, Schema]:
                     )
                 ),
                 "policy_hash": oa.nullable(oa.STR),
-                "fleet_hash": oa.nullable(oa.STR),
+                "fleet_hash": {
+                    **oa.nullable(oa.STR),
+                    "description": "sha256 of the fleet document's content; null past 20,000 "
+                    "entries (hashing it whole would hold central's loop for seconds)",
+                },
                 "desired_documents": {
                     "type": "integer",
                     "description": "per-node desired-state documents central writes",

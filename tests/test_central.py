@@ -178,3 +178,25 @@ def test_a_replicas_decoded_content_follows_every_change() -> None:
     assert replicas.views()["gw1"].tasks == tasks
     raw = replica.doc.to_json()["tasks"]
     assert isinstance(raw, dict) and set(raw) == {"t1", "t2"}
+
+
+def test_the_status_hashes_the_fleet_document_only_while_it_is_small(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hashing the fleet document reads all of it (~14 s of central's loop at 700,000
+    assignments): past STATUS_HASH_MAX_ENTRIES the status says null instead."""
+    from edgesched.central import engine as engine_module
+    from edgesched.central.engine import CentralEngine
+    from edgesched.config import parse_config
+    from edgesched.sync.doc import PolicyDoc, client_id_for
+
+    config = parse_config({"central": {"state_dir": str(tmp_path)}})
+    engine = CentralEngine(config)
+    fleet = PolicyDoc("fleet", client_id_for("central"))
+    engine.fleet = fleet
+    for key in ("a", "b", "c"):
+        engine.index.assignments[key] = None  # type: ignore[assignment]  # (only counted)
+    monkeypatch.setattr(engine_module, "STATUS_HASH_MAX_ENTRIES", 3)
+    assert engine._fleet_hash() == fleet.content_hash()
+    monkeypatch.setattr(engine_module, "STATUS_HASH_MAX_ENTRIES", 2)
+    assert engine._fleet_hash() is None
