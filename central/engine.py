@@ -812,7 +812,7 @@ class CentralEngine:
                 self._wake_parked(now)
         self._prune(now, mine)
         self.sync_index()
-        self.index.table()  # the rows whose footprint moved, summed now: O(changed nodes)
+        self.index.sum_footprints()  # O(changed nodes); moved rows wait for a placement
 
     def _leases_changed(self, owned: Mapping[int, int]) -> None:
         """What the leases allow changed (a shard gained or lost, the local deadline passed,

@@ -461,18 +461,44 @@ class FleetIndex:
     def table(self) -> NodeTable:
         """The usable nodes (online, registered) and what counts on them, as the core's
         table. Shared: fork it before changing it (the core's cycles do)."""
-        for node_id in sorted(self._stale):
-            self._footprint_changed(node_id)
-        self._stale.clear()
+        self.sum_footprints()
         moved, self._moved = self._moved, set()
         table = self._table
-        if table is None or len(moved) > PATCH_UP_TO:
+        if table is None:
             table = self._build_table()
+        elif len(moved) > PATCH_UP_TO:  # one pass over the table for all of them
+            table = table.with_rows(self._rows(table, moved))
         else:
             for node_id in sorted(moved):
                 table = self._patch_row(table, node_id)
         self._table = table
         return table
+
+    def _rows(
+        self, table: NodeTable, moved: Iterable[str]
+    ) -> dict[str, tuple[Node, np.ndarray, list[Placement]] | None]:
+        """What :meth:`NodeTable.with_rows` is to set for the moved nodes: each one's row as
+        its member is now (footprint summed), None for one without a row now; a row back as
+        it was is left out."""
+        rows: dict[str, tuple[Node, np.ndarray, list[Placement]] | None] = {}
+        for node_id in moved:
+            member = self.members[node_id]
+            node = member.node
+            row = table.index.get(node_id)
+            if node is None:
+                if row is not None:
+                    rows[node_id] = None
+            elif row is None or table.nodes[row] != node:
+                rows[node_id] = (node, member.used, member.placements)
+        return rows
+
+    def sum_footprints(self) -> None:
+        """Sum what changed on each node since last asked, into its row (O(changed nodes)):
+        a step does it as it goes; the rows of nodes that joined, left or changed wait for
+        the next :meth:`table` (one pass for all of them, when a placement needs it)."""
+        for node_id in sorted(self._stale):
+            self._footprint_changed(node_id)
+        self._stale.clear()
 
     def usable(self) -> dict[str, Node]:
         return {n.id: n for n in self.table().nodes}

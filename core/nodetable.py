@@ -240,6 +240,62 @@ class NodeTable:
             _moved_usage(self.usage, self.on_node[row], ()),
         )
 
+    def with_rows(
+        self, changes: Mapping[str, tuple[Node, npt.ArrayLike, list[Placement]] | None]
+    ) -> NodeTable:
+        """A new table with many rows patched at once: each id of ``changes`` gets the row
+        ``(node, used, placements)`` (inserted in id order, or replacing its row) or, for
+        None, loses its row if it has one. The table that :meth:`with_node` and
+        :meth:`without_node` one change after another would give; this one is left as it
+        is. O(nodes) in one pass (a Python step per row for the tuples and the index, array
+        gathers for the columns), not O(nodes) per change: central's table at 10,000 nodes
+        moved by hundreds of rows a step while a fleet came up, and rebuilding it whole took
+        ~40% of central's CPU."""
+        for node_id, change in changes.items():
+            if change is not None and change[0].id != node_id:
+                raise ValueError(f"row {node_id!r} given node {change[0].id!r}")
+        kept = [n.id for n in self.nodes if n.id not in changes]
+        ids = sorted((*kept, *(i for i, c in changes.items() if c is not None)))
+        old_row = self.index
+        nodes: list[Node] = []
+        on_node: list[list[Placement]] = []
+        source = np.empty(len(ids), dtype=np.int64)  # the row each comes from (-1: new)
+        for i, node_id in enumerate(ids):
+            change = changes.get(node_id)
+            if change is None:
+                row = old_row[node_id]
+                nodes.append(self.nodes[row])
+                on_node.append(self.on_node[row])
+                source[i] = row
+            else:
+                nodes.append(change[0])
+                on_node.append(change[2])
+                source[i] = -1
+        fresh = np.flatnonzero(source < 0)
+        columns = []
+        for col in self._columns():
+            out = np.empty((len(ids), *col.shape[1:]), dtype=col.dtype, order="F")
+            if len(ids):
+                out[source >= 0] = col[source[source >= 0]]
+            columns.append(out)
+        for at in fresh.tolist():
+            node, used, _ = changes[ids[at]]  # type: ignore[misc]
+            for out, value in zip(columns, _row_values(node, used), strict=True):
+                out[at] = value
+        gone: list[Placement] = []
+        for node_id in changes:
+            had = old_row.get(node_id)
+            if had is not None:
+                gone.extend(self.on_node[had])
+        new = [p for c in changes.values() if c is not None for p in c[2]]
+        return self._patched(
+            tuple(nodes),
+            dict(zip(ids, range(len(ids)), strict=True)),
+            columns,
+            on_node,
+            _moved_usage(self.usage, gone, new),
+        )
+
     def _columns(self) -> tuple[npt.NDArray[Any], ...]:
         """The numpy columns, in the order of :func:`_row_values` and :data:`_FIXED`."""
         return (

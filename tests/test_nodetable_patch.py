@@ -192,3 +192,42 @@ def test_any_sequence_of_patches_gives_the_built_table(ops: list[tuple[Any, ...]
         assert_same_table(
             table, NodeTable.build(list(nodes.values()), [p for r in on.values() for p in r])
         )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(op_st, max_size=12), max_size=6))
+def test_many_rows_at_once_give_the_built_table(batches: list[list[tuple[Any, ...]]]) -> None:
+    """``with_rows`` over batches of changes (the last change of an id in a batch wins, as
+    the fleet index hands them: one row per moved node) holds what a fresh build does, and
+    leaves the table it was made from as it was."""
+    nodes: dict[str, Node] = {}
+    on: dict[str, list[Placement]] = {}
+    table = NodeTable.build([], [], (1.0, 2.0))
+    for batch in batches:
+        changes: dict[str, tuple[Node, Any, list[Placement]] | None] = {}
+        for op in batch:
+            if op[0] == "with":
+                _, node_id, cpu, state, tasks = op
+                nodes[node_id] = node(node_id, cpu=cpu, state=state)
+                on[node_id] = [
+                    placed(f"{node_id}{i}", node_id, c, w) for i, (c, w) in enumerate(tasks)
+                ]
+                changes[node_id] = (nodes[node_id], used(on[node_id]), on[node_id])
+            else:
+                nodes.pop(op[1], None)
+                on.pop(op[1], None)
+                changes[op[1]] = None  # (an id with no row: nothing to remove)
+        before = snapshot(table)
+        patched = table.with_rows(changes)
+        assert_same_table(table, before)
+        table = patched
+        assert_same_table(
+            table,
+            NodeTable.build(list(nodes.values()), [p for r in on.values() for p in r], (1.0, 2.0)),
+        )
+
+
+def test_a_row_must_hold_the_node_of_its_id() -> None:
+    table = NodeTable.build([node("a")], [])
+    with pytest.raises(ValueError, match="given node 'b'"):
+        table.with_rows({"a": (node("b"), np.zeros(4), [])})
