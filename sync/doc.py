@@ -342,6 +342,18 @@ def _json_value(value: object, what: str) -> object:
     return value
 
 
+def _covers(state: bytes, update: bytes) -> bool:
+    """Whether the document whose state vector is ``state`` holds every struct of ``update``
+    that ``pycrdt.get_state(update)`` names (as Yjs' ``encodeStateVectorFromUpdate``, it
+    names only the clients whose structs start at clock 0: a continuation of a client's
+    history is checked by the peer instead, which compares the sender's state vector)."""
+    wanted = pycrdt.get_state(update)
+    if wanted == state:
+        return True
+    have = decode_state_vector(state)
+    return all(have.get(c, 0) >= clock for c, clock in decode_state_vector(wanted).items())
+
+
 def decode_state_vector(state_vector: bytes) -> dict[int, int]:
     """Decode a lib0 v1 state vector (varuint n, then n (client, clock) pairs).
 
@@ -540,16 +552,28 @@ class SyncedDoc:
         good: tests/test_sync_freezer.py). pycrdt has no way to say whether it holds updates
         pending for a missing dependency either, so a document is taken to hold some from the
         first remote update that changed nothing (a duplicate, or one that waits) until a
-        ``complete`` answer; it does not freeze meanwhile."""
-        for name in self.incremental_roots:
-            self._dirty[name] = None
-        for name in self._tracked:
-            self._tracked[name] = None
-        self._views.clear()
-        for name in self.watched_roots:
-            self._root_revs[name] += 1
+        ``complete`` answer; it does not freeze meanwhile.
+
+        Only a document that may hold such updates is read again: one that took every
+        update whole, in order, had every change named by its map events. (Read again on
+        every answer, central decoded each node's whole task map on every resync: a third
+        of its CPU with 10,000 nodes, bench/bench_central_scale.py.)"""
+        if self._maybe_pending:
+            for name in self.incremental_roots:
+                self._dirty[name] = None
+            for name in self._tracked:
+                self._tracked[name] = None
+            self._views.clear()
+            for name in self.watched_roots:
+                self._root_revs[name] += 1
         if complete:
             self._maybe_pending = False
+
+    def may_hold_pending(self) -> None:
+        """Something of the writer's is missing here (its state vector is ahead of ours after
+        an update of it was applied): what arrives next may complete updates pycrdt holds,
+        without map events, so the next :meth:`settle` reads everything again."""
+        self._maybe_pending = True
 
     def on_thaw(self, callback: Callable[[SyncedDoc], None]) -> None:
         """Call ``callback(doc)`` each time the document is thawed (a freezer's bookkeeping)."""
@@ -842,9 +866,11 @@ class SyncedDoc:
             raise UpdateRejected(f"update from {sender} refused: {exc}") from None
         finally:
             self._applying_remote = False
-        changed = self._remote_changed or self.doc.get_state() != before
-        if not changed:
-            self._maybe_pending = True  # a duplicate, or an update pycrdt holds pending
+        after = self.doc.get_state()
+        changed = self._remote_changed or after != before
+        if not changed or not _covers(after, data):
+            # a duplicate, or an update pycrdt holds pending, whole or in part
+            self._maybe_pending = True
         # Whatever it did: pycrdt may report an empty update for a transaction that changed
         # the state, and a delete-only update leaves the state vector as it was.
         self.revision += 1

@@ -75,6 +75,7 @@ class DocLike(Protocol):
     def rotate(self, *, min_epoch: int | None = None) -> bytes: ...
     def reset_to_epoch(self, epoch: int) -> None: ...
     def settle(self, *, complete: bool = True) -> None: ...
+    def may_hold_pending(self) -> None: ...
 
 
 class DocPeer:
@@ -473,6 +474,8 @@ class DocPeer:
                 self._check_writers(sender, sync.data)
             self.doc.apply_remote(sync.data, sender=sender)
         behind = sync.state_vector is not None and self._behind(sync.state_vector)
+        if behind and sync.data != b"\x00\x00":
+            self.doc.may_hold_pending()  # applied with something of the sender's missing
         if sync.step == YSyncMessageType.SYNC_STEP2:
             self.synced_at[sender] = self.clock()
             if from_writer:  # the sole writer's whole answer: see SyncedDoc.settle

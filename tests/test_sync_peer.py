@@ -321,6 +321,48 @@ def test_central_refuses_operations_of_anyone_but_the_writer() -> None:
     assert peer.stats["rejected_updates"] == 3
 
 
+def test_an_update_that_leaves_the_replica_behind_its_sender_marks_it_unsettled() -> None:
+    """An update applied while something of the writer's is missing (its carried state
+    vector is ahead of ours after it) may complete pending updates later without map events:
+    the peer marks the document, so the writer's next full answer reads it all again."""
+    from pycrdt import merge_updates
+
+    from edgesched.sync.doc import NodeDoc, client_id_for
+
+    writer = NodeDoc("node-gw1", client_id_for("gw1"))
+    replica = NodeDoc("node-gw1", client_id_for("central"))
+    peer = DocPeer(replica, "central", writers=frozenset({writer.client_id}))
+    updates: list[bytes] = []
+    writer.on_local_update(updates.append)
+
+    def frame(update: bytes) -> bytes:
+        payload = wire.update_payload(update, writer.state_vector())
+        (only,) = wire.encode(wire.Kind.UPDATE, writer.name, writer.client_id, payload, 65536)
+        return only
+
+    topic = wire.sync_topic("node-gw1", "gw1")
+    writer.put_task("t1", report("running"))
+    peer.handle(topic, frame(updates[0]))
+    assert not replica.unsettled  # in order, whole
+    writer.put_task("t2", report("running"))  # (lost on the way)
+    writer.remove_task("t1")
+    writer.put_task("t3", report("running"))
+    # t1's removal applies (a change pycrdt reports) while t3's struct waits for t2 (the
+    # replica's state vector stays behind): the document alone cannot tell (the update's
+    # structs start past clock 0); the state vector the update carries can
+    before = replica.state_vector()
+    peer.handle(topic, frame(merge_updates(updates[2], updates[3])))
+    assert replica.task("t1") is None and replica.state_vector() == before
+    assert bool(getattr(replica, "unsettled"))  # noqa: B009 (mypy narrowed the property)
+    replica.track_changes("tasks")
+    replica.drain_changes("tasks")
+    answer = wire.step2_payload(writer.diff(replica.state_vector()))
+    (only,) = wire.encode(wire.Kind.SYNC, writer.name, writer.client_id, answer, 65536)
+    peer.handle(topic, only)  # the writer's full answer: read again, settled
+    assert replica.drain_changes("tasks") is None and not replica.unsettled
+    assert sorted(replica.tasks()) == ["t2", "t3"]
+
+
 async def test_replicas_follow_the_writer_across_epochs(peers: Peers) -> None:
     """A rotation (fresh document of the live content, epoch + 1) reaches the replicas over
     Mosquitto: an online replica adopts it at once, one that was away across two rotations
