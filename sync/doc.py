@@ -101,7 +101,10 @@ _E = TypeVar("_E", bound=Entry)
 CLIENT_ID_LIMIT = 2**32
 #: Default cap on one remote update (bytes); pycrdt itself has none.
 DEFAULT_MAX_UPDATE_BYTES = 4 << 20
-#: Compact the store's update log into a snapshot once it holds more than this many updates.
+#: Compact the store's update log into a snapshot once it holds more than this many updates
+#: and at least half the snapshot's bytes (a large document is compacted in proportion to its
+#: size: central's fleet document at 10,000 nodes, ~100 MB, was encoded whole on the event
+#: loop and rewritten every 256 control steps, and every submission waited behind it).
 DEFAULT_COMPACT_AFTER = 256
 #: The update pycrdt emits for a transaction that changed nothing.
 _EMPTY_UPDATE = b"\x00\x00"
@@ -467,6 +470,8 @@ class SyncedDoc:
         self._remote_changed = False
         self._remote_callbacks: list[Callable[[str], None]] = []
         self._logged = 0  # updates in the store's log since its last compaction
+        self._logged_bytes = 0  # their bytes
+        self._compacted_bytes = 0  # the store's snapshot's bytes (0: none, or not known)
         self._stored_epoch = self.epoch  # the epoch of the store's snapshot and log
         self._fresh_size = 0  # bytes of a fresh doc of the live content, when last measured
 
@@ -1187,11 +1192,17 @@ class SyncedDoc:
             epoch = epoch if rotation else self.epoch
             seq = await store.rotate_doc(self.name, snapshot, epoch)
             self._stored_epoch = epoch
-            self._logged = 0
+            self._logged = self._logged_bytes = 0
+            self._compacted_bytes = len(snapshot)
             return seq
         seq = await store.append_update(self.name, update)
         self._logged += 1
-        if self._logged > compact_after and self.epoch == self._stored_epoch:
+        self._logged_bytes += len(update)
+        if (
+            self._logged > compact_after
+            and 2 * self._logged_bytes >= self._compacted_bytes
+            and self.epoch == self._stored_epoch
+        ):
             # No await between the snapshot and seq: every update with a seq <= ours was
             # transacted before it was appended, hence is in this snapshot.
             snapshot = self.snapshot()
@@ -1199,7 +1210,8 @@ class SyncedDoc:
                 self.rotate()  # its update comes back here and is persisted then
             else:
                 await store.compact(self.name, snapshot, seq)
-                self._logged = 0
+                self._logged = self._logged_bytes = 0
+                self._compacted_bytes = len(snapshot)
         return seq
 
     async def persist_to(self, store: Store) -> None:
@@ -1217,15 +1229,21 @@ class SyncedDoc:
                 f"newer than this copy's {self.epoch}"
             )
         if stored_epoch < self.epoch:
-            await store.rotate_doc(self.name, self.snapshot(), self.epoch)
+            snapshot = self.snapshot()
+            await store.rotate_doc(self.name, snapshot, self.epoch)
             self._stored_epoch = self.epoch
-            self._logged = 0
+            self._logged = self._logged_bytes = 0
+            self._compacted_bytes = len(snapshot)
             return
         last = await _last_logged_seq(store, self.name)
         # Read the last seq first, then snapshot: updates logged up to it are all included.
-        await store.compact(self.name, self.snapshot(), last)
+        snapshot = self.snapshot()
+        await store.compact(self.name, snapshot, last)
         self._stored_epoch = self.epoch
-        self._logged = len(await store.updates(self.name, last))
+        after = await store.updates(self.name, last)
+        self._logged = len(after)
+        self._logged_bytes = sum(len(u) for _, u in after)
+        self._compacted_bytes = len(snapshot)
 
     @classmethod
     async def load_from(cls, store: Store, name: str, client_id: int) -> Self:
@@ -1236,6 +1254,8 @@ class SyncedDoc:
         logged = await store.updates(name, after)
         out = cls.restore(name, client_id, data, (u for _, u in logged), epoch=epoch)
         out._logged = len(logged)
+        out._logged_bytes = sum(len(u) for _, u in logged)
+        out._compacted_bytes = 0 if data is None else len(data)
         return out
 
 

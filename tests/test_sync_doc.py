@@ -483,6 +483,48 @@ async def test_persist_and_load_through_store_with_compaction(tmp_path: Path) ->
         await store.close()
 
 
+async def test_a_large_document_is_compacted_in_proportion_to_its_size(tmp_path: Path) -> None:
+    """Past ``compact_after`` updates the log is folded only once it holds half the
+    snapshot's bytes: a large document with small updates is not rewritten every few
+    updates (central's fleet document at 10,000 nodes was encoded and rewritten whole every
+    256 steps); a restored one knows its snapshot's size."""
+    store = await Store.open(tmp_path / "central.db")
+    try:
+        doc = await NodeDoc.load_from(store, "big", 5)
+        queue: list[bytes] = []
+        doc.on_local_update(queue.append)
+        with doc.doc.transaction():
+            for i in range(300):
+                doc.put_task(f"t{i:03d}", report("running", priority=i))
+        await doc.persist_to(store)
+        queue.clear()
+        big = len((await store.snapshot("big") or (0, b""))[1])
+        assert big > 20_000
+        small = 0
+        for i in range(40):  # each far smaller than the snapshot
+            doc.put_task(f"t{i:03d}", report("exited", priority=i))
+            update = queue.pop(0)
+            small += len(update)
+            await doc.log_update(store, update, compact_after=5)
+        assert 2 * small < big  # not half the snapshot yet: still in the log
+        snap = await store.snapshot("big")
+        assert snap is not None and len(await store.updates("big", snap[0])) == 40
+        restored = await NodeDoc.load_from(store, "big", 5)
+        assert restored.content_hash() == doc.content_hash()
+        restored.on_local_update(queue.append)
+        logged = 40
+        while logged * 2 * (small // 40) < big + 4 * (small // 40):  # past half of it
+            restored.put_task(f"t{logged % 300:03d}", report("running", priority=-logged))
+            await restored.log_update(store, queue.pop(0), compact_after=5)
+            logged += 1
+        snap = await store.snapshot("big")
+        assert snap is not None and len(await store.updates("big", snap[0])) < 10  # folded
+        again = await NodeDoc.load_from(store, "big", 5)
+        assert again.content_hash() == restored.content_hash()
+    finally:
+        await store.close()
+
+
 def test_policy_assignments_are_cached_per_change_and_follow_every_change() -> None:
     a = PolicyDoc("policy", 101)
     b = PolicyDoc("policy", 102)
