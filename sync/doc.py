@@ -103,7 +103,7 @@ CLIENT_ID_LIMIT = 2**32
 DEFAULT_MAX_UPDATE_BYTES = 4 << 20
 #: Compact the store's update log into a snapshot once it holds more than this many updates
 #: and at least half the snapshot's bytes (a large document is compacted in proportion to its
-#: size: central's fleet document at 10,000 nodes, ~100 MB, was encoded whole on the event
+#: size: central's fleet document at 10,000 nodes, 144 MB, was encoded whole on the event
 #: loop and rewritten every 256 control steps, and every submission waited behind it).
 DEFAULT_COMPACT_AFTER = 256
 #: The update pycrdt emits for a transaction that changed nothing.
