@@ -159,6 +159,37 @@ def node_ids(n: int) -> list[str]:
     return [f"sim{i:05d}" for i in range(n)]
 
 
+def why_not_fresh(engine: CentralEngine, ids: Iterable[str]) -> str:
+    """Why the nodes central does not hold fresh are not, counted: what a run that never
+    comes up needs to say."""
+    why: dict[str, int] = {}
+    step1_out = step2_in = 0
+    for node_id in ids:
+        if engine.is_fresh(node_id):
+            continue
+        replica = engine.replicas.replicas.get(node_id)
+        status = engine.liveness.nodes.get(node_id)
+        if replica is None:
+            reason = "no replica"
+        elif status is None or status.state != "online":
+            reason = f"not online ({'no status' if status is None else status.cause})"
+        else:
+            synced = replica.peer.synced_at.get(node_id)
+            reason = "never answered" if synced is None else "answered before it came online"
+            step1_out += replica.peer.stats["step1_out"]
+            step2_in += replica.peer.stats["step2_in"]
+            if replica.peer._want_step1:
+                reason += ", a step 1 waiting"
+        why[reason] = why.get(reason, 0) + 1
+    pacer = engine.resync_pacer
+    return (
+        "not fresh: "
+        + ", ".join(f"{n} {reason}" for reason, n in sorted(why.items()))
+        + f"; their replicas sent {step1_out} step 1s, got {step2_in} step 2s; pacer "
+        f"{pacer.reserved} slots, line {pacer.backlog_s():.1f} s"
+    )
+
+
 def healed_nodes(ids: list[str], share: float) -> list[str]:
     """Every 1/share-th node: spread over the simulator processes and over central's order."""
     step = max(1, round(1 / share)) if share > 0 else len(ids) + 1
@@ -1504,6 +1535,7 @@ async def run_size(
         up = await until(fleet_fresh, scale.up_s, 1.0)
         if not up:
             measure.notes.append(f"fleet never fully fresh: {measure.fresh}/{len(ids)} nodes")
+            measure.notes.append(why_not_fresh(engine, ids))
         # ... and every node's desired-state replica answered by central (its step 2)
         end = min(up_end, time.monotonic() + left())
         while True:
