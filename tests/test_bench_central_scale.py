@@ -180,6 +180,15 @@ def make_simulator(tmp_path: Path, ids: list[str], policy: PolicyDoc, port: int 
     return bench.Simulator(plan, theirs), ours
 
 
+def only_published(fake: FakeClient, topic: str) -> wire.SyncPayload:
+    """The one frame ``fake`` published, on ``topic``, decoded."""
+    [(published_to, frame)] = fake.published
+    assert published_to == topic
+    message = wire.Reassembler().feed(frame)
+    assert message is not None
+    return wire.decode_sync(message.kind, message.payload)
+
+
 class FakeClient:
     """What :meth:`Simulator.dispatch` reads (``messages``) and writes (``publish``)."""
 
@@ -218,11 +227,7 @@ async def test_central_policy_answers_on_reply_topics_reach_their_asker_only(
     fake = FakeClient([])
     sim.client = fake
     await sim.policy_step1(asker)
-    [(topic, frame)] = fake.published
-    assert topic == "edgesched/v1/doc/policy/sync/sim00000"
-    message = wire.Reassembler().feed(frame)
-    assert message is not None
-    sync = wire.decode_sync(message.kind, message.payload)
+    sync = only_published(fake, "edgesched/v1/doc/policy/sync/sim00000")
     assert sync.step == YSyncMessageType.SYNC_STEP1
     assert wire.split_reply_mark(sync.data) == (sim.policy.state_vector(), True)
     # central moved on since the replica's snapshot: its step 2 brings the change
@@ -251,11 +256,7 @@ async def test_central_policy_answers_on_reply_topics_reach_their_asker_only(
     assert sim.received["policy"] == len(step2) + len(step1)
     # central's step 1 to sim00001 is answered by sim00001 alone, on its sender topic
     assert sim.counts["policy_step1_heard"] == sim.counts["policy_answers"] == 1
-    [(topic, frame)] = fake.published
-    assert topic == "edgesched/v1/doc/policy/sync/sim00001"
-    message = wire.Reassembler().feed(frame)
-    assert message is not None
-    answer = wire.decode_sync(message.kind, message.payload)
+    answer = only_published(fake, "edgesched/v1/doc/policy/sync/sim00001")
     assert answer.step == YSyncMessageType.SYNC_STEP2
     assert empty.apply_remote(answer.data, sender="sim00001") is not None
     assert empty.content_hash() == central.content_hash()
