@@ -345,18 +345,6 @@ def _json_value(value: object, what: str) -> object:
     return value
 
 
-def _covers(state: bytes, update: bytes) -> bool:
-    """Whether the document whose state vector is ``state`` holds every struct of ``update``
-    that ``pycrdt.get_state(update)`` names (as Yjs' ``encodeStateVectorFromUpdate``, it
-    names only the clients whose structs start at clock 0: a continuation of a client's
-    history is checked by the peer instead, which compares the sender's state vector)."""
-    wanted = pycrdt.get_state(update)
-    if wanted == state:
-        return True
-    have = decode_state_vector(state)
-    return all(have.get(c, 0) >= clock for c, clock in decode_state_vector(wanted).items())
-
-
 def decode_state_vector(state_vector: bytes) -> dict[int, int]:
     """Decode a lib0 v1 state vector (varuint n, then n (client, clock) pairs).
 
@@ -871,10 +859,11 @@ class SyncedDoc:
             raise UpdateRejected(f"update from {sender} refused: {exc}") from None
         finally:
             self._applying_remote = False
-        after = self.doc.get_state()
-        changed = self._remote_changed or after != before
-        if not changed or not _covers(after, data):
-            # a duplicate, or an update pycrdt holds pending, whole or in part
+        changed = self._remote_changed or self.doc.get_state() != before
+        if not changed:
+            # a duplicate, or an update pycrdt holds pending (one that is pending in part
+            # changes something: the peer tells it from the sender's state vector, which
+            # every update carries; may_hold_pending)
             self._maybe_pending = True
         # Whatever it did: pycrdt may report an empty update for a transaction that changed
         # the state, and a delete-only update leaves the state vector as it was.
