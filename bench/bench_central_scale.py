@@ -1159,6 +1159,8 @@ class Measure:
         self.finished = False
         self.started = time.time()
         self.steps: list[tuple[float, float]] = []  # (start, seconds)
+        self.lock_waits: list[float] = []  # seconds, the engine's lock (time_submission_parts)
+        self.flush_waits: list[float] = []  # seconds, the fleet journal's flush
         self.step_max: tuple[float, str] = (0.0, "")  # the longest step, and in which phase
         self.submits: dict[str, tuple[float, float, str | None]] = {}  # id: (call, back, node)
         self.refused = 0
@@ -1382,6 +1384,48 @@ def wrap_control_step(engine: CentralEngine, measure: Measure) -> None:
     engine.control_step = timed  # type: ignore[method-assign]
 
 
+def time_submission_parts(engine: CentralEngine, measure: Measure) -> None:
+    """Time the two waits of ``engine.submit`` while it runs: the engine's lock (a control
+    step may hold it) and the fleet journal's flush (the assignment on disk); what a slow
+    submission waited for, said in the size's notes (:func:`submission_parts`)."""
+    lock, journal = engine._lock, engine._fleet_journal
+    acquire = lock.acquire
+
+    async def timed_acquire() -> bool:
+        t0 = time.perf_counter()
+        try:
+            return await acquire()
+        finally:
+            measure.lock_waits.append(time.perf_counter() - t0)
+
+    lock.acquire = timed_acquire  # type: ignore[method-assign,assignment]
+    if journal is not None:
+        flushed = journal.flushed
+
+        async def timed_flushed() -> None:
+            t0 = time.perf_counter()
+            try:
+                await flushed()
+            finally:
+                measure.flush_waits.append(time.perf_counter() - t0)
+
+        journal.flushed = timed_flushed  # type: ignore[method-assign]
+
+
+def submission_parts(measure: Measure) -> str:
+    """The waits :func:`time_submission_parts` timed, as a note."""
+
+    def ms(values: list[float], q: float) -> str:
+        return "-" if not values else f"{_ms(pct(values, q)):.0f}"
+
+    return (
+        f"waits while submitting: the engine's lock p50 {ms(measure.lock_waits, 50)} / p99 "
+        f"{ms(measure.lock_waits, 99)} ms ({len(measure.lock_waits)} taken, control steps "
+        f"too), the fleet journal's flush p50 {ms(measure.flush_waits, 50)} / p99 "
+        f"{ms(measure.flush_waits, 99)} ms"
+    )
+
+
 async def submit_loop(engine: CentralEngine, measure: Measure, stop: asyncio.Event) -> None:
     """Submissions at central at ``rate``, each awaited in its own task (at most
     :data:`MAX_SUBMITS_IN_FLIGHT`; a tick beyond it, or one the loop fell behind on, is
@@ -1390,6 +1434,7 @@ async def submit_loop(engine: CentralEngine, measure: Measure, stop: asyncio.Eve
     in_flight: set[asyncio.Task[None]] = set()
     count = 0
     due = time.monotonic()
+    time_submission_parts(engine, measure)
 
     async def one(task_id: str) -> None:
         spec = TaskSpec(id=task_id, command=("sleep", str(measure.scale.run_s)), cpu=0.1,
@@ -1600,6 +1645,7 @@ async def run_size(
         measure.phase = "drain"
         stop_submitting.set()
         await submitter
+        measure.notes.append(submission_parts(measure))
 
         def drained() -> bool:
             placed = [t for t, s in measure.submits.items() if s[2] is not None]
