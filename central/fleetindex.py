@@ -469,17 +469,18 @@ class FleetIndex:
         elif len(moved) > PATCH_UP_TO:  # one pass over the table for all of them
             table = table.with_rows(self._rows(table, moved))
         else:
-            for node_id in sorted(moved):
-                table = self._patch_row(table, node_id)
+            for node_id, row in sorted(self._rows(table, moved).items()):
+                table = table.without_node(node_id) if row is None else table.with_node(*row)
         self._table = table
         return table
 
     def _rows(
         self, table: NodeTable, moved: Iterable[str]
     ) -> dict[str, tuple[Node, np.ndarray, list[Placement]] | None]:
-        """What :meth:`NodeTable.with_rows` is to set for the moved nodes: each one's row as
-        its member is now (footprint summed), None for one without a row now; a row back as
-        it was is left out."""
+        """What the moved nodes' rows are to become (:meth:`NodeTable.with_rows`, or one
+        ``with_node`` / ``without_node`` each): each one's row as its member is now (footprint
+        summed), None for one whose row goes; a row back as it was (offline, then online
+        again) and a node that had no row and has none are left out."""
         rows: dict[str, tuple[Node, np.ndarray, list[Placement]] | None] = {}
         for node_id in moved:
             member = self.members[node_id]
@@ -600,18 +601,6 @@ class FleetIndex:
             self._moved.add(node_id)
             self.version += 1
         member.why = why
-
-    def _patch_row(self, table: NodeTable, node_id: str) -> NodeTable:
-        """``table`` with ``node_id``'s row as its member now is (footprints summed): removed,
-        inserted, replaced, or left as it is."""
-        member = self.members[node_id]
-        node = member.node
-        row = table.index.get(node_id)
-        if node is None:
-            return table if row is None else table.without_node(node_id)
-        if row is not None and table.nodes[row] == node:
-            return table  # back as it was (offline, then online again)
-        return table.with_node(node, member.used, member.placements)
 
     def _build_table(self) -> NodeTable:
         """The table from scratch, from the members as last summed (O(nodes))."""

@@ -430,7 +430,9 @@ def test_many_node_changes_at_once_patch_the_table_in_one_pass() -> None:
     index.table()
     with (
         patch.object(index, "_build_table", side_effect=build) as rebuilt,
-        patch.object(index, "_rows", side_effect=index._rows) as passes,
+        patch.object(
+            NodeTable, "with_rows", autospec=True, side_effect=NodeTable.with_rows
+        ) as passes,
     ):
         for n in nodes[1::3][:PATCH_UP_TO]:
             index.set_status(n, "offline", 5.0)
