@@ -60,7 +60,7 @@ import math
 import sys
 import weakref
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
@@ -1181,8 +1181,7 @@ class SyncedDoc:
             epoch = epoch if rotation else self.epoch
             seq = await store.rotate_doc(self.name, snapshot, epoch)
             self._stored_epoch = epoch
-            self._logged = self._logged_bytes = 0
-            self._compacted_bytes = len(snapshot)
+            self._store_holds(snapshot)
             return seq
         seq = await store.append_update(self.name, update)
         self._logged += 1
@@ -1199,9 +1198,15 @@ class SyncedDoc:
                 self.rotate()  # its update comes back here and is persisted then
             else:
                 await store.compact(self.name, snapshot, seq)
-                self._logged = self._logged_bytes = 0
-                self._compacted_bytes = len(snapshot)
+                self._store_holds(snapshot)
         return seq
+
+    def _store_holds(self, snapshot: bytes | None, logged: Sequence[bytes] = ()) -> None:
+        """The store now holds ``snapshot`` and the updates ``logged`` after it: what the
+        next compaction counts from (:data:`DEFAULT_COMPACT_AFTER`)."""
+        self._logged = len(logged)
+        self._logged_bytes = sum(map(len, logged))
+        self._compacted_bytes = 0 if snapshot is None else len(snapshot)
 
     async def persist_to(self, store: Store) -> None:
         """Write the whole current state to ``store`` as the snapshot, folding the log into it.
@@ -1221,18 +1226,14 @@ class SyncedDoc:
             snapshot = self.snapshot()
             await store.rotate_doc(self.name, snapshot, self.epoch)
             self._stored_epoch = self.epoch
-            self._logged = self._logged_bytes = 0
-            self._compacted_bytes = len(snapshot)
+            self._store_holds(snapshot)
             return
         last = await _last_logged_seq(store, self.name)
         # Read the last seq first, then snapshot: updates logged up to it are all included.
         snapshot = self.snapshot()
         await store.compact(self.name, snapshot, last)
         self._stored_epoch = self.epoch
-        after = await store.updates(self.name, last)
-        self._logged = len(after)
-        self._logged_bytes = sum(len(u) for _, u in after)
-        self._compacted_bytes = len(snapshot)
+        self._store_holds(snapshot, [u for _, u in await store.updates(self.name, last)])
 
     @classmethod
     async def load_from(cls, store: Store, name: str, client_id: int) -> Self:
@@ -1242,9 +1243,7 @@ class SyncedDoc:
         after, data, epoch = snap if snap is not None else (0, None, 0)
         logged = await store.updates(name, after)
         out = cls.restore(name, client_id, data, (u for _, u in logged), epoch=epoch)
-        out._logged = len(logged)
-        out._logged_bytes = sum(len(u) for _, u in logged)
-        out._compacted_bytes = 0 if data is None else len(data)
+        out._store_holds(data, [u for _, u in logged])
         return out
 
 

@@ -207,11 +207,12 @@ class JournalSet:
                 await asyncio.sleep(self.retry_s)
 
 
-def _log_position(doc: SyncedDoc) -> tuple[int, int]:
+def _log_position(doc: SyncedDoc) -> tuple[int, int, int, int]:
     """What :meth:`SyncedDoc.log_update` advances as it writes (the updates logged since the
-    last compaction, the store's epoch): restored when its transaction rolls back."""
-    return doc._logged, doc._stored_epoch
+    last compaction and their bytes, the snapshot's bytes, the store's epoch): restored when
+    its transaction rolls back."""
+    return doc._logged, doc._logged_bytes, doc._compacted_bytes, doc._stored_epoch
 
 
-def _restore_log_position(doc: SyncedDoc, saved: tuple[int, int]) -> None:
-    doc._logged, doc._stored_epoch = saved
+def _restore_log_position(doc: SyncedDoc, saved: tuple[int, int, int, int]) -> None:
+    doc._logged, doc._logged_bytes, doc._compacted_bytes, doc._stored_epoch = saved
