@@ -1208,6 +1208,12 @@ class SyncedDoc:
         self._logged_bytes = sum(map(len, logged))
         self._compacted_bytes = 0 if snapshot is None else len(snapshot)
 
+    def stored_as(self, snapshot: bytes, epoch: int) -> None:
+        """The store now holds ``snapshot`` at ``epoch`` as this document's whole state,
+        written by the caller (:meth:`Store.replace_docs`, many documents a transaction)."""
+        self._stored_epoch = epoch
+        self._store_holds(snapshot)
+
     async def persist_to(self, store: Store) -> None:
         """Write the whole current state to ``store`` as the snapshot, folding the log into it.
 

@@ -712,6 +712,44 @@ class Store:
 
         return await self._write(f"cannot rotate document {doc}", body)
 
+    async def replace_docs(self, docs: Sequence[tuple[str, bytes, int]]) -> list[str]:
+        """Store each ``(doc, snapshot, epoch)`` as that document's whole state, all in one
+        transaction (one commit, one fsync, however many documents); returns the names left
+        as they were because the store holds a newer epoch of them.
+
+        Each snapshot replaces the document's snapshot and its whole log (its seq is the last
+        seq so far, so seqs keep counting), at ``epoch`` (the same or newer than the stored
+        one). For documents with no writer of their own in this store (central's replicas of
+        the nodes' documents, written only as snapshots): an update another task logged after
+        the snapshot was taken would be dropped with the log.
+        """
+        rows = [(name, bytes(snapshot), int(epoch)) for name, snapshot, epoch in docs]
+
+        async def body(conn: aiosqlite.Connection) -> list[str]:
+            stored: dict[str, int] = {}
+            for start in range(0, len(rows), _IN_CHUNK):  # a few statements, not one per doc
+                names = [name for name, _, _ in rows[start : start + _IN_CHUNK]]
+                marks = ", ".join("?" * len(names))
+                query = f"SELECT doc, epoch FROM doc_snapshots WHERE doc IN ({marks})"
+                found = await conn.execute_fetchall(query, names)
+                stored.update((str(doc), int(epoch)) for doc, epoch in found)
+            refused = [name for name, _, epoch in rows if stored.get(name, 0) > epoch]
+            kept = [row for row in rows if stored.get(row[0], 0) <= row[2]]
+            await conn.executemany(
+                "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data, epoch) VALUES (?1, "
+                "max(coalesce((SELECT max(seq) FROM doc_updates WHERE doc = ?1), 0), "
+                "coalesce((SELECT seq FROM doc_snapshots WHERE doc = ?1), 0)), ?2, ?3)",
+                kept,
+            )
+            await conn.executemany(
+                "DELETE FROM doc_updates WHERE doc = ?", [(name,) for name, _, _ in kept]
+            )
+            return refused
+
+        if not rows:
+            return []
+        return await self._write(f"cannot store {len(rows)} document snapshot(s)", body)
+
     async def snapshot(self, doc: str) -> tuple[int, bytes] | None:
         """``(upto_seq, snapshot)`` of ``doc``'s last compaction, or None."""
 
@@ -873,6 +911,10 @@ _UPSERT_TASK = (
     f"INSERT INTO tasks ({_TASK_COLS}) VALUES ({', '.join('?' * len(_TASK_COLUMNS))}) "
     "ON CONFLICT (id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _TASK_COLUMNS[1:])
 )
+
+
+#: Names per ``IN (...)`` list: well under SQLite's bound parameters per statement.
+_IN_CHUNK = 500
 
 
 def _day(at: float) -> str:

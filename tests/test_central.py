@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -141,6 +143,50 @@ async def test_replicas_survive_a_restart_through_sqlite(tmp_path: Path) -> None
         assert await again.load() == 1
         assert again.replicas["gw1"].doc.content_hash() == node.content_hash()
         assert again.replicas["gw1"].doc.client_id == client_id_for("central")
+
+
+async def test_a_snapshot_pass_writes_replicas_in_few_transactions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pass writes its changed replicas a batch a transaction (not one commit each), skips
+    the unchanged, refuses to go back on an epoch, and a restart loads what it wrote."""
+    monkeypatch.setattr("edgesched.central.replicas.SNAPSHOT_BATCH_DOCS", 10)
+    nodes = {}
+    for i in range(25):
+        node = NodeDoc(f"node-gw{i}", client_id_for(f"gw{i}"))
+        node.put_task("t1", RUNNING)
+        nodes[f"gw{i}"] = node
+    async with await Store.open(tmp_path / "central.db") as store:
+        calls: list[int] = []
+        replace = store.replace_docs
+
+        async def counted(docs: Any) -> list[str]:
+            calls.append(len(docs))
+            return await replace(docs)
+
+        monkeypatch.setattr(store, "replace_docs", counted)
+        replicas = _replicas(store=store)
+        for node_id, node in nodes.items():
+            replicas.handle(f"edgesched/v1/doc/node-{node_id}/sync/{node_id}", _frame(node))
+        assert await replicas.persist_changed() == 25
+        assert calls == [10, 10, 5]
+        assert await replicas.persist_changed() == 0 and calls == [10, 10, 5]
+        await store.rotate_doc("node-gw3", b"", 7)  # another writer went to a newer epoch
+        for node_id in ("gw3", "gw4"):
+            nodes[node_id].put_task("t2", RUNNING)
+            replicas.handle(
+                f"edgesched/v1/doc/node-{node_id}/sync/{node_id}", _frame(nodes[node_id])
+            )
+        with caplog.at_level(logging.ERROR):
+            assert await replicas.persist_changed() == 1
+        assert "replica of gw3 not saved: the store holds a newer epoch" in caplog.text
+        assert replicas.replicas["gw3"].saved == -1  # tried again next pass
+        assert await replicas.persist_changed() == 0
+    async with await Store.open(tmp_path / "central.db") as store:
+        again = _replicas(store=store)
+        assert await again.load() == 25
+        for node_id in ("gw0", "gw4", "gw24"):
+            assert again.replicas[node_id].doc.content_hash() == nodes[node_id].content_hash()
 
 
 @pytest.mark.parametrize("nodes", [(), ("gw1",)])

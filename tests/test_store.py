@@ -342,6 +342,36 @@ async def test_update_log_append_compact_snapshot(store: Store) -> None:
     assert await store.snapshot("site") is None
 
 
+async def test_replace_docs_writes_many_documents_in_one_commit(store: Store) -> None:
+    """Each snapshot replaces its document's snapshot and log at once; seqs keep counting; a
+    document the store holds at a newer epoch is left whole and named."""
+    for i in range(3):
+        await store.append_update("a", bytes([i]))
+    await store.rotate_doc("old", b"EPOCH5", 5)
+    names = [f"n{i}" for i in range(1200)]  # more than one IN (...) list
+    refused = await store.replace_docs(
+        [("a", b"A", 0), ("old", b"STALE", 4), *((n, n.encode(), 1) for n in names)]
+    )
+    assert refused == ["old"]
+    assert await store.snapshot("a") == (3, b"A") and await store.updates("a") == []
+    assert await store.append_update("a", b"next") == 4  # seq never reused
+    assert await store.snapshot_with_epoch("old") == (0, b"EPOCH5", 5)
+    assert await store.snapshot_with_epoch("n1199") == (0, b"n1199", 1)
+    assert await store.replace_docs([("n1199", b"again", 1), ("old", b"NEW", 6)]) == []
+    assert await store.snapshot_with_epoch("n1199") == (0, b"again", 1)
+    assert await store.snapshot_with_epoch("old") == (0, b"NEW", 6)
+    assert await store.replace_docs([]) == []
+
+
+async def test_replace_docs_is_all_or_nothing_on_a_full_disk(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "s.db", max_page_count=60) as store:
+        await store.replace_docs([("kept", b"K", 0)])
+        with pytest.raises(StoreFullError, match="cannot store 2 document snapshot"):
+            await store.replace_docs([("kept", b"changed", 0), ("big", b"x" * 400_000, 0)])
+        assert await store.snapshot("kept") == (0, b"K")
+        assert await store.snapshot("big") is None
+
+
 # ---------------------------------------------------------------------- telemetry
 
 
