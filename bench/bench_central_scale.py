@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import heapq
 import json
 import logging
@@ -1150,6 +1151,38 @@ class CentralLog(logging.Handler):
         logging.getLogger("edgesched").removeHandler(self)
 
 
+class GcClock:
+    """CPython's cyclic garbage collector in this (central's) process, as a ``gc.callbacks``
+    entry: collections and their time by generation since :meth:`reset` (the window)."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest = 0.0
+        self._began: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            took = time.perf_counter() - self._began
+            self.counts[info["generation"]] += 1
+            self.seconds[info["generation"]] += took
+            self.longest = max(self.longest, took)
+            self._began = None
+
+    def reset(self) -> None:
+        self.counts, self.seconds, self.longest = [0, 0, 0], [0.0, 0.0, 0.0], 0.0
+
+    def note(self, window_s: float) -> str:
+        parts = ", ".join(f"gen{g} {self.counts[g]} ({self.seconds[g]:.1f} s)" for g in range(3))
+        share = sum(self.seconds) / window_s if window_s > 0 else 0.0
+        return (
+            f"garbage collector in the window: {parts}, longest {self.longest * 1000:.0f} ms, "
+            f"{share:.0%} of the window"
+        )
+
+
 class Measure:
     """Everything one size measures, summarised on demand (also from a reporter thread)."""
 
@@ -1162,6 +1195,7 @@ class Measure:
         self.lock_waits: list[float] = []  # seconds, the engine's lock (time_submission_parts)
         self.flush_waits: list[float] = []  # seconds, the fleet journal's flush
         self.step_max: tuple[float, str] = (0.0, "")  # the longest step, and in which phase
+        self.gc = GcClock()
         self.submits: dict[str, tuple[float, float, str | None]] = {}  # id: (call, back, node)
         self.refused = 0
         self.skipped = 0
@@ -1606,6 +1640,8 @@ async def run_size(
         measure.status0 = engine.status()
         measure.cpu0 = sum(psutil.Process().cpu_times()[:2])
         measure.window = [time.time()]
+        measure.gc.reset()
+        gc.callbacks.append(measure.gc)
         stop_submitting = asyncio.Event()
         submitter = asyncio.create_task(submit_loop(engine, measure, stop_submitting))
         await until(lambda: False, scale.steady_s)
@@ -1646,6 +1682,7 @@ async def run_size(
         stop_submitting.set()
         await submitter
         measure.notes.append(submission_parts(measure))
+        measure.notes.append(measure.gc.note(time.time() - measure.window[0]))
 
         def drained() -> bool:
             placed = [t for t, s in measure.submits.items() if s[2] is not None]

@@ -46,6 +46,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from edgesched.sync import pahofast
+
 log = logging.getLogger("edgesched.sync.session")
 
 T = TypeVar("T")
@@ -351,6 +353,7 @@ class MqttSession:
     ) -> None:
         """``fallback`` gets the messages no other channel routes (for example central's
         discovery of documents it has not seen yet, which then adds a channel)."""
+        pahofast.install()  # v5 property tables built once, not per message received
         self.endpoint = endpoint
         self.will = will
         self.backoff_initial_s = backoff_initial_s
