@@ -44,9 +44,11 @@ from edgesched.sync.wire import TOPIC_ROOT
 log = logging.getLogger("edgesched.central.replicas")
 
 NODE_DOC_PREFIX = "node-"
-#: A snapshot pass writes its replicas in transactions of up to this many bytes or documents.
-SNAPSHOT_BATCH_BYTES = 8 << 20
-SNAPSHOT_BATCH_DOCS = 1000
+#: A snapshot pass writes its replicas in transactions of up to this many bytes or documents:
+#: one commit for many, and short enough (~10-20 ms) that a journal waiting for the store
+#: (the fleet's: a submission waits for it) is not held behind a long one.
+SNAPSHOT_BATCH_BYTES = 2 << 20
+SNAPSHOT_BATCH_DOCS = 250
 
 
 def parse_sync_topic(topic: str) -> tuple[str, str] | None:

@@ -9,8 +9,8 @@ appends them to the store in order, two ways:
 * :meth:`DocJournal.transaction`: a store transaction (:meth:`Store.transaction`) whose end
   also logs every update queued so far, the ones the block itself made included, so a state
   change commits its rows and its document update together, with one fsync;
-* :meth:`DocJournal.run`: a background task that logs whatever is still queued, one update
-  per transaction, retrying while the store fails (e.g. a full disk).
+* :meth:`DocJournal.run`: a background task that logs whatever is still queued, all of it in
+  one transaction, retrying while the store fails (e.g. a full disk).
 
 Either way an update leaves the queue only once its transaction committed, and
 :meth:`DocJournal.flushed` is the peer's ``before_publish``: it returns once everything queued
@@ -104,23 +104,30 @@ class DocJournal:
         queued (:meth:`run` logs them later, retrying): the document may then hold a change
         the store does not, which the caller undoes with a new change if it must.
         """
-        async with self._lock:
-            saved = _log_position(self.doc)
-            logged = 0
-            try:
-                async with self.store.transaction():
-                    yield
-                    # log_update may queue more (a rotation): log until the queue is drained
-                    while logged < len(self._pending):
-                        await self.doc.log_update(self.store, self._pending[logged])
-                        logged += 1
-            except BaseException:
-                _restore_log_position(self.doc, saved)  # the store did not move
-                raise
-            await self._committed(logged)
+        async with self._lock, self._logging():
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _logging(self) -> AsyncIterator[None]:
+        """:meth:`transaction`'s body, the journal's lock held."""
+        saved = _log_position(self.doc)
+        logged = 0
+        try:
+            async with self.store.transaction():
+                yield
+                # log_update may queue more (a rotation): log until the queue is drained
+                while logged < len(self._pending):
+                    await self.doc.log_update(self.store, self._pending[logged])
+                    logged += 1
+        except BaseException:
+            _restore_log_position(self.doc, saved)  # the store did not move
+            raise
+        await self._committed(logged)
 
     async def run(self) -> None:
-        """Forever: append each queued update, in order; on a store error wait and retry."""
+        """Forever: log what is queued, all of it in one transaction (one fsync however many
+        updates waited: each one its own commit left a writer waiting behind as many turns
+        of the store as it had updates queued); on a store error wait and retry."""
         while True:
             if not self._pending:
                 if self._arrived is None:
@@ -129,15 +136,14 @@ class DocJournal:
                 await self._arrived.wait()
                 continue
             async with self._lock:
-                if not self._pending:
+                if not self._pending:  # (a transaction logged them while we waited)
                     continue
-                try:  # its own transactions (an append, maybe a compaction after it)
-                    await self.doc.log_update(self.store, self._pending[0])
+                try:
+                    async with self._logging():
+                        pass  # (its end logs every update queued, in order)
                     failed = None
                 except StoreError as exc:
                     failed = exc
-                else:
-                    await self._committed(1)
             if failed is not None:
                 if self.on_error is not None:
                     self.on_error(failed)

@@ -237,6 +237,37 @@ async def test_a_burst_of_submissions_shares_transactions(tmp_path: Path) -> Non
 # ---------------------------------------------------------------------- the journal
 
 
+async def test_journal_run_logs_everything_queued_in_one_transaction(tmp_path: Path) -> None:
+    """The journal's task logs what waited all at once (one commit, one fsync), in order:
+    not one transaction per update, each a turn of the store behind its other writers."""
+    from edgesched.sync.journal import DocJournal
+    from edgesched.sync.schema import TaskReport
+
+    async with await Store.open(tmp_path / "edge.db") as store:
+        doc = NodeDoc("node-x", 7)
+        journal = DocJournal(doc, store)
+        for i in range(5):
+            doc.put_task(f"t{i}", TaskReport.of(finished(f"t{i}", TaskState.EXITED, 1000.0 + i)))
+        assert journal.pending == 5
+        opened: list[int] = []
+        transaction = store.transaction
+
+        def counted() -> Any:
+            opened.append(journal.pending)
+            return transaction()
+
+        store.transaction = counted  # type: ignore[method-assign]
+        logger = asyncio.create_task(journal.run())
+        try:
+            await asyncio.wait_for(journal.flushed(), 5)
+        finally:
+            logger.cancel()
+        assert opened == [5] and journal.pending == 0
+        assert [seq for seq, _ in await store.updates("node-x")] == [1, 2, 3, 4, 5]
+        loaded = await NodeDoc.load_from(store, "node-x", 7)
+        assert sorted(loaded.tasks()) == [f"t{i}" for i in range(5)]
+
+
 async def test_journal_transaction_commits_the_document_update_with_the_rows(
     tmp_path: Path,
 ) -> None:
