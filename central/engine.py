@@ -210,6 +210,8 @@ class CentralEngine:
         self.freezer = Freezer(on_unsettled=self._ask_full_answer)
         # the freezer that watches the replicas and desired documents (None: all kept live)
         cold = self.freezer if self.central.cold_after_s > 0 else None
+        #: a replica is frozen again once the index has read its change (see config)
+        self._freeze_read = cold is not None and self.central.freeze_read_replicas
         self._thaws_counted = 0
         self._sweeps = 0
         #: The step 1s central's document peers send on their own, paced (two per node on
@@ -600,6 +602,8 @@ class CentralEngine:
             self.index.update_node(
                 node_id, NodeView(doc.registration(), tasks, doc.power_report()), changed
             )
+            if self._freeze_read:  # read: frozen again until the node's next change
+                self.freezer.freeze_now(doc)
         self.index.set_fresh(node_id, self.is_fresh(node_id))
 
     async def submit(self, spec: TaskSpec, pin: str | None = None) -> dict[str, Any]:

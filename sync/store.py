@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import sqlite3
+import time
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -61,6 +62,10 @@ _T = TypeVar("_T")
 
 #: How long a statement waits for another process's lock before failing (milliseconds).
 BUSY_TIMEOUT_MS = 10_000
+#: A write that holds the store longer than this is logged (what, how long, how long it
+#: waited): every other writer of the process waits behind it (a submission at central
+#: waits for the fleet journal's write).
+SLOW_HOLD_S = 0.5
 #: The WAL file is truncated back to at most this size after a checkpoint (bytes).
 JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
 #: Rows :meth:`Store.prune_history` moves per call and table, at most (one short transaction).
@@ -829,26 +834,28 @@ class Store:
         if task is not None and self._tx_owner is task:
             yield  # nested: the outer block commits
             return
+        asked = time.monotonic()
         async with self._lock:
-            conn = self._connection()
-            try:
-                if conn.in_transaction:  # left over by a cancelled call
-                    await conn.execute("ROLLBACK")
-                await conn.execute("BEGIN IMMEDIATE")
-                self._tx_owner, self._tx_failed = task, None
+            with _held(asked, f"a transaction of task {_task_name(task)}"):
+                conn = self._connection()
                 try:
-                    yield
-                finally:
-                    self._tx_owner, failed = None, self._tx_failed
-                    self._tx_failed = None
-                if failed is not None:
-                    raise failed
-                await conn.execute("COMMIT")
-            except BaseException as exc:
-                await _rollback(conn)
-                if isinstance(exc, sqlite3.Error):
-                    raise _error("cannot commit", exc) from exc
-                raise
+                    if conn.in_transaction:  # left over by a cancelled call
+                        await conn.execute("ROLLBACK")
+                    await conn.execute("BEGIN IMMEDIATE")
+                    self._tx_owner, self._tx_failed = task, None
+                    try:
+                        yield
+                    finally:
+                        self._tx_owner, failed = None, self._tx_failed
+                        self._tx_failed = None
+                    if failed is not None:
+                        raise failed
+                    await conn.execute("COMMIT")
+                except BaseException as exc:
+                    await _rollback(conn)
+                    if isinstance(exc, sqlite3.Error):
+                        raise _error("cannot commit", exc) from exc
+                    raise
 
     def _joined(self) -> bool:
         """Whether the calling asyncio task is inside its own :meth:`transaction`."""
@@ -869,21 +876,23 @@ class Store:
                 if failure is not None:
                     raise failure from exc
                 raise
+        asked = time.monotonic()
         async with self._lock:
-            conn = self._connection()
-            try:
-                if conn.in_transaction:  # left over by a cancelled call
-                    await conn.execute("ROLLBACK")
-                await conn.execute("BEGIN IMMEDIATE")
-                result = await body(conn)
-                await conn.execute("COMMIT")
-                return result
-            except BaseException as exc:
-                await _rollback(conn)
-                failure = _failure(what, exc)
-                if failure is not None:
-                    raise failure from exc
-                raise
+            with _held(asked, what):
+                conn = self._connection()
+                try:
+                    if conn.in_transaction:  # left over by a cancelled call
+                        await conn.execute("ROLLBACK")
+                    await conn.execute("BEGIN IMMEDIATE")
+                    result = await body(conn)
+                    await conn.execute("COMMIT")
+                    return result
+                except BaseException as exc:
+                    await _rollback(conn)
+                    failure = _failure(what, exc)
+                    if failure is not None:
+                        raise failure from exc
+                    raise
 
     async def _read(self, what: str, body: Callable[[aiosqlite.Connection], Awaitable[_T]]) -> _T:
         if self._joined():  # sees the open transaction's own writes
@@ -897,6 +906,28 @@ class Store:
                 return await body(conn)
             except sqlite3.Error as exc:
                 raise _error(what, exc) from exc
+
+
+@contextlib.contextmanager
+def _held(asked: float, what: str) -> Iterator[None]:
+    """Log a hold of the store past :data:`SLOW_HOLD_S` (``asked``: when the lock was asked
+    for, ``time.monotonic``)."""
+    got = time.monotonic()
+    try:
+        yield
+    finally:
+        held = time.monotonic() - got
+        if held > SLOW_HOLD_S:
+            log.warning(
+                "SQLite held %.2f s by %s (it waited %.2f s for the store)",
+                held,
+                what.removeprefix("cannot "),
+                got - asked,
+            )
+
+
+def _task_name(task: asyncio.Task[Any] | None) -> str:
+    return "-" if task is None else task.get_name()
 
 
 # ---------------------------------------------------------------------- rows

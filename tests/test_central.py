@@ -246,3 +246,36 @@ def test_the_status_hashes_the_fleet_document_only_while_it_is_small(
     assert engine._fleet_hash() == fleet.content_hash()
     monkeypatch.setattr(engine_module, "STATUS_HASH_MAX_ENTRIES", 2)
     assert engine._fleet_hash() is None
+
+
+@pytest.mark.parametrize("freeze_read", [True, False])
+def test_a_replica_is_frozen_again_once_the_index_has_read_its_change(
+    tmp_path: Path, freeze_read: bool
+) -> None:
+    """With ``freeze_read_replicas`` (the default) a node's replica is live only from its
+    change to the index's read of it; without, it stays live until the sweeps freeze it."""
+    from edgesched.central.engine import CentralEngine
+    from edgesched.config import parse_config
+    from edgesched.sync.doc import PolicyDoc
+
+    central = {"central_id": "central", "state_dir": str(tmp_path)}
+    config = parse_config({"central": {**central, "freeze_read_replicas": freeze_read}})
+    engine = CentralEngine(config, clock=lambda: 1000.0)
+    engine.fleet = PolicyDoc("fleet", client_id_for("central"))
+    engine.fleet.track_changes("assignments", "stops", "power")
+    node = NodeDoc("node-gw1", client_id_for("gw1"))
+    updates: list[bytes] = []
+    node.on_local_update(updates.append)
+    node.put_task("t1", RUNNING)
+    replica = engine.replicas.add("gw1")
+    replica.doc.apply_remote(updates[0], sender="gw1")
+    engine.sync_index(project=False)
+    assert engine.index.members["gw1"].reports["t1"] == RUNNING
+    assert replica.doc.frozen is freeze_read
+    node.put_task("t2", RUNNING)
+    replica.doc.apply_remote(updates[1], sender="gw1")  # thaws it
+    assert not replica.doc.frozen
+    engine.sync_index(project=False)
+    assert set(engine.index.members["gw1"].reports) == {"t1", "t2"}
+    assert replica.doc.frozen is freeze_read
+    assert engine.freezer.live == (0 if freeze_read else 1)

@@ -1034,3 +1034,20 @@ async def test_salvage_keeps_the_history_and_recounts_the_tasks(tmp_path: Path) 
         counts = await store.task_counts()  # rebuilt by the fresh file's triggers
         listed = await store.list_tasks()
         assert sum(counts.values()) == len(listed) == store.recovery.salvaged["tasks"]
+
+
+async def test_a_long_hold_of_the_store_is_logged_with_what_held_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every other writer waits behind a long write: it is logged, named, with its wait."""
+    monkeypatch.setattr("edgesched.sync.store.SLOW_HOLD_S", 0.05)
+    with caplog.at_level(logging.WARNING, logger="edgesched.sync.store"):
+        await store.set_meta("quick", "1")
+        assert "SQLite held" not in caplog.text
+        async with store.transaction():
+            await store.set_meta("slow", "1")
+            await asyncio.sleep(0.1)
+        await store.replace_docs([("node-a", b"x", 0)])
+    (line,) = [r.getMessage() for r in caplog.records if "SQLite held" in r.getMessage()]
+    assert line.startswith("SQLite held 0.1") and "by a transaction of task " in line
+    assert "it waited 0.0" in line
