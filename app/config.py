@@ -354,11 +354,12 @@ class CentralConfig:
     ``cold_after_s``: a node's replica and desired-state document that nobody used for
     between one and two of these periods are held as their encoded state only (about a tenth
     of the memory) until next used (``edgesched.sync.freezer``). 0 keeps every document live.
-    ``freeze_read_replicas``: a node's replica is frozen again as soon as the fleet index
-    has read what changed in it (a thaw and a freeze per change, ~0.25 ms), not after
-    ``cold_after_s`` of silence: a fleet whose nodes' tasks change every half minute kept
-    nearly every replica live (~80-110 KB each, 1 GB at 10,000 nodes). Needs ``cold_after_s``
-    > 0 (the sweep still freezes what could not freeze at once).
+    ``replica_cold_after_s``: the period of the node replicas' own sweep (with
+    ``cold_after_s`` > 0): a replica unused for one to two of these is frozen, so one whose
+    node changes a task every half minute is live only a few seconds after each change
+    (under the minute's sweep alone nearly every replica of such a fleet stayed live:
+    ~80-110 KB each, a gigabyte at 10,000 nodes); a thaw and a freeze cost ~0.25 ms. 0: the
+    replicas wait for the ``cold_after_s`` sweep like the desired-state documents.
     ``resync_per_s``: how many step 1s per second central's document peers send on their own
     initiative, after a burst of 100 (on every connect each of its two documents per node
     resyncs; ``edgesched.sync.pacer``): 20,000 at once at 10,000 nodes lost central its broker.
@@ -382,7 +383,7 @@ class CentralConfig:
     park_nodes: bool = False
     assignment_retention_s: float = 86_400.0
     cold_after_s: float = 60.0
-    freeze_read_replicas: bool = True
+    replica_cold_after_s: float = 5.0
     nodes: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()
     etcd_endpoints: tuple[str, ...] = ()
@@ -673,7 +674,7 @@ def _parse_central(t: _Table) -> CentralConfig:
             lease_ttl_s=t.number("lease_ttl_s", d.lease_ttl_s, low=2),
             silent_after_s=t.number("silent_after_s", d.silent_after_s, low=0),
             cold_after_s=t.number("cold_after_s", d.cold_after_s, low=0),
-            freeze_read_replicas=t.boolean("freeze_read_replicas", d.freeze_read_replicas),
+            replica_cold_after_s=t.number("replica_cold_after_s", d.replica_cold_after_s, low=0),
             resync_per_s=t.number("resync_per_s", d.resync_per_s, low=0, low_open=True),
             mqtt=mqtt,
         )

@@ -210,8 +210,6 @@ class CentralEngine:
         self.freezer = Freezer(on_unsettled=self._ask_full_answer)
         # the freezer that watches the replicas and desired documents (None: all kept live)
         cold = self.freezer if self.central.cold_after_s > 0 else None
-        #: a replica is frozen again once the index has read its change (see config)
-        self._freeze_read = cold is not None and self.central.freeze_read_replicas
         self._thaws_counted = 0
         self._sweeps = 0
         #: The step 1s central's document peers send on their own, paced (two per node on
@@ -365,22 +363,35 @@ class CentralEngine:
                 self.metrics.snapshots.inc(written)
 
     async def _cold_loop(self) -> None:
-        """Freeze the documents unused since the last sweep (every ``cold_after_s``)."""
-        if self.central.cold_after_s <= 0:
+        """Freeze the documents unused since the last sweep: every ``cold_after_s`` all of
+        them, and every ``replica_cold_after_s`` (when shorter) the node replicas."""
+        full_s = self.central.cold_after_s
+        if full_s <= 0:
             return
+        fast_s = self.central.replica_cold_after_s
+        step_s = fast_s if 0 < fast_s < full_s else full_s
+        since_full = 0.0
         while True:
-            await asyncio.sleep(self.central.cold_after_s)
-            self.sweep_cold()
+            await asyncio.sleep(step_s)
+            since_full += step_s
+            full = since_full >= full_s - 1e-6
+            if full:
+                since_full = 0.0
+            self.sweep_cold(replicas_only=not full)
 
-    def sweep_cold(self) -> None:
-        """One sweep of the freezer (see :mod:`edgesched.sync.freezer`), counted in metrics.
-        The index reads every pending change first: a frozen replica is one it has read."""
+    def sweep_cold(self, *, replicas_only: bool = False) -> None:
+        """One sweep of the freezer (see :mod:`edgesched.sync.freezer`), counted in metrics:
+        of every document, or (``replicas_only``) of the node replicas alone. The index
+        reads every pending change first: a frozen replica is one it has read."""
         if self.fleet is not None:
             self.sync_index()
         thaws = self.freezer.thaws
-        sweep = self.freezer.sweep()
-        self._sweeps += 1
-        self.settle_heap(full=self._sweeps % FULL_COLLECTION_SWEEPS == 0)
+        if replicas_only:
+            sweep = self.freezer.sweep(only=_is_replica)
+        else:
+            sweep = self.freezer.sweep()
+            self._sweeps += 1
+            self.settle_heap(full=self._sweeps % FULL_COLLECTION_SWEEPS == 0)
         self.metrics.docs_frozen.set(sweep.frozen_total)
         self.metrics.docs_frozen_bytes.set(sweep.frozen_bytes)
         self.metrics.docs_live.set(sweep.live)
@@ -602,8 +613,6 @@ class CentralEngine:
             self.index.update_node(
                 node_id, NodeView(doc.registration(), tasks, doc.power_report()), changed
             )
-            if self._freeze_read:  # read: frozen again until the node's next change
-                self.freezer.freeze_now(doc)
         self.index.set_fresh(node_id, self.is_fresh(node_id))
 
     async def submit(self, spec: TaskSpec, pin: str | None = None) -> dict[str, Any]:
@@ -1428,6 +1437,11 @@ def _move_desired_state(policy: PolicyDoc, fleet: PolicyDoc) -> int:
             for key in keys:
                 del source[key]
     return moved
+
+
+def _is_replica(name: str) -> bool:
+    """Whether document ``name`` is a node's document (central's replica of it)."""
+    return name.startswith(NODE_DOC_PREFIX)
 
 
 def _need(value: Any) -> Any:

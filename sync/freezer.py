@@ -73,24 +73,14 @@ class Freezer:
         self._bytes -= self._sizes.pop(doc.name, 0)
         self._live[doc.name] = doc
 
-    def freeze_now(self, doc: SyncedDoc) -> bool:
-        """Freeze watched ``doc`` at once, used or not (its owner has read what changed in
-        it and needs it no more); True if it is frozen now. One that may hold updates
-        pycrdt keeps pending stays live: the sweep settles it as any other."""
-        if self._watched.get(doc.name) is not doc:
-            return doc.frozen
-        if not doc.frozen:
-            size = doc.freeze()
-            if not size:
-                return False
-            self._hold(doc.name, size)
-        self._live.pop(doc.name, None)
-        return True
-
-    def sweep(self) -> Sweep:
-        """Freeze every live document unused since the last sweep; mark the rest unused."""
+    def sweep(self, only: Callable[[str], bool] | None = None) -> Sweep:
+        """Freeze every live document unused since the last sweep; mark the rest unused.
+        ``only``: sweep just the documents whose name it accepts (a group swept on a period
+        of its own: central's node replicas); the others are left as they are."""
         frozen = 0
         for name, doc in list(self._live.items()):
+            if only is not None and not only(name):
+                continue
             if doc.frozen:  # frozen by someone else
                 self._hold(name, len(doc.snapshot()))
                 del self._live[name]

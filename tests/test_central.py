@@ -248,18 +248,20 @@ def test_the_status_hashes_the_fleet_document_only_while_it_is_small(
     assert engine._fleet_hash() is None
 
 
-@pytest.mark.parametrize("freeze_read", [True, False])
-def test_a_replica_is_frozen_again_once_the_index_has_read_its_change(
-    tmp_path: Path, freeze_read: bool
-) -> None:
-    """With ``freeze_read_replicas`` (the default) a node's replica is live only from its
-    change to the index's read of it; without, it stays live until the sweeps freeze it."""
+def _frozen(doc: NodeDoc) -> bool:
+    """``doc.frozen`` through a call (mypy narrows a property across asserts)."""
+    return doc.frozen
+
+
+def test_the_replicas_sweep_on_a_period_of_their_own(tmp_path: Path) -> None:
+    """A node's replica is frozen by the replicas' own sweeps (``replica_cold_after_s``), a
+    desired-state document only by the full ones; the index has read what changed first."""
     from edgesched.central.engine import CentralEngine
     from edgesched.config import parse_config
     from edgesched.sync.doc import PolicyDoc
 
-    central = {"central_id": "central", "state_dir": str(tmp_path)}
-    config = parse_config({"central": {**central, "freeze_read_replicas": freeze_read}})
+    config = parse_config({"central": {"central_id": "central", "state_dir": str(tmp_path)}})
+    assert (config.central.replica_cold_after_s, config.central.cold_after_s) == (5.0, 60.0)
     engine = CentralEngine(config, clock=lambda: 1000.0)
     engine.fleet = PolicyDoc("fleet", client_id_for("central"))
     engine.fleet.track_changes("assignments", "stops", "power")
@@ -268,14 +270,17 @@ def test_a_replica_is_frozen_again_once_the_index_has_read_its_change(
     node.on_local_update(updates.append)
     node.put_task("t1", RUNNING)
     replica = engine.replicas.add("gw1")
+    desired = NodeDoc("desired-gw1", client_id_for("central"))
+    engine.freezer.watch(desired)
     replica.doc.apply_remote(updates[0], sender="gw1")
-    engine.sync_index(project=False)
-    assert engine.index.members["gw1"].reports["t1"] == RUNNING
-    assert replica.doc.frozen is freeze_read
+    engine.sweep_cold(replicas_only=True)  # both were used since: both stay
+    engine.sweep_cold(replicas_only=True)
+    assert _frozen(replica.doc) and not _frozen(desired)  # the replica's own sweeps only
+    assert engine.index.members["gw1"].reports["t1"] == RUNNING  # read before it froze
     node.put_task("t2", RUNNING)
     replica.doc.apply_remote(updates[1], sender="gw1")  # thaws it
-    assert not replica.doc.frozen
-    engine.sync_index(project=False)
+    assert not _frozen(replica.doc)
+    engine.sweep_cold()  # a full sweep: used since the last (the change)
+    engine.sweep_cold()
+    assert _frozen(replica.doc) and _frozen(desired)
     assert set(engine.index.members["gw1"].reports) == {"t1", "t2"}
-    assert replica.doc.frozen is freeze_read
-    assert engine.freezer.live == (0 if freeze_read else 1)

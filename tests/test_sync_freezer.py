@@ -339,30 +339,16 @@ def test_a_frozen_replica_reset_to_a_new_epoch_is_watched_live_again() -> None:
     assert freezer.sweep().frozen == 1 and is_frozen(replica)  # and frozen again once quiet
 
 
-def test_freeze_now_freezes_a_watched_document_at_once_unless_it_may_hold_pending() -> None:
-    """What its owner has read it freezes at once, used or not; one that may hold pending
-    updates stays live and the sweep settles it as before; an unwatched one is left alone."""
-    asked: list[str] = []
-    freezer = Freezer(on_unsettled=lambda doc: asked.append(doc.name))
-    writer = NodeDoc("node-gw", client_id_for("gw"))
-    updates: list[bytes] = []
-    writer.on_local_update(updates.append)
-    writer.put_task("t", report(1))
-    replica = NodeDoc("node-gw", client_id_for("central"))
-    replica.apply_remote(updates[0], sender="gw")
-    freezer.watch(replica)
-    assert replica.tasks()["t"] == report(1)  # used just now: a sweep would keep it live
-    assert freezer.freeze_now(replica) and is_frozen(replica)
-    assert (freezer.live, freezer.frozen) == (0, 1)
-    assert freezer.freeze_now(replica)  # (already frozen)
-    writer.put_task("t", report(2))
-    replica.apply_remote(updates[1], sender="gw")  # thaws; the freezer hears of it
-    assert not is_frozen(replica) and freezer.live == 1 and freezer.thaws == 1
-    replica.apply_remote(updates[1], sender="gw")  # a duplicate: pycrdt may hold something
-    assert not freezer.freeze_now(replica) and not is_frozen(replica) and freezer.live == 1
-    freezer.sweep()
-    freezer.sweep()
-    assert asked == ["node-gw"]  # the sweep asks for the full answer, as for any other
-    stranger = NodeDoc("node-x", client_id_for("central"))
-    assert not freezer.freeze_now(stranger) and not is_frozen(stranger)
-    assert replica.tasks()["t"] == report(2)
+def test_a_sweep_of_one_group_leaves_the_others_as_they_are() -> None:
+    """``only``: a group on a period of its own (central's replicas); the rest keep their
+    second chance for their own sweeps."""
+    freezer = Freezer()
+    replica, desired = NodeDoc("node-gw", client_id_for("c")), NodeDoc("desired-gw", 1)
+    for doc in (replica, desired):
+        freezer.watch(doc)
+    replicas_only = freezer.sweep(only=lambda name: name.startswith("node-"))
+    assert (replicas_only.frozen, replicas_only.live) == (0, 2)  # both were new: used
+    assert freezer.sweep(only=lambda name: name.startswith("node-")).frozen == 1
+    assert is_frozen(replica) and not is_frozen(desired)
+    assert freezer.sweep().frozen == 0  # desired's first sweep: it was used (made)
+    assert freezer.sweep().frozen == 1 and is_frozen(desired)
