@@ -1151,6 +1151,16 @@ class CentralLog(logging.Handler):
         logging.getLogger("edgesched").removeHandler(self)
 
 
+async def loop_lag(lags: list[float], period_s: float = 0.05) -> None:
+    """Forever: how late central's event loop wakes a sleeper (``period_s`` asked), in
+    seconds, appended to ``lags``: what every await in the process waits on top of its own
+    work (a journal's SQLite round trip included)."""
+    while True:
+        asked = time.monotonic()
+        await asyncio.sleep(period_s)
+        lags.append(time.monotonic() - asked - period_s)
+
+
 class GcClock:
     """CPython's cyclic garbage collector in this (central's) process, as a ``gc.callbacks``
     entry: collections and their time by generation since :meth:`reset` (the window)."""
@@ -1642,6 +1652,8 @@ async def run_size(
         measure.window = [time.time()]
         measure.gc.reset()
         gc.callbacks.append(measure.gc)
+        lags: list[float] = []
+        lag_probe = asyncio.create_task(loop_lag(lags))
         stop_submitting = asyncio.Event()
         submitter = asyncio.create_task(submit_loop(engine, measure, stop_submitting))
         await until(lambda: False, scale.steady_s)
@@ -1683,6 +1695,12 @@ async def run_size(
         await submitter
         measure.notes.append(submission_parts(measure))
         measure.notes.append(measure.gc.note(time.time() - measure.window[0]))
+        lag_probe.cancel()
+        if lags:
+            measure.notes.append(
+                f"event loop lag (a 50 ms sleep's lateness) p50 {_ms(pct(lags, 50)):.0f} / p99 "
+                f"{_ms(pct(lags, 99)):.0f} / max {_ms(max(lags)):.0f} ms"
+            )
 
         def drained() -> bool:
             placed = [t for t, s in measure.submits.items() if s[2] is not None]
