@@ -514,7 +514,8 @@ class SyncedDoc:
         # kept: a frozen document answers them without a thaw (pycrdt.get_state of the bytes
         # would leave out clients at clock 0, which the live document lists)
         self._frozen_sv = doc.get_state()
-        self.content_hash()
+        # (no content hash here: it cost more than the rest of a freeze, and central freezes
+        # a replica after nearly every change; a frozen document hashes its bytes if asked)
         self._unobserve()
         # compressed (zlib's fastest level): the encoded state repeats every entry's field
         # names and most values, and shrinks 6-25x; unpacking it costs a fifth of a thaw
@@ -1064,12 +1065,7 @@ class SyncedDoc:
         An empty root counts as absent: a root that was only looked up locally never reaches
         the other replicas.
         """
-        out: dict[str, object] = {}
-        for key in sorted(self.doc.keys()):
-            content = self.doc.get(key, type=Map).to_py()
-            if content:
-                out[key] = normalise(content)
-        return out
+        return _json_of(self.doc)
 
     def readable(self) -> dict[str, object]:
         """:meth:`to_json` with every packed entry of the large maps read as the JSON object
@@ -1099,7 +1095,13 @@ class SyncedDoc:
         until the content changes (a frozen document answers without a thaw)."""
         if self._hash is not None and self._hash[0] == self.revision:
             return self._hash[1]
-        digest = hashlib.sha256(_canonical(self.to_json()).encode("utf-8")).hexdigest()
+        if self._doc is None:  # frozen: read a copy of its bytes, not a thaw (not a use)
+            copy: Doc[Any] = Doc()
+            copy.apply_update(self._frozen_state())
+            content = _json_of(copy)
+        else:
+            content = self.to_json()
+        digest = hashlib.sha256(_canonical(content).encode("utf-8")).hexdigest()
         self._hash = (self.revision, digest)
         return digest
 
@@ -1251,6 +1253,16 @@ class SyncedDoc:
         out = cls.restore(name, client_id, data, (u for _, u in logged), epoch=epoch)
         out._store_holds(data, [u for _, u in logged])
         return out
+
+
+def _json_of(doc: Doc[Any]) -> dict[str, object]:
+    """:meth:`SyncedDoc.to_json` of a pycrdt document."""
+    out: dict[str, object] = {}
+    for key in sorted(doc.keys()):
+        content = doc.get(key, type=Map).to_py()
+        if content:
+            out[key] = normalise(content)
+    return out
 
 
 async def _last_logged_seq(store: Store, name: str) -> int:
