@@ -69,7 +69,7 @@ from edgesched.sync.doc import (
     normalise,
     unpacked,
 )
-from edgesched.sync.freezer import Freezer
+from edgesched.sync.freezer import Freezer, Sweep
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.peer import DocPeer
@@ -377,19 +377,25 @@ class CentralEngine:
             full = since_full >= full_s - 1e-6
             if full:
                 since_full = 0.0
-            self.sweep_cold(replicas_only=not full)
+            if self.fleet is not None:
+                self.sync_index()  # (a frozen replica is one the index has read)
+            only = None if full else _is_replica
+            self._swept(await self.freezer.sweep_in_turns(only), full=full)
 
     def sweep_cold(self, *, replicas_only: bool = False) -> None:
         """One sweep of the freezer (see :mod:`edgesched.sync.freezer`), counted in metrics:
-        of every document, or (``replicas_only``) of the node replicas alone. The index
-        reads every pending change first: a frozen replica is one it has read."""
+        of every document, or (``replicas_only``) of the node replicas alone, in one go (the
+        running engine's loop sweeps in turns). The index reads every pending change first:
+        a frozen replica is one it has read."""
         if self.fleet is not None:
             self.sync_index()
+        sweep = self.freezer.sweep(only=_is_replica if replicas_only else None)
+        self._swept(sweep, full=not replicas_only)
+
+    def _swept(self, sweep: Sweep, *, full: bool) -> None:
+        """A sweep done: the heap settled (after a full one), the metrics."""
         thaws = self.freezer.thaws
-        if replicas_only:
-            sweep = self.freezer.sweep(only=_is_replica)
-        else:
-            sweep = self.freezer.sweep()
+        if full:
             self._sweeps += 1
             self.settle_heap(full=self._sweeps % FULL_COLLECTION_SWEEPS == 0)
         self.metrics.docs_frozen.set(sweep.frozen_total)

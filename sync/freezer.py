@@ -13,10 +13,14 @@ A sweep costs O(live documents), not O(documents): frozen ones are not visited.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgesched.sync.doc import SyncedDoc
+
+#: Documents a sweep visits between two turns of the event loop (:meth:`Freezer.sweep_in_turns`).
+VISITS_PER_TURN = 200
 
 
 @dataclass(frozen=True)
@@ -77,24 +81,44 @@ class Freezer:
         """Freeze every live document unused since the last sweep; mark the rest unused.
         ``only``: sweep just the documents whose name it accepts (a group swept on a period
         of its own: central's node replicas); the others are left as they are."""
+        frozen = sum(self._visit(name, doc, only) for name, doc in list(self._live.items()))
+        return self._swept(frozen)
+
+    async def sweep_in_turns(
+        self, only: Callable[[str], bool] | None = None, per_turn: int = VISITS_PER_TURN
+    ) -> Sweep:
+        """:meth:`sweep`, giving the event loop a turn every ``per_turn`` documents (a sweep
+        of thousands held central's loop for a second). A document used meanwhile is kept:
+        a use marks it, and only unmarked documents freeze."""
         frozen = 0
-        for name, doc in list(self._live.items()):
-            if only is not None and not only(name):
-                continue
-            if doc.frozen:  # frozen by someone else
-                self._hold(name, len(doc.snapshot()))
-                del self._live[name]
-                continue
-            if doc.touched:
-                doc.touched = False
-                continue
-            size = doc.freeze()
-            if size:
-                del self._live[name]
-                self._hold(name, size)
-                frozen += 1
-            elif doc.unsettled and self.on_unsettled is not None:
-                self.on_unsettled(doc)
+        for i, (name, doc) in enumerate(list(self._live.items())):
+            if i and i % per_turn == 0:
+                await asyncio.sleep(0)
+            if self._live.get(name) is doc:  # (not frozen, forgotten or replaced meanwhile)
+                frozen += self._visit(name, doc, only)
+        return self._swept(frozen)
+
+    def _visit(self, name: str, doc: SyncedDoc, only: Callable[[str], bool] | None) -> int:
+        """One live document's turn in a sweep: 1 if it froze now."""
+        if only is not None and not only(name):
+            return 0
+        if doc.frozen:  # frozen by someone else
+            self._hold(name, len(doc.snapshot()))
+            del self._live[name]
+            return 0
+        if doc.touched:
+            doc.touched = False
+            return 0
+        size = doc.freeze()
+        if size:
+            del self._live[name]
+            self._hold(name, size)
+            return 1
+        if doc.unsettled and self.on_unsettled is not None:
+            self.on_unsettled(doc)
+        return 0
+
+    def _swept(self, frozen: int) -> Sweep:
         return Sweep(
             frozen=frozen,
             live=len(self._live),

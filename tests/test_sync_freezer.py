@@ -352,3 +352,32 @@ def test_a_sweep_of_one_group_leaves_the_others_as_they_are() -> None:
     assert is_frozen(replica) and not is_frozen(desired)
     assert freezer.sweep().frozen == 0  # desired's first sweep: it was used (made)
     assert freezer.sweep().frozen == 1 and is_frozen(desired)
+
+
+async def test_a_sweep_in_turns_lets_the_loop_run_and_keeps_what_was_used_meanwhile() -> None:
+    """The engine's sweep gives the loop a turn every few documents; a document used in
+    such a turn (a node's change arriving) is not frozen by that sweep."""
+    import asyncio
+
+    freezer = Freezer()
+    docs = [NodeDoc(f"node-{i}", client_id_for("central")) for i in range(10)]
+    for doc in docs:
+        freezer.watch(doc)
+    assert (await freezer.sweep_in_turns(per_turn=3)).frozen == 0  # all new: used
+    turns: list[int] = []
+
+    async def meanwhile() -> None:
+        while True:
+            turns.append(freezer.frozen)
+            docs[9].tasks()  # used while the sweep runs: before the sweep reaches it
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(meanwhile())
+    await asyncio.sleep(0)
+    try:
+        sweep = await freezer.sweep_in_turns(per_turn=3)
+    finally:
+        other.cancel()
+    assert len(turns) >= 3 and turns[1] < 9  # the loop ran between the sweep's turns
+    assert sweep.frozen == 9 and not is_frozen(docs[9])
+    assert all(is_frozen(d) for d in docs[:9]) and (sweep.live, sweep.frozen_total) == (1, 9)
