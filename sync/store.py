@@ -636,11 +636,16 @@ class Store:
         data = bytes(update)
 
         async def body(conn: aiosqlite.Connection) -> int:
-            seq = await _last_seq(conn, doc) + 1
-            await conn.execute(
-                "INSERT INTO doc_updates (doc, seq, data) VALUES (?, ?, ?)", (doc, seq, data)
+            # one statement (one round trip through aiosqlite's thread, not two): the next
+            # seq after both the log's and the snapshot's, as _last_seq counts them
+            rows = await conn.execute_fetchall(
+                "INSERT INTO doc_updates (doc, seq, data) VALUES (?1, 1 + "
+                "max(coalesce((SELECT max(seq) FROM doc_updates WHERE doc = ?1), 0), "
+                "coalesce((SELECT seq FROM doc_snapshots WHERE doc = ?1), 0)), ?2) "
+                "RETURNING seq",
+                (doc, data),
             )
-            return seq
+            return int(next(iter(rows))[0])
 
         return await self._write(f"cannot append an update to document {doc}", body)
 
