@@ -1224,6 +1224,9 @@ class Measure:
         self.skipped = 0
         self.seen: dict[str, tuple[str, float]] = {}
         self.healed_at: dict[str, float] = {}
+        #: the healed share's nodes and when they were cut off (a submission placed on one of
+        #: them shortly before is seen only once it is back: that wait is the heal's)
+        self.cut_off: tuple[frozenset[str], float] | None = None
         self.converged_at: dict[str, float] = {}
         self.fleet_up_s: float | None = None
         self.window: list[float] = []  # [start] or [start, end]
@@ -1260,6 +1263,11 @@ class Measure:
         seen = dict(self.seen)
         placed = {t: s for t, s in submits.items() if s[2] is not None}
         latency = [seen[t][1] - s[0] for t, s in placed.items() if t in seen]
+        cut_nodes, cut_at = self.cut_off or (frozenset(), float("inf"))
+        online = [  # placed on a node that stayed up until it saw it
+            seen[t][1] - s[0] for t, s in placed.items()
+            if t in seen and not (s[2] in cut_nodes and seen[t][1] > cut_at)
+        ]  # fmt: skip
         wrong = sum(1 for t, s in placed.items() if t in seen and seen[t][0] != s[2])
         heal = [self.converged_at[n] - at for n, at in dict(self.healed_at).items()
                 if n in self.converged_at]  # fmt: skip
@@ -1297,6 +1305,9 @@ class Measure:
             "submit_call_p99_ms": _ms(pct((s[1] - s[0] for s in submits.values()), 99)),
             "seen_p50_ms": _ms(pct(latency, 50)),
             "seen_p99_ms": _ms(pct(latency, 99)),
+            "seen_online": len(online),
+            "seen_online_p50_ms": _ms(pct(online, 50)),
+            "seen_online_p99_ms": _ms(pct(online, 99)),
             "healed": len(self.healed_at),
             "converged": len(heal),
             "heal_p50_s": pct(heal, 50),
@@ -1673,6 +1684,7 @@ async def run_size(
 
         measure.phase = "heal: offline"
         healed = healed_nodes(ids, scale.heal_share)
+        measure.cut_off = (frozenset(healed), time.time())
         await sims.ask("heal_start", healed)
         await until(lambda: False, scale.offline_s)
         measure.phase = "heal: converging"
@@ -1875,6 +1887,9 @@ ROWS: list[tuple[str, str, str]] = [
     ("engine.submit p99 (ms)", "submit_call_p99_ms", "{:.1f}"),
     ("submit -> seen by node p50 (ms)", "seen_p50_ms", "{:.0f}"),
     ("submit -> seen by node p99 (ms)", "seen_p99_ms", "{:.0f}"),
+    ("  of nodes up until they saw it: how many", "seen_online", "{}"),
+    ("  of nodes up until they saw it: p50 (ms)", "seen_online_p50_ms", "{:.0f}"),
+    ("  of nodes up until they saw it: p99 (ms)", "seen_online_p99_ms", "{:.0f}"),
     ("healed nodes converged", "converged_of", "{}"),
     ("heal -> converged p50 (s)", "heal_p50_s", "{:.2f}"),
     ("heal -> converged p99 (s)", "heal_p99_s", "{:.2f}"),
