@@ -1170,6 +1170,37 @@ async def loop_lag(lags: list[float], period_s: float = 0.05) -> None:
         lags.append(time.monotonic() - asked - period_s)
 
 
+async def publish_queue(samples: dict[str, list[tuple[int, int, int, int]]], measure: Any) -> None:
+    """Forever, every 50 ms: central's outgoing publishes by the phase of the run: pending
+    (of ``session.MAX_PENDING_PUBLISHES``), waiting for a turn at that gate, in flight in paho
+    (its window is 20 QoS 1 publishes by default) and queued in paho. Read from the session's
+    gates and paho's private counters: a diagnostic, not an API."""
+    from edgesched.sync import session as sess
+
+    while True:
+        await asyncio.sleep(0.05)
+        for client, gate in list(sess._publish_gates.items()):
+            paho = client._client
+            samples.setdefault(measure.phase, []).append((
+                sess.MAX_PENDING_PUBLISHES - gate._value,
+                len(gate._waiters or ()),
+                paho._inflight_messages,
+                len(paho._out_messages),
+            ))  # fmt: skip
+
+
+def publish_queue_note(samples: dict[str, list[tuple[int, int, int, int]]]) -> str:
+    parts = []
+    for phase, rows in samples.items():
+        waited = sum(1 for r in rows if r[1]) / len(rows)
+        parts.append(
+            f"{phase}: pending max {max(r[0] for r in rows)}, waiting max "
+            f"{max(r[1] for r in rows)} ({waited:.0%} of samples), paho in flight max "
+            f"{max(r[2] for r in rows)}, queued in paho max {max(r[3] for r in rows)}"
+        )
+    return "central's publishes (every 50 ms): " + "; ".join(parts)
+
+
 #: Documents the heal's convergence check hashes between two turns of the event loop.
 HASHES_PER_TURN = 20
 
@@ -1678,6 +1709,8 @@ async def run_size(
         gc.callbacks.append(measure.gc)
         lags: list[float] = []
         lag_probe = asyncio.create_task(loop_lag(lags))
+        publishes: dict[str, list[tuple[int, int, int, int]]] = {}
+        publish_probe = asyncio.create_task(publish_queue(publishes, measure))
         stop_submitting = asyncio.Event()
         submitter = asyncio.create_task(submit_loop(engine, measure, stop_submitting))
         await until(lambda: False, scale.steady_s)
@@ -1736,6 +1769,9 @@ async def run_size(
         measure.notes.append(submission_parts(measure))
         measure.notes.append(measure.gc.note(time.time() - measure.window[0]))
         lag_probe.cancel()
+        publish_probe.cancel()
+        if publishes:
+            measure.notes.append(publish_queue_note(publishes))
         if lags:
             measure.notes.append(
                 f"event loop lag (a 50 ms sleep's lateness) p50 {_ms(pct(lags, 50)):.0f} / p99 "
