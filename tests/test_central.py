@@ -284,18 +284,3 @@ def test_the_replicas_sweep_on_a_period_of_their_own(tmp_path: Path) -> None:
     engine.sweep_cold()
     assert _frozen(replica.doc) and _frozen(desired)
     assert set(engine.index.members["gw1"].reports) == {"t1", "t2"}
-
-
-def test_central_keeps_a_wide_qos1_window_and_nodes_keep_paho_s(tmp_path: Path) -> None:
-    """Central answers a heal of a thousand nodes at once: its connection keeps as many QoS 1
-    publishes in flight as the session lets be pending (paho's 20 queued the rest)."""
-    from edgesched.central.engine import CENTRAL_MAX_INFLIGHT, CentralEngine
-    from edgesched.config import parse_config
-    from edgesched.sync.session import MAX_PENDING_PUBLISHES
-
-    config = parse_config({"central": {"central_id": "central", "state_dir": str(tmp_path)}})
-    engine = CentralEngine(config, clock=lambda: 1000.0)
-    assert engine._endpoint.max_inflight == CENTRAL_MAX_INFLIGHT == MAX_PENDING_PUBLISHES
-    assert Endpoint("127.0.0.1", 1883, "gw1").max_inflight == 20
-    with pytest.raises(ValueError, match="max_inflight must be at least 1"):
-        Endpoint("127.0.0.1", 1883, "gw1", max_inflight=0)
