@@ -100,9 +100,6 @@ DEMAND_SAMPLE_S = 5.0
 POWER_EVERY_S = 5.0
 #: Every this many freezer sweeps, one full garbage collection (see settle_heap).
 FULL_COLLECTION_SWEEPS = 60
-#: QoS 1 publishes in flight on central's connection (paho's default is 20): as many as the
-#: session lets be pending (``MAX_PENDING_PUBLISHES``), so none waits in paho's own queue.
-CENTRAL_MAX_INFLIGHT = 256
 #: The interpreter's thread switch interval in central's process (Python's default 5 ms).
 SWITCH_INTERVAL_S = 0.0005
 #: How often the control loop freezes what survived the young collections (settle_young).
@@ -189,10 +186,7 @@ class CentralEngine:
         self.metrics = CentralMetrics()
         #: logs where the event loop was held, when it is held past 2 s (sync/stall.py)
         self.stall_watch = StallWatch()
-        self._endpoint = replace(  # files read now; a wide QoS 1 window (see Endpoint)
-            self.central.mqtt.endpoint(self.central.central_id),
-            max_inflight=CENTRAL_MAX_INFLIGHT,
-        )
+        self._endpoint = self.central.mqtt.endpoint(self.central.central_id)  # files read now
         self.session = MqttSession(
             self._endpoint,
             backoff_initial_s=min(0.5, self.central.mqtt.reconnect_max_s),

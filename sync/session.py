@@ -225,10 +225,6 @@ class Endpoint:
     #: docs/brokers.md): after a failed connect or a lost connection the session tries the
     #: next address, round robin, starting from ``host``/``port``.
     alternates: tuple[tuple[str, int], ...] = ()
-    #: QoS 1 publishes paho keeps in flight before it queues the rest (paho's default 20).
-    #: Central raises it: answering a heal of 1,000 nodes through a window of 20 queued up to
-    #: ~1,150 publishes, and a fresh assignment waited behind them for seconds.
-    max_inflight: int = 20
 
     def __post_init__(self) -> None:
         if self.protocol not in ("5", "3.1.1"):
@@ -236,8 +232,6 @@ class Endpoint:
         for _, port in ((self.host, self.port), *self.alternates):
             if not 0 < port < 65536:
                 raise ValueError(f"port must be in 1..65535, got {port}")
-        if self.max_inflight < 1:
-            raise ValueError(f"max_inflight must be at least 1, got {self.max_inflight}")
         if not self.identifier or any(c in self.identifier for c in "/+#\0"):
             raise ValueError(f"invalid MQTT client id {self.identifier!r}")
 
@@ -432,7 +426,6 @@ class MqttSession:
             "will": self.will,
             "tls_context": self.endpoint.tls,
             "timeout": max(2.0, float(self.endpoint.keepalive_s)),
-            "max_inflight_messages": self.endpoint.max_inflight,
         }
         if self.endpoint.protocol == "3.1.1":
             client = aiomqtt.Client(
