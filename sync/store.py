@@ -636,12 +636,9 @@ class Store:
         data = bytes(update)
 
         async def body(conn: aiosqlite.Connection) -> int:
-            # one statement (one round trip through aiosqlite's thread, not two): the next
-            # seq after both the log's and the snapshot's, as _last_seq counts them
+            # one statement (one round trip through aiosqlite's thread, not two)
             rows = await conn.execute_fetchall(
-                "INSERT INTO doc_updates (doc, seq, data) VALUES (?1, 1 + "
-                "max(coalesce((SELECT max(seq) FROM doc_updates WHERE doc = ?1), 0), "
-                "coalesce((SELECT seq FROM doc_snapshots WHERE doc = ?1), 0)), ?2) "
+                f"INSERT INTO doc_updates (doc, seq, data) VALUES (?1, 1 + {_LAST_SEQ}, ?2) "
                 "RETURNING seq",
                 (doc, data),
             )
@@ -746,9 +743,8 @@ class Store:
             refused = [name for name, _, epoch in rows if stored.get(name, 0) > epoch]
             kept = [row for row in rows if stored.get(row[0], 0) <= row[2]]
             await conn.executemany(
-                "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data, epoch) VALUES (?1, "
-                "max(coalesce((SELECT max(seq) FROM doc_updates WHERE doc = ?1), 0), "
-                "coalesce((SELECT seq FROM doc_snapshots WHERE doc = ?1), 0)), ?2, ?3)",
+                "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data, epoch) "
+                f"VALUES (?1, {_LAST_SEQ}, ?2, ?3)",
                 kept,
             )
             await conn.executemany(
@@ -839,28 +835,44 @@ class Store:
         if task is not None and self._tx_owner is task:
             yield  # nested: the outer block commits
             return
+        async with self._holding(f"a transaction of task {_task_name(task)}") as conn:
+            try:
+                if conn.in_transaction:  # left over by a cancelled call
+                    await conn.execute("ROLLBACK")
+                await conn.execute("BEGIN IMMEDIATE")
+                self._tx_owner, self._tx_failed = task, None
+                try:
+                    yield
+                finally:
+                    self._tx_owner, failed = None, self._tx_failed
+                    self._tx_failed = None
+                if failed is not None:
+                    raise failed
+                await conn.execute("COMMIT")
+            except BaseException as exc:
+                await _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise _error("cannot commit", exc) from exc
+                raise
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
+        """The store's lock and connection for a write; a hold past :data:`SLOW_HOLD_S` is
+        logged, with how long it waited for the lock."""
         asked = time.monotonic()
         async with self._lock:
-            with _held(asked, f"a transaction of task {_task_name(task)}"):
-                conn = self._connection()
-                try:
-                    if conn.in_transaction:  # left over by a cancelled call
-                        await conn.execute("ROLLBACK")
-                    await conn.execute("BEGIN IMMEDIATE")
-                    self._tx_owner, self._tx_failed = task, None
-                    try:
-                        yield
-                    finally:
-                        self._tx_owner, failed = None, self._tx_failed
-                        self._tx_failed = None
-                    if failed is not None:
-                        raise failed
-                    await conn.execute("COMMIT")
-                except BaseException as exc:
-                    await _rollback(conn)
-                    if isinstance(exc, sqlite3.Error):
-                        raise _error("cannot commit", exc) from exc
-                    raise
+            got = time.monotonic()
+            try:
+                yield self._connection()
+            finally:
+                held = time.monotonic() - got
+                if held > SLOW_HOLD_S:
+                    log.warning(
+                        "SQLite held %.2f s by %s (it waited %.2f s for the store)",
+                        held,
+                        what.removeprefix("cannot "),
+                        got - asked,
+                    )
 
     def _joined(self) -> bool:
         """Whether the calling asyncio task is inside its own :meth:`transaction`."""
@@ -881,23 +893,20 @@ class Store:
                 if failure is not None:
                     raise failure from exc
                 raise
-        asked = time.monotonic()
-        async with self._lock:
-            with _held(asked, what):
-                conn = self._connection()
-                try:
-                    if conn.in_transaction:  # left over by a cancelled call
-                        await conn.execute("ROLLBACK")
-                    await conn.execute("BEGIN IMMEDIATE")
-                    result = await body(conn)
-                    await conn.execute("COMMIT")
-                    return result
-                except BaseException as exc:
-                    await _rollback(conn)
-                    failure = _failure(what, exc)
-                    if failure is not None:
-                        raise failure from exc
-                    raise
+        async with self._holding(what) as conn:
+            try:
+                if conn.in_transaction:  # left over by a cancelled call
+                    await conn.execute("ROLLBACK")
+                await conn.execute("BEGIN IMMEDIATE")
+                result = await body(conn)
+                await conn.execute("COMMIT")
+                return result
+            except BaseException as exc:
+                await _rollback(conn)
+                failure = _failure(what, exc)
+                if failure is not None:
+                    raise failure from exc
+                raise
 
     async def _read(self, what: str, body: Callable[[aiosqlite.Connection], Awaitable[_T]]) -> _T:
         if self._joined():  # sees the open transaction's own writes
@@ -911,24 +920,6 @@ class Store:
                 return await body(conn)
             except sqlite3.Error as exc:
                 raise _error(what, exc) from exc
-
-
-@contextlib.contextmanager
-def _held(asked: float, what: str) -> Iterator[None]:
-    """Log a hold of the store past :data:`SLOW_HOLD_S` (``asked``: when the lock was asked
-    for, ``time.monotonic``)."""
-    got = time.monotonic()
-    try:
-        yield
-    finally:
-        held = time.monotonic() - got
-        if held > SLOW_HOLD_S:
-            log.warning(
-                "SQLite held %.2f s by %s (it waited %.2f s for the store)",
-                held,
-                what.removeprefix("cannot "),
-                got - asked,
-            )
 
 
 def _task_name(task: asyncio.Task[Any] | None) -> str:
@@ -1087,14 +1078,16 @@ def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+#: A document's last seq (parameter ``?1``: its name), in SQL: the larger of its log's last
+#: and its snapshot's, so seqs keep counting across compactions and rotations.
+_LAST_SEQ = (
+    "max(coalesce((SELECT max(seq) FROM doc_updates WHERE doc = ?1), 0), "
+    "coalesce((SELECT seq FROM doc_snapshots WHERE doc = ?1), 0))"
+)
+
+
 async def _last_seq(conn: aiosqlite.Connection, doc: str) -> int:
-    rows = list(
-        await conn.execute_fetchall(
-            "SELECT max(coalesce((SELECT max(seq) FROM doc_updates WHERE doc = ?), 0), "
-            "coalesce((SELECT seq FROM doc_snapshots WHERE doc = ?), 0))",
-            (doc, doc),
-        )
-    )
+    rows = list(await conn.execute_fetchall(f"SELECT {_LAST_SEQ}", (doc,)))
     return int(rows[0][0])
 
 
