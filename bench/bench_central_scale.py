@@ -1768,6 +1768,7 @@ async def run_size(
         await submitter
         measure.notes.append(submission_parts(measure))
         measure.notes.append(measure.gc.note(time.time() - measure.window[0]))
+        gc.callbacks.remove(measure.gc)  # (the window's collections only)
         lag_probe.cancel()
         publish_probe.cancel()
         if publishes:
@@ -1954,7 +1955,8 @@ ROWS: list[tuple[str, str, str]] = [
 RATIO_KEYS = {
     "fleet_up_s", "seed_s", "restart_s", "sim_cpu_share", "step_p50_ms", "step_p99_ms",
     "step_max_ms", "submit_call_p50_ms",
-    "submit_call_p99_ms", "seen_p50_ms", "seen_p99_ms", "heal_p50_s", "heal_p99_s",
+    "submit_call_p99_ms", "seen_p50_ms", "seen_p99_ms", "seen_online_p50_ms",
+    "seen_online_p99_ms", "heal_p50_s", "heal_p99_s",
     "merged_per_s", "rss_mb", "cpu_s", "cpu_share", "in_mb_h", "out_mb_h", "in_desired_mb_h",
     "in_node_doc_mb_h", "in_policy_mb_h", "in_heartbeat_mb_h", "sim_rss_mb", "out_node_doc_mb_h",
     "out_desired_mb_h", "out_policy_mb_h", "out_link_mb_h",
