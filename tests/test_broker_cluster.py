@@ -149,6 +149,20 @@ def submit_at_central(central: EdgeNode, task_id: str, node_id: str) -> None:
     assert reply["node"] == node_id and reply["state"] == "active", reply
 
 
+def majority_report(central: EdgeNode, node: EdgeNode) -> str:
+    """What central and ``node`` each say about the fleet and their own link, with their
+    logs' tails: the evidence a missed step of a partition test leaves."""
+    parts = []
+    for name, who in (("central", central), ("node", node)):
+        try:
+            parts.append(f"{name} status: {who.get('/v1/status')[1]}")
+            parts.append(f"{name} tasks: {who.tasks()}")
+        except Exception as exc:  # the evidence is best effort; the timeout is the failure
+            parts.append(f"{name} unreachable: {exc!r}")
+        parts.append(f"{name} log tail:\n{who.log.read_text()[-3000:]}")
+    return "\n".join(parts)
+
+
 def submit_at_node(node: EdgeNode, task_id: str) -> None:
     body = {"id": task_id, "command": ["sleep", "120"], "cpu": 0.05, "mem_gib": 0.05}
     status, reply = node.request("POST", "/v1/tasks", body)
@@ -399,8 +413,16 @@ async def test_partitioned_member_heals_with_documents_converged(tmp_path: Path)
             offline = [f"gw-b-offline-{i}" for i in range(3)]
             for task_id in offline:
                 await asyncio.to_thread(submit_at_node, gw_b, task_id)
+            t_cut = time.monotonic()
             await asyncio.to_thread(submit_at_central, central, "gw-a-during", "gw-a")
-            await until(lambda: runs(nodes["gw-a"], "gw-a-during"), 20, "the majority goes on")
+            # 40 s as for the kill above: the JetStream assets nats3 led (the MQTT streams,
+            # gw-a's consumer) elect new leaders among nats1 and nats2 first; on a loaded CI
+            # machine that outlasted 20 s once. A miss says what central and gw-a saw.
+            try:
+                await until(lambda: runs(nodes["gw-a"], "gw-a-during"), 40, "the majority goes on")
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}\n{majority_report(central, nodes['gw-a'])}") from None
+            majority_in = time.monotonic() - t_cut
             await until(lambda: runs(gw_b, *offline), 20, "gw-b deciding alone")
             during = await asyncio.to_thread(status_of, central, "gw-b")
 
@@ -414,8 +436,10 @@ async def test_partitioned_member_heals_with_documents_converged(tmp_path: Path)
             await until(lambda: status_of(central, "gw-b") == "online", 20, "gw-b online")
             await asyncio.to_thread(cluster.wait_ready, 40)
             assert len(set(hashes.values())) == 2
-            print(f"gw-b read {during!r} at central during the partition; converged "
-                  f"{healed_in:.1f}s after the heal")  # fmt: skip
+            print(
+                f"gw-a ran central's task {majority_in:.1f}s into the partition; gw-b read "
+                f"{during!r} at central during it; converged {healed_in:.1f}s after the heal"
+            )
 
 
 # --- the session on the cluster, in process --------------------------------------------------
