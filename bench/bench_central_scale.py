@@ -1170,11 +1170,14 @@ async def loop_lag(lags: list[float], period_s: float = 0.05) -> None:
         lags.append(time.monotonic() - asked - period_s)
 
 
-async def publish_queue(samples: dict[str, list[tuple[int, int, int, int]]], measure: Any) -> None:
+async def publish_queue(
+    samples: dict[str, list[tuple[int, int, int, int, int]]], measure: Any
+) -> None:
     """Forever, every 50 ms: central's outgoing publishes by the phase of the run: pending
-    (of ``session.MAX_PENDING_PUBLISHES``), waiting for a turn at that gate, in flight in paho
-    (its window is 20 QoS 1 publishes by default) and queued in paho. Read from the session's
-    gates and paho's private counters: a diagnostic, not an API."""
+    (of ``session.MAX_PENDING_PUBLISHES``), waiting for a turn at that gate (urgent ones and
+    the others), in flight in paho (its window is 20 QoS 1 publishes by default) and queued in
+    paho. Read from the session's gates and paho's private counters: a diagnostic, not an
+    API."""
     from edgesched.sync import session as sess
 
     while True:
@@ -1182,21 +1185,23 @@ async def publish_queue(samples: dict[str, list[tuple[int, int, int, int]]], mea
         for client, gate in list(sess._publish_gates.items()):
             paho = client._client
             samples.setdefault(measure.phase, []).append((
-                sess.MAX_PENDING_PUBLISHES - gate._value,
-                len(gate._waiters or ()),
+                gate.pending,
+                sum(gate.waiting),
                 paho._inflight_messages,
                 len(paho._out_messages),
+                gate.waiting[0],
             ))  # fmt: skip
 
 
-def publish_queue_note(samples: dict[str, list[tuple[int, int, int, int]]]) -> str:
+def publish_queue_note(samples: dict[str, list[tuple[int, int, int, int, int]]]) -> str:
     parts = []
     for phase, rows in samples.items():
         waited = sum(1 for r in rows if r[1]) / len(rows)
         parts.append(
             f"{phase}: pending max {max(r[0] for r in rows)}, waiting max "
             f"{max(r[1] for r in rows)} ({waited:.0%} of samples), paho in flight max "
-            f"{max(r[2] for r in rows)}, queued in paho max {max(r[3] for r in rows)}"
+            f"{max(r[2] for r in rows)}, queued in paho max {max(r[3] for r in rows)}, "
+            f"urgent waiting max {max(r[4] for r in rows)}"
         )
     return "central's publishes (every 50 ms): " + "; ".join(parts)
 
@@ -1709,7 +1714,7 @@ async def run_size(
         gc.callbacks.append(measure.gc)
         lags: list[float] = []
         lag_probe = asyncio.create_task(loop_lag(lags))
-        publishes: dict[str, list[tuple[int, int, int, int]]] = {}
+        publishes: dict[str, list[tuple[int, int, int, int, int]]] = {}
         publish_probe = asyncio.create_task(publish_queue(publishes, measure))
         stop_submitting = asyncio.Event()
         submitter = asyncio.create_task(submit_loop(engine, measure, stop_submitting))

@@ -20,6 +20,8 @@ topic, which the asker still hears: both ways converge (docs/sync-protocol.md).
 Local updates are queued by the doc callback (never published from inside it) and published
 QoS 1 by a sender task, merged, with the sender's state vector attached: a receiver still
 behind after applying (out-of-order updates can leave a replica stuck) asks for a resync.
+They go ahead of the answers the peer owes and are urgent at the connection's
+:class:`~edgesched.sync.session.PublishGate`: a fresh assignment is not queued behind a heal.
 Remote updates are applied with ``sender`` as origin, so they are not echoed. Malformed input
 is dropped and counted in :attr:`DocPeer.stats`; the peer keeps going.
 """
@@ -346,8 +348,9 @@ class DocPeer:
             kind, self.doc.name, self.doc.client_id, payload, self.max_packet, epoch=epoch
         )
         to = self.topic if topic is None else topic
+        urgent = kind is wire.Kind.UPDATE  # a fresh write goes ahead of the sync protocol's
         for frame in frames:
-            await publish(client, to, frame, qos=1, timeout=PUBLISH_TIMEOUT_S)
+            await publish(client, to, frame, qos=1, timeout=PUBLISH_TIMEOUT_S, urgent=urgent)
             self.stats["frames_out"] += 1
             self.stats["bytes_out"] += len(frame)
         if to != self.topic:
@@ -380,6 +383,7 @@ class DocPeer:
                     step1 = wire.step1_payload(self.doc.state_vector(), replies=self.replies)
                     await self._publish(client, wire.Kind.SYNC, step1, self.doc.epoch)
                     self.stats["step1_out"] += 1
+            await self._send_outgoing(client)
             while self._answers:
                 remote_sv, epoch, topic = self._answers.pop(0)
                 if epoch != self.doc.epoch:
@@ -393,20 +397,28 @@ class DocPeer:
                 step2 = wire.step2_payload(diff)
                 await self._publish(client, wire.Kind.SYNC, step2, epoch, topic)
                 self.stats["step2_out"] += 1
+                await self._send_outgoing(client)  # a fresh write skips the answers left
             while self._step1_to:  # (after the answers: the asker applies them first)
                 topic = next(iter(self._step1_to))
                 del self._step1_to[topic]
                 step1 = wire.step1_payload(self.doc.state_vector(), replies=self.replies)
                 await self._publish(client, wire.Kind.SYNC, step1, self.doc.epoch, topic)
                 self.stats["step1_out"] += 1
-            outgoing = self.take_outgoing()
-            if outgoing is not None:
-                update, epoch = outgoing
-                payload = wire.update_payload(update, self.doc.state_vector())
-                await self._publish(client, wire.Kind.UPDATE, payload, epoch)
-                self.stats["updates_out"] += 1
+            await self._send_outgoing(client)
             if not (self._local or self._answers or self._step1_to):
                 await wake.wait()
+
+    async def _send_outgoing(self, client: aiomqtt.Client) -> None:
+        """Publish the local updates queued so far, merged (nothing if none). The send loop
+        calls it before and between the answers it owes: an answer is built from the state at
+        its turn, so a fresh write sent ahead of it costs the asker nothing, while a
+        write queued behind a heal's answers to a shared document would wait for all of them."""
+        outgoing = self.take_outgoing()
+        if outgoing is not None:
+            update, epoch = outgoing
+            payload = wire.update_payload(update, self.doc.state_vector())
+            await self._publish(client, wire.Kind.UPDATE, payload, epoch)
+            self.stats["updates_out"] += 1
 
     # -- remote side -----------------------------------------------------------------------
 

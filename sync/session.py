@@ -30,13 +30,14 @@ caller's cancel count.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
 import ssl
 import time
 import weakref
-from collections.abc import Awaitable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -66,10 +67,97 @@ SUBSCRIBE_TIMEOUT_S = 120.0
 #: generator, then ``len(list(...))``), so N publishes in flight cost O(N^2): central's 20,000
 #: connect-time step 1s held its event loop for 4-13 s at a time, past the keepalive, and the
 #: broker dropped it (``bench/bench_central_scale.py``). Bounded, a publish costs O(this).
-MAX_PENDING_PUBLISHES = 256
-_publish_gates: weakref.WeakKeyDictionary[aiomqtt.Client, asyncio.Semaphore] = (
-    weakref.WeakKeyDictionary()
-)
+#: Past the gate a publish is in paho's own queue, first in first out behind paho's window of
+#: QoS 1 publishes in flight (20): this bound is also how many publishes an urgent one can find
+#: ahead of it there, so it is a few windows, not more. At 256, a fresh assignment waited
+#: behind up to 236 answers of a heal in paho's queue (run 19 of the scale harness).
+MAX_PENDING_PUBLISHES = 64
+
+
+class PublishGate:
+    """At most ``slots`` publishes pending at once; the others wait for a turn, urgent ones
+    first (each kind first come first served).
+
+    An urgent publish is a writer's fresh update (a new assignment, a stop order, a mode
+    switch); the others are the sync protocol's answers and step 1s, which a heal of a
+    thousand nodes queues by the thousand. Urgent ones are few (one per decision), so they
+    cannot starve the rest for long."""
+
+    def __init__(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError("a publish gate needs at least one slot")
+        self.slots = slots
+        self._free = slots
+        self._urgent: collections.deque[asyncio.Future[int]] = collections.deque()
+        self._normal: collections.deque[asyncio.Future[int]] = collections.deque()
+        self._grants = 0
+
+    @property
+    def pending(self) -> int:
+        """Publishes holding a slot."""
+        return self.slots - self._free
+
+    @property
+    def waiting(self) -> tuple[int, int]:
+        """Publishes waiting for a slot: ``(urgent, other)``."""
+        return len(self._urgent), len(self._normal)
+
+    @property
+    def grants(self) -> int:
+        """Slots handed out so far (each turn's number is the count before it)."""
+        return self._grants
+
+    @contextlib.asynccontextmanager
+    async def turn(self, *, urgent: bool = False) -> AsyncIterator[int]:
+        """Hold a slot for the block; yields the turn's number (0, 1, ... in the order the
+        slots were handed out, which a waiter handed one may resume after a later arrival)."""
+        ticket = await self._acquire(urgent)
+        try:
+            yield ticket
+        finally:
+            self._release()
+
+    def _grant(self) -> int:
+        ticket, self._grants = self._grants, self._grants + 1
+        return ticket
+
+    async def _acquire(self, urgent: bool) -> int:
+        if self._free > 0 and not self._urgent and (urgent or not self._normal):
+            self._free -= 1
+            return self._grant()
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        queue = self._urgent if urgent else self._normal
+        queue.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # handed a slot as we were cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    queue.remove(waiter)
+            raise
+
+    def _release(self) -> None:
+        """A slot goes straight to the first waiter (urgent ones first), or back to the pool."""
+        for queue in (self._urgent, self._normal):
+            while queue:
+                waiter = queue.popleft()
+                if not waiter.done():
+                    waiter.set_result(self._grant())
+                    return
+        self._free += 1
+
+
+_publish_gates: weakref.WeakKeyDictionary[aiomqtt.Client, PublishGate] = weakref.WeakKeyDictionary()
+
+
+def publish_gate(client: aiomqtt.Client) -> PublishGate:
+    """``client``'s gate (made on first use, with :data:`MAX_PENDING_PUBLISHES` slots)."""
+    gate = _publish_gates.get(client)
+    if gate is None:
+        gate = _publish_gates[client] = PublishGate(MAX_PENDING_PUBLISHES)
+    return gate
 
 
 async def publish(
@@ -80,14 +168,13 @@ async def publish(
     qos: int = 0,
     retain: bool = False,
     timeout: float | None = None,
+    urgent: bool = False,
 ) -> None:
-    """``client.publish``, at most :data:`MAX_PENDING_PUBLISHES` of them pending per client,
-    first come first served, cancel-safe (:func:`checked`). ``timeout`` (aiomqtt's: the
-    client's own when None) counts from the publish's turn."""
-    gate = _publish_gates.get(client)
-    if gate is None:
-        gate = _publish_gates[client] = asyncio.Semaphore(MAX_PENDING_PUBLISHES)
-    async with gate:
+    """``client.publish``, at most :data:`MAX_PENDING_PUBLISHES` of them pending per client
+    (:class:`PublishGate`: ``urgent`` ones get the next free slot first), cancel-safe
+    (:func:`checked`). ``timeout`` (aiomqtt's: the client's own when None) counts from the
+    publish's turn."""
+    async with publish_gate(client).turn(urgent=urgent):
         await checked(client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout))
 
 
