@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import gc
 import heapq
 import json
@@ -1206,6 +1207,34 @@ def publish_queue_note(samples: dict[str, list[tuple[int, int, int, int, int]]])
     return "central's publishes (every 50 ms): " + "; ".join(parts)
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (glibc 2.33 and later)."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                     "uordblks", "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+def heap_note() -> str | None:
+    """glibc's heap in this (central's) process, all arenas (``mallinfo2``): bytes in use,
+    bytes free inside its arenas (resident until ``malloc_trim`` gives them back) and bytes in
+    mmapped blocks. Python's small objects live in pymalloc's own arenas, not counted here.
+    None off glibc."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return (
+        f"glibc heap: {info.uordblks / 1e6:.0f} MB in use, {info.fordblks / 1e6:.0f} MB free "
+        f"in its arenas ({info.keepcost / 1e6:.0f} MB at their tops), {info.hblkhd / 1e6:.0f} "
+        "MB in mmapped blocks"
+    )
+
+
 #: Documents the heal's convergence check hashes between two turns of the event loop.
 HASHES_PER_TURN = 20
 
@@ -1783,6 +1812,10 @@ async def run_size(
                 f"event loop lag (a 50 ms sleep's lateness) p50 {_ms(pct(lags, 50)):.0f} / p99 "
                 f"{_ms(pct(lags, 99)):.0f} / max {_ms(max(lags)):.0f} ms"
             )
+
+        heap = heap_note()
+        if heap is not None:
+            measure.notes.append(heap)
 
         def drained() -> bool:
             placed = [t for t, s in measure.submits.items() if s[2] is not None]
