@@ -153,6 +153,9 @@ class NodeReplicas(Listener):
             subscribe=False,  # the wildcard subscription carries its messages
             clock=self.clock,
             pacer=self.pacer,
+            # alone, central is the only one asking the node for its document: a duplicate
+            # step 2 of the node is then no sign of updates held pending
+            sole_asker=self.centrals == {self.central_id},
         )
         replica = Replica(node_id, doc, peer, first_seen=self.clock())
         doc.track_changes("tasks")  # for central's fleet index, the one consumer

@@ -829,7 +829,14 @@ class SyncedDoc:
         except ValueError as exc:
             raise UpdateRejected(f"state vector refused by pycrdt: {exc}") from None
 
-    def apply_remote(self, update: bytes, *, sender: str) -> bool:
+    def apply_remote(
+        self,
+        update: bytes,
+        *,
+        sender: str,
+        writer_whole: bool = False,
+        writer_state: bytes | None = None,
+    ) -> bool:
         """Apply a peer's update; returns whether this document changed.
 
         "Changed" means new operations (the state vector moved) or new deletions (a delete-only
@@ -840,6 +847,17 @@ class SyncedDoc:
         is no integrity check: some corrupted updates apply silently (checksum on the wire).
         An update whose dependencies are missing is held pending by pycrdt (no change yet);
         :meth:`missing_from` on the sender's state vector tells that a resync is due.
+
+        An update that changed nothing is taken to be (perhaps) held pending, until a
+        complete answer (:meth:`settle`), unless it comes from the document's sole writer
+        (the caller checked) and cannot wait for anything: ``writer_whole``, a y-sync step 2
+        answering a step 1 of ours (a diff against a state vector of ours, so every operation
+        it builds on is ours already or in it; a step 2 answering another peer's state vector
+        is not one), or ``writer_state``, the writer's state vector sent with the
+        update, which we now hold all of (nothing of the writer's, who alone writes here, is
+        missing). Such an update is a duplicate: a healed node's queued updates arrive again
+        in its answer to our step 1, and counted as pending, each made central decode the
+        node's whole task map once more (a fifth of its CPU while a thousand nodes healed).
         """
         if not isinstance(update, bytes | bytearray | memoryview):
             raise UpdateRejected(f"update from {sender} is not bytes")
@@ -861,7 +879,9 @@ class SyncedDoc:
         finally:
             self._applying_remote = False
         changed = self._remote_changed or self.doc.get_state() != before
-        if not changed:
+        if not changed and not (
+            writer_whole or (writer_state is not None and not self.missing_from(writer_state))
+        ):
             # a duplicate, or an update pycrdt holds pending (one that is pending in part
             # changes something: the peer tells it from the sender's state vector, which
             # every update carries; may_hold_pending)

@@ -68,7 +68,14 @@ class DocLike(Protocol):
     def client_id(self) -> int: ...
     def state_vector(self) -> bytes: ...
     def diff(self, state_vector: bytes | None = None) -> bytes: ...
-    def apply_remote(self, update: bytes, *, sender: str) -> bool: ...
+    def apply_remote(
+        self,
+        update: bytes,
+        *,
+        sender: str,
+        writer_whole: bool = False,
+        writer_state: bytes | None = None,
+    ) -> bool: ...
     def on_local_update(self, callback: Callable[[bytes], None]) -> None: ...
     def content_hash(self) -> str: ...
     def missing_from(self, remote_state_vector: bytes) -> bool: ...
@@ -116,6 +123,7 @@ class DocPeer:
         "resync_interval_s",
         "routes",
         "session_expiry_s",
+        "sole_asker",
         "stats",
         "subscriptions",
         "synced_at",
@@ -147,6 +155,7 @@ class DocPeer:
         replies: bool | None = None,
         clock: Callable[[], float] = time.time,
         pacer: ResyncPacer | None = None,
+        sole_asker: bool = False,
     ) -> None:
         """``before_publish`` is awaited before anything leaves: the owner's way to make sure
         every local update in it is persisted first (a published but unpersisted update would
@@ -166,13 +175,18 @@ class DocPeer:
         us only, not every peer hearing the answerer's sender topic; by default when
         ``listen_to`` is given. ``pacer``: the step 1s we send on our own (on every connect,
         and when we find ourselves behind) wait for a slot of it, shared with the other peers
-        of the connection (:mod:`edgesched.sync.pacer`); answers never wait. ``host``, ``port``,
+        of the connection (:mod:`edgesched.sync.pacer`); answers never wait. ``sole_asker``:
+        no peer but us sends the writer a step 1 on this document (central alone with its
+        replica of a node's document), so each step 2 of the writer is a diff against a state
+        vector of ours, and one that changes nothing is a duplicate, not an update pycrdt
+        holds pending (:meth:`SyncedDoc.apply_remote`'s ``writer_whole``). ``host``, ``port``,
         ``keepalive``, ``session_expiry_s`` and the backoff apply only to :meth:`run`, the
         stand-alone mode with a connection of its own."""
         self.doc = doc
         self.before_publish = before_publish
         self.accept = accept
         self.writers = writers
+        self.sole_asker = sole_asker
         #: A one-writer document's only valid "authors" state vector starts with this (one
         #: entry, the writer's client id): the writer check's fast path.
         self._sole_writer: bytes | None = (
@@ -484,7 +498,13 @@ class DocPeer:
         if sync.data != b"\x00\x00":
             if self.writers is not None:
                 self._check_writers(sender, sync.data)
-            self.doc.apply_remote(sync.data, sender=sender)
+            step2 = sync.step == YSyncMessageType.SYNC_STEP2
+            self.doc.apply_remote(
+                sync.data,
+                sender=sender,
+                writer_whole=from_writer and step2 and self.sole_asker,
+                writer_state=sync.state_vector if from_writer else None,
+            )
         behind = sync.state_vector is not None and self._behind(sync.state_vector)
         if behind and sync.data != b"\x00\x00":
             self.doc.may_hold_pending()  # applied with something of the sender's missing

@@ -122,6 +122,26 @@ def test_a_node_document_is_discovered_only_from_the_node_itself() -> None:
     assert replicas.session.channels == [replicas.replicas["gw1"].peer]
 
 
+def test_a_lone_central_takes_a_nodes_duplicate_answer_for_a_duplicate() -> None:
+    """Alone, central is the only one asking a node for its document, so the node's step 2
+    that brings nothing new is a duplicate (a healed node's queued updates inside its answer),
+    not a sign of updates held pending: no full read of its tasks. With fellow centrals the
+    node's answer to another central's state vector may leave ours waiting: read in full."""
+    for fellows, full_read in (((), False), (("central-b",), True)):
+        replicas = _replicas(centrals=fellows)
+        node = NodeDoc("node-gw1", client_id_for("gw1"))
+        node.put_task("t1", RUNNING)
+        replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(node))
+        replica = replicas.replicas["gw1"]
+        assert replica.peer.sole_asker is not full_read
+        replica.doc.drain_changes("tasks")
+        answer = wire.step2_payload(node.diff(b"\x00"))  # to a step 1 sent before the update
+        (frame,) = wire.encode(wire.Kind.SYNC, node.name, node.client_id, answer)
+        replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", frame)
+        assert replica.peer.synced_at.get("gw1") is not None
+        assert (replica.doc.drain_changes("tasks") is None) is full_read
+
+
 def test_a_node_list_limits_discovery() -> None:
     replicas = _replicas(nodes=["gw1"])
     other = NodeDoc("node-gw9", client_id_for("gw9"))

@@ -10,10 +10,11 @@ state) is checked the same way, with local writes between freezes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pycrdt
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from edgesched.core.task import TaskState
@@ -381,3 +382,162 @@ async def test_a_sweep_in_turns_lets_the_loop_run_and_keeps_what_was_used_meanwh
     assert len(turns) >= 3 and turns[1] < 9  # the loop ran between the sweep's turns
     assert sweep.frozen == 9 and not is_frozen(docs[9])
     assert all(is_frozen(d) for d in docs[:9]) and (sweep.live, sweep.frozen_total) == (1, 9)
+
+
+# one step of a sole writer's run as central's replica sees it: ("write", key, value),
+# ("remove", key) at the writer; ("deliver", i) the i-th queued update (any order);
+# ("again", i) one already delivered, again (QoS 1 redelivery, a healed node's queued updates
+# inside its answer); ("answer",) the writer's step 2 for the replica's state vector, as to
+# central's step 1; ("stale",) its step 2 for a state vector the replica had earlier (an
+# answer overtaken by updates); ("read",) the consumer drains the changed keys
+SOLE_WRITER_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("write"), st.integers(0, 5), st.integers(0, 50)),
+        st.tuples(st.just("remove"), st.integers(0, 5)),
+        st.tuples(st.just("deliver"), st.integers(0, 10)),
+        st.tuples(st.just("again"), st.integers(0, 10)),
+        st.tuples(st.just("answer")),
+        st.tuples(st.just("stale"), st.integers(0, 10)),
+        st.tuples(st.just("read")),
+        st.tuples(st.just("rotate")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(SOLE_WRITER_STEPS)
+@example(  # the case test_a_deletion_after_a_pending_update_reaches_the_decoded_view found
+    [("write", 0, 18), ("rotate",), ("write", 4, 34), ("write", 3, 4), ("remove", 3),
+     ("deliver", 3), ("read",), ("answer",), ("read",)]
+)  # fmt: skip
+def test_duplicates_of_a_sole_writer_keep_the_consumers_view_exact(
+    steps: list[tuple[Any, ...]],
+) -> None:
+    """Central alone with a node's document (``DocPeer(sole_asker=True)``): a duplicate of the
+    writer's (an update whose carried state vector we already hold, or a step 2 answering a
+    state vector of ours) is not taken for an update pycrdt holds pending, so it costs no full
+    read. Whatever the order, loss and duplication of deliveries, what the consumer (central's
+    fleet index) builds from the drained keys equals the document decoded from scratch, as
+    the peer's own rules (``may_hold_pending`` when still behind the sender, ``settle`` after
+    each step 2) drive it."""
+    writer = NodeDoc("node-gw", client_id_for("gw"))
+    replica = NodeDoc("node-gw", client_id_for("central"))
+    replica.track_changes("tasks")
+    queue: list[tuple[bytes, bytes]] = []  # (update, the writer's state vector after it)
+    delivered: list[tuple[bytes, bytes]] = []
+    vectors: list[bytes] = [replica.state_vector()]  # the replica's, as its step 1s said
+    writer.on_local_update(lambda u: queue.append((u, b"")))
+    mirror: dict[str, TaskReport] = {}
+    full_reads = 0
+
+    def update(data: bytes, state: bytes) -> None:  # DocPeer._handle_sync, Kind.UPDATE
+        epoch = getattr(data, "epoch", writer.epoch)
+        if epoch > replica.epoch:  # the writer's new epoch: the replica follows it
+            replica.reset_to_epoch(epoch)
+        if epoch != replica.epoch:
+            return  # (of an epoch the replica left: dropped)
+        replica.apply_remote(data, sender="gw", writer_state=state)
+        if replica.missing_from(state):
+            replica.may_hold_pending()
+
+    def answer(vector: bytes) -> None:  # DocPeer._handle_sync, a step 2 of the writer
+        if writer.epoch > replica.epoch:
+            replica.reset_to_epoch(writer.epoch)
+            vector = replica.state_vector()  # (its step 1 of the new epoch)
+        diff = writer.diff(vector)
+        if diff != b"\x00\x00":
+            replica.apply_remote(diff, sender="gw", writer_whole=True)
+        replica.settle(complete=True)
+
+    def read() -> None:
+        nonlocal full_reads
+        keys = replica.drain_changes("tasks")
+        if keys is None:
+            full_reads += 1
+            mirror.clear()
+            mirror.update(replica.tasks())
+        else:
+            for key in keys:
+                got = replica.task(key)
+                if got is None:
+                    mirror.pop(key, None)
+                else:
+                    mirror[key] = got
+        scratch = NodeDoc("node-gw", client_id_for("probe"))
+        scratch.apply_remote(replica.snapshot(), sender="probe")
+        assert mirror == dict(scratch.tasks())
+        assert dict(replica.tasks()) == mirror  # the document's own decoded view too
+
+    def write(change: Callable[[], object]) -> None:
+        """A write of the writer's; its update (if it made one) carries its state after."""
+        made = len(queue)
+        change()
+        if len(queue) > made:
+            queue[-1] = (queue[-1][0], writer.state_vector())
+
+    read()
+    for step in steps:
+        match step:
+            case ("write", key, value):
+                write(lambda: writer.put_task(f"t{key}", report(value)))
+            case ("remove", key):
+                write(lambda: writer.remove_task(f"t{key}"))
+            case ("deliver", i) if queue:
+                data, state = queue.pop(i % len(queue))
+                update(data, state)
+                delivered.append((data, state))
+            case ("again", i) if delivered:
+                update(*delivered[i % len(delivered)])
+            case ("answer",):
+                vectors.append(replica.state_vector())
+                answer(vectors[-1])
+            case ("stale", i):
+                answer(vectors[i % len(vectors)])
+            case ("read",):
+                read()
+            case ("rotate",):
+                write(writer.rotate)
+                vectors = [b"\x00"]  # (answers to the old epoch's vectors are void)
+    answer(replica.state_vector())  # the end: a full answer, then the consumer reads
+    read()
+    assert replica.content_hash() == writer.content_hash()
+    assert mirror == dict(writer.tasks())
+
+
+def test_a_duplicate_of_the_sole_writer_costs_no_full_read_and_a_pending_one_still_does() -> None:
+    """The rule in three cases: the writer's update delivered twice, and its step 2 to a state
+    vector of ours that the update already brought, are duplicates (the consumer reads just
+    the changed key); an update waiting for one that was lost changes nothing either, but the
+    state vector it carries is ahead of ours: pending, read in full after the answer."""
+    writer = NodeDoc("node-gw", client_id_for("gw"))
+    replica = NodeDoc("node-gw", client_id_for("central"))
+    updates: list[bytes] = []
+    writer.on_local_update(updates.append)
+    replica.track_changes("tasks")
+    replica.drain_changes("tasks")  # (the first drain reads it all)
+    before = replica.state_vector()
+    writer.put_task("t1", report(1))
+    state = writer.state_vector()
+    replica.apply_remote(updates[0], sender="gw", writer_state=state)
+    replica.apply_remote(updates[0], sender="gw", writer_state=state)  # redelivered
+    assert not is_unsettled(replica)
+    replica.apply_remote(writer.diff(before), sender="gw", writer_whole=True)  # stale answer
+    replica.settle()
+    assert not is_unsettled(replica) and replica.drain_changes("tasks") == {"t1"}
+    # without the writer's word (another peer's answer, or an update with no state vector)
+    # the same duplicate is taken for a pending one, as before
+    replica.apply_remote(writer.diff(before), sender="gw")
+    assert is_unsettled(replica)
+    replica.settle()
+    assert replica.drain_changes("tasks") is None
+    writer.put_task("t2", report(2))  # lost on the way
+    writer.put_task("t3", report(3))
+    # waits for t2: pycrdt reports no change (no event, the state vector stays), so only
+    # the writer's state vector it carries tells it from a duplicate
+    assert not replica.apply_remote(updates[2], sender="gw", writer_state=writer.state_vector())
+    assert is_unsettled(replica)
+    replica.apply_remote(writer.diff(replica.state_vector()), sender="gw", writer_whole=True)
+    replica.settle()
+    assert replica.drain_changes("tasks") is None  # read in full: t3 came without an event
+    assert sorted(replica.tasks()) == ["t1", "t2", "t3"]
