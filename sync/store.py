@@ -16,12 +16,14 @@ never sees another call's uncommitted rows.
 
 Each call outside a :meth:`Store.transaction` block is one job in that thread (a write's
 ``BEGIN IMMEDIATE``, its statements and its ``COMMIT`` or ``ROLLBACK`` together), handed back
-to the event loop once, at its end: however many statements it runs, a write holds the store
-for one turn of a busy loop, not one per statement. Inside a block each call is one job, and
-so are the ``BEGIN`` and the end. A caller cancelled while its job runs waits for the job to
-end before it raises :class:`asyncio.CancelledError` (a job cannot be interrupted): a cancelled
-write may have committed, as when the process stops right after a ``COMMIT``, and is never left
-half done nor leaves a transaction open for the next call.
+to the event loop once, at its end: however many statements it runs, a write waits for a busy
+loop once, not once per statement (the thread still waits for the GIL around its statements
+while the loop computes: central shortens the switch interval for that). Inside a block each
+call is one job (the first with the block's ``BEGIN``), and so is the block's end. A caller
+cancelled while its job runs waits for the job to end before it raises
+:class:`asyncio.CancelledError` (a job cannot be interrupted): a cancelled write may have
+committed, as when the process stops right after a ``COMMIT``, and is never left half done nor
+leaves a transaction open for the next call.
 
 History stays bounded: :meth:`Store.prune_history` moves finished tasks and old decisions out of
 the hot tables in bounded batches, counting them per UTC day (:meth:`Store.history`), and the
@@ -232,11 +234,13 @@ class Store:
         self._tx_owner: asyncio.Task[Any] | None = None
         #: Why the open transaction can no longer commit (a write inside it failed).
         self._tx_failed: StoreError | None = None
+        #: The open transaction block's state in the database thread (whether it has begun).
+        self._tx_block = _Block()
         self.path = path
         self.schema_version = schema_version
         self.recovery = recovery
-        #: Jobs handed to the database thread so far, each one hand-back to the event loop (a
-        #: call outside :meth:`transaction` is one; inside, each call, the BEGIN and the end).
+        #: Jobs handed to the database thread so far, each one hand-back to the event loop: a
+        #: call is one, and a :meth:`transaction` block with calls in it one more (its end).
         self.jobs = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -831,20 +835,22 @@ class Store:
         even if the block caught it. Nested blocks of the same task join the outer one. Keep
         the block short: no process spawns or sleeps inside it.
 
-        The ``BEGIN``, each call inside the block and the block's end (``COMMIT``, or
-        ``ROLLBACK``) are one job each in the database thread, each a hand-back to the event
-        loop: the block's own code runs on the loop in between, and the store stays held. A
-        block cancelled during its ``COMMIT`` raises :class:`asyncio.CancelledError` once the
-        COMMIT has ended: it may have committed.
+        Each call inside the block is one job in the database thread, the first one with the
+        ``BEGIN IMMEDIATE`` in front of it, and the block's end (``COMMIT``, or ``ROLLBACK``)
+        is one more, each a hand-back to the event loop: the block's own code runs on the loop
+        in between, the store held (its lock is taken on entering the block, so nothing of
+        this process writes between the entry and the ``BEGIN``). A block without calls costs
+        no job. A block cancelled during its ``COMMIT`` raises
+        :class:`asyncio.CancelledError` once the COMMIT has ended: it may have committed.
         """
         task = asyncio.current_task()
         if task is not None and self._tx_owner is task:
             yield  # nested: the outer block commits
             return
         async with self._holding(f"a transaction of task {_task_name(task)}"):
+            block = _Block()
             try:
-                await self._job(_begin)
-                self._tx_owner, self._tx_failed = task, None
+                self._tx_owner, self._tx_failed, self._tx_block = task, None, block
                 try:
                     yield
                 finally:
@@ -852,9 +858,11 @@ class Store:
                     self._tx_failed = None
                 if failed is not None:
                     raise failed
-                await self._job(_commit)
+                if block.begun:
+                    await self._job(_commit)
             except BaseException as exc:
-                await self._job(_rollback, droppable=False)
+                if block.begun:  # (up to date: a job has always ended when its caller goes on)
+                    await self._job(_rollback, droppable=False)
                 if isinstance(exc, sqlite3.Error):
                     raise _error("cannot commit", exc) from exc
                 raise
@@ -886,8 +894,8 @@ class Store:
     async def _write(self, what: str, body: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``body`` (in the database thread) in one ``BEGIN IMMEDIATE`` transaction,
         committed before returning: ``BEGIN``, ``body``, ``COMMIT`` (or ``ROLLBACK``) are one
-        job. Inside the caller's open :meth:`transaction`, ``body`` alone is the job (committed
-        at the block's end).
+        job. Inside the caller's open :meth:`transaction`, ``body`` is the job (the block's
+        first call begins its transaction; it commits at the block's end).
 
         A caller cancelled while its job runs gets :class:`asyncio.CancelledError` once the job
         has ended, never before: the write then either committed (as if the process had
@@ -896,7 +904,7 @@ class Store:
         """
         if self._joined():
             try:
-                return await self._job(body)
+                return await self._job(functools.partial(_in_block, self._tx_block, what, body))
             except BaseException as exc:
                 failure = _failure(what, exc)
                 if self._tx_failed is None:  # the transaction cannot commit any more
@@ -919,7 +927,7 @@ class Store:
         :meth:`transaction` it sees that transaction's own writes."""
         if self._joined():
             try:
-                return await self._job(body)
+                return await self._job(functools.partial(_in_block, self._tx_block, what, body))
             except sqlite3.Error as exc:
                 raise _error(what, exc) from exc
         async with self._lock:
@@ -998,6 +1006,27 @@ def _begin(conn: sqlite3.Connection) -> None:
 
 def _commit(conn: sqlite3.Connection) -> None:
     conn.execute("COMMIT")
+
+
+@dataclass
+class _Block:
+    """A :meth:`Store.transaction` block, as its jobs in the database thread see it."""
+
+    begun: bool = False
+
+
+def _in_block(
+    block: _Block, what: str, body: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection
+) -> _T:
+    """``body`` inside ``block``'s transaction: the block's first call begins it. A call
+    that finds it ended (SQLite may roll a transaction back by itself after an error, e.g.
+    SQLITE_FULL) raises rather than run on its own and commit at once."""
+    if not block.begun:
+        _begin(conn)
+        block.begun = True
+    elif not conn.in_transaction:
+        raise StoreError(f"{what}: the transaction was rolled back after an earlier error")
+    return body(conn)
 
 
 def _one_transaction(body: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection) -> _T:

@@ -2,11 +2,12 @@
 
 A write outside a transaction block (``BEGIN``, its statements, ``COMMIT``) and a read are one
 job each in the store's thread, handed back to the event loop once; inside a block each call
-is one job, and so are the ``BEGIN`` and the end. Counted exactly (``Store.jobs`` and the
-callbacks the thread hands to the loop) and timed under a loop blocked 20 ms a turn. A caller
-cancelled mid-job gets control back only once the job has ended (a started write commits, a
-block rolls back) and never leaves a transaction open; a statement failing anywhere in a
-multi-statement write rolls back the statements before it. Real SQLite files in ``tmp_path``.
+is one job (the first begins the block's transaction), and so is the block's end. Counted
+exactly (``Store.jobs`` and the callbacks the thread hands to the loop) and timed under a loop
+blocked 20 ms a turn. A caller cancelled mid-job gets control back only once the job has
+ended (a started write commits, a block rolls back) and never leaves a transaction open; a
+statement failing anywhere in a multi-statement write rolls back the statements before it.
+Real SQLite files in ``tmp_path``.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def test_jobs_are_one_per_call_and_two_per_block_property(tmp_path: Path) -> Non
             for kind in calls:
                 await call(kind)
             return len(calls)
-        if op == "block":  # BEGIN, the calls, COMMIT
+        if op == "block":  # BEGIN with the first call, the others, COMMIT
             async with store.transaction():
                 for kind in calls:
                     await call(kind)
@@ -169,13 +170,13 @@ def test_jobs_are_one_per_call_and_two_per_block_property(tmp_path: Path) -> Non
             async with store.transaction(), store.transaction():
                 for kind in calls:
                     await call(kind)
-        else:  # BEGIN, the calls, ROLLBACK
+        else:  # BEGIN with the first call, the others, ROLLBACK
             with pytest.raises(RuntimeError):
                 async with store.transaction():
                     for kind in calls:
                         await call(kind)
                     raise RuntimeError("the block fails")
-        return len(calls) + 2
+        return len(calls) + 1 if calls else 0  # a block without calls: nothing to begin
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(_ops)
@@ -187,6 +188,39 @@ def test_jobs_are_one_per_call_and_two_per_block_property(tmp_path: Path) -> Non
     finally:
         loop.run_until_complete(store.close())
         loop.close()
+
+
+async def test_a_block_begins_with_its_first_call(store: Store, tmp_path: Path) -> None:
+    statements: list[str] = []
+    await store.trace(statements.append)
+    jobs = store.jobs
+    async with store.transaction():
+        assert no_write_transaction_open(tmp_path / "edge.db")  # (the lock: this process's)
+        await store.set_meta("a", "1")
+        assert not no_write_transaction_open(tmp_path / "edge.db")
+        await store.append_update("node", b"u1")
+    assert store.jobs - jobs == 3
+    assert [s.split()[0] for s in statements] == ["BEGIN", "INSERT", "INSERT", "COMMIT"]
+    async with store.transaction():
+        pass
+    assert store.jobs - jobs == 3 and len(statements) == 4  # an empty block: nothing
+    assert await store.get_meta("a") == "1" and await store.updates("node") == [(1, b"u1")]
+
+
+async def test_a_call_never_runs_outside_its_blocks_transaction(
+    store: Store, tmp_path: Path
+) -> None:
+    """SQLite may roll a transaction back by itself after an error (SQLITE_FULL can): the
+    block's next call then fails (and dooms the block) rather than commit on its own."""
+    with pytest.raises(StoreError, match="rolled back after an earlier error"):
+        async with store.transaction():
+            await store.set_meta("a", "1")
+            await store._job(lambda conn: conn.execute("ROLLBACK"))  # as SQLite would
+            with pytest.raises(StoreError, match="rolled back after an earlier error"):
+                await store.set_meta("b", "1")
+            await store.set_meta("c", "1")  # the block goes on: its end raises
+    assert no_write_transaction_open(tmp_path / "edge.db")
+    assert [await store.get_meta(k) for k in "abc"] == [None, None, None]
 
 
 async def test_a_writes_hold_does_not_grow_with_its_statements_on_a_busy_loop(
@@ -280,8 +314,7 @@ async def test_a_write_cancelled_mid_job_ends_before_its_caller_moves_on(
         # Nothing awaited since: the job had ended (committed: it had started, and a job
         # cannot be interrupted) before the cancelled caller got control back.
         assert visible(path, "SELECT count(*) FROM tasks") == [(len(BIG),)]
-        assert no_write_transaction_open(path)
-        await queued
+        await queued  # (its job may be running now: it had the lock next)
         await store.put_task(record(99_999))  # the next write: its own transaction
         assert visible(path, "SELECT value FROM meta WHERE key = 'queued'") == [("1",)]
         assert visible(path, "SELECT count(*) FROM tasks") == [(len(BIG) + 1,)]
@@ -343,9 +376,11 @@ async def test_a_cancelled_open_closes_what_it_opened(
         await store.put_task(record(1))
     started, release = threading.Event(), threading.Event()
     opened: list[sqlite3.Connection] = []
+    threads: list[threading.Thread] = []
     real_open = store_module._open
 
     def slow_open(*args: Any) -> Any:  # in the new store's thread
+        threads.append(threading.current_thread())
         started.set()
         release.wait(10)
         result = real_open(*args)
@@ -353,7 +388,6 @@ async def test_a_cancelled_open_closes_what_it_opened(
         return result
 
     monkeypatch.setattr(store_module, "_open", slow_open)
-    threads = set(threading.enumerate())
     opening = asyncio.create_task(Store.open(path))
     await wait_for(started)
     opening.cancel()
@@ -363,8 +397,9 @@ async def test_a_cancelled_open_closes_what_it_opened(
     with pytest.raises(asyncio.CancelledError):
         await opening
     (conn,) = opened
-    (thread,) = set(threading.enumerate()) - threads
+    (thread,) = threads
     await asyncio.to_thread(thread.join, 10)  # the executor was shut down, after the close
+    assert not thread.is_alive()
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         conn.in_transaction  # noqa: B018
     async with await Store.open(path) as store:
