@@ -208,7 +208,6 @@ def _logging(log_level: str) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call otherwise
 
 
 edge_app = typer.Typer(help="Run and talk to an edge node's sub-engine.", no_args_is_help=True)

@@ -17,8 +17,9 @@ Timed, ``--reps`` times each (median printed), the work the engine repeats every
   engine's own step is called when it has one (``_sample_step``); an engine without it (the
   tree before this change) gets a copy of its loop body, without the hourly rollup.
 
-Wall time (includes the aiosqlite thread) and the event loop thread's CPU time
-(``time.thread_time``: what the loop itself spent, e.g. decoding rows) are printed, with each
+Wall time (includes the store's database thread) and the event loop thread's CPU time
+(``time.thread_time``: what the loop itself spent; the store decodes rows in its own
+thread since a store call became one job there) are printed, with each
 figure's ratio to the H=100 case. With a store that has ``prune_history``, also the time of
 one pruning batch with every one of the H rows past the retention.
 

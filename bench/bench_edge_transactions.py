@@ -9,9 +9,10 @@ memory small enough for all N to fit on this machine).
 What is counted, in the window from just before the first submit to the moment the last task
 reads ``running`` in the store:
 
-* **commits**: every ``COMMIT`` statement the store's aiosqlite connection executes (the class
-  method ``aiosqlite.Connection.execute`` is wrapped, so whatever path a write takes through
-  :class:`~edgesched.sync.store.Store` is seen); ``BEGIN`` too, as a cross-check;
+* **commits**: every ``COMMIT`` statement the store's SQLite connection starts (the store's
+  statement trace, :meth:`~edgesched.sync.store.Store.trace`, set once the engine is ready, so
+  whatever path a write takes through :class:`~edgesched.sync.store.Store` is seen);
+  ``BEGIN`` too, as a cross-check;
 * **fsyncs**: the child running the engine runs under
   ``strace -f --seccomp-bpf -y -ttt -e trace=fsync,fdatasync`` (only those two system calls
   stop the tracee, so the overhead is small) and the ``fsync``/``fdatasync`` calls whose
@@ -61,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,26 +74,18 @@ MARK = "EDGESCHED_BENCH_TX"  # in every task's environment, to find leftovers
 # ---------------------------------------------------------------------- the child: one batch
 
 
-def _count_commits() -> dict[str, list[float]]:
-    """Wrap aiosqlite's Connection.execute: the wall time of every BEGIN and COMMIT."""
-    import aiosqlite
-
+def _count_commits() -> tuple[dict[str, list[float]], Callable[[str], None]]:
+    """The wall time of every BEGIN and COMMIT the store starts, and the statement trace
+    (for ``Store.trace``) that records them."""
     seen: dict[str, list[float]] = {"BEGIN": [], "COMMIT": []}
-    original = aiosqlite.Connection.execute
 
-    async def execute(self: Any, sql: str, parameters: Any = None) -> Any:
+    def trace(sql: str) -> None:  # in the store's database thread
         word = sql.lstrip()[:6].upper()
-        if parameters is None:
-            cursor = await original(self, sql)
-        else:
-            cursor = await original(self, sql, parameters)
         for key in seen:
             if word.startswith(key):
                 seen[key].append(time.time())
-        return cursor
 
-    aiosqlite.Connection.execute = execute  # type: ignore[method-assign,assignment]
-    return seen
+    return seen, trace
 
 
 async def _batch(tmp: Path, n: int, cycle_s: float, stamp: str) -> dict[str, Any]:
@@ -101,7 +95,7 @@ async def _batch(tmp: Path, n: int, cycle_s: float, stamp: str) -> dict[str, Any
     from edgesched.edge.executor import kill_leftovers
     from edgesched.ports import free_port
 
-    seen = _count_commits()
+    seen, trace = _count_commits()
     state = tmp / "state"
     config = parse_config(
         {
@@ -135,6 +129,7 @@ async def _batch(tmp: Path, n: int, cycle_s: float, stamp: str) -> dict[str, Any
     acked: dict[str, float] = {}
     try:
         await asyncio.wait_for(engine.wait_ready(), 60)
+        await engine.store.trace(trace)
         # startup writes (identity, registration) and the first cycles' (the idle power
         # report) settle and are logged, so the window counts the task path's commits only
         await asyncio.sleep(max(1.0, 2.5 * cycle_s))

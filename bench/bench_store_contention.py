@@ -1,13 +1,18 @@
 """How long central's SQLite writes hold the store while its event loop computes.
 
-SQLite runs in aiosqlite's worker thread. The thread gives up the GIL around each statement
-(and each row of an ``executemany``) and then waits for it while the event loop's thread
-computes: up to the interpreter's switch interval each time (5 ms by default). At 10,000
-nodes central's snapshot batches held the store 0.6-3 s, and the fleet journal (each
-submission) waited behind them. This benchmark reproduces it in one process: a task keeps
-the loop busy (``--turn-ms`` of Python work per turn, as central's receive path and steps
-do) while the store writes a batch of replica snapshots (``Store.replace_docs``) and one
-journal update in a transaction, at Python's default switch interval and at central's
+SQLite runs in the store's database thread, each write one job there (``BEGIN``, its
+statements, ``COMMIT``), handed back to the event loop once: the write waits for the busy
+loop's turn once (about two turns: the hand-back, then the waiting task's wake-up), however
+many statements it runs. A transaction block costs one job per call in it plus one for its
+end. The thread gives up the GIL around each statement (and each row of an ``executemany``)
+and then waits for it while the event loop's thread computes: up to the interpreter's switch
+interval each time (5 ms by default). At 10,000 nodes central's snapshot batches held the
+store 0.6-3 s (then on aiosqlite's thread: a round trip through the loop per statement, and
+those GIL waits), and the fleet journal (each submission) waited behind them. This benchmark
+reproduces it in one process: a task keeps the loop busy (``--turn-ms`` of Python work per
+turn, as central's receive path and steps do) while the store writes a batch of replica
+snapshots (``Store.replace_docs``: one job) and one journal update in a transaction (a block
+of one append: two jobs), at Python's default switch interval and at central's
 (``SWITCH_INTERVAL_S``), for two batch sizes. Prints the median and worst hold of each, and
 the ratio default / central's setting.
 

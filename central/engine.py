@@ -279,11 +279,12 @@ class CentralEngine:
 
     async def run(self) -> None:
         """Restore the replicas from SQLite, then serve until :meth:`stop`."""
-        # SQLite runs in aiosqlite's thread, which gives up the GIL around every statement
-        # and row and then waits for it while this loop computes: up to the switch interval
-        # (5 ms) each time. A snapshot batch of 72 replicas held the store 0.6-3 s at 10,000
-        # nodes (the fleet journal, and each submission, waiting behind it); at 0.5 ms,
-        # 0.2 s (bench/bench_store_contention.py).
+        # SQLite runs in the store's thread (each write one job there), which gives up the
+        # GIL around every statement and row and then waits for it while this loop
+        # computes: up to the switch interval (5 ms) each time. A snapshot batch of 72
+        # replicas held the store 0.6-3 s at 10,000 nodes (the fleet journal, and each
+        # submission, waiting behind it); at 0.5 ms, 0.2 s, and 60-80 ms once a write was
+        # one job (bench/bench_store_contention.py: 300-640 ms at 5 ms even then).
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._store = await Store.open(self.state_dir / "central.db")

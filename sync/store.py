@@ -10,8 +10,20 @@ Every write is one transaction, committed before the call returns, unless it run
 from the asyncio task that opened it) commit together, once, at its end, or not at all. With
 ``synchronous=FULL`` each commit costs an fsync, so a state change that writes its row, its
 decisions and its document update in one transaction pays one instead of three or more. One
-:class:`Store` per process, on one aiosqlite connection; operations are serialized with an
-asyncio lock, so a reader never sees another call's uncommitted rows.
+:class:`Store` per process, on one SQLite connection used only by the store's own database
+thread (a one-worker executor); operations are serialized with an asyncio lock, so a reader
+never sees another call's uncommitted rows.
+
+Each call outside a :meth:`Store.transaction` block is one job in that thread (a write's
+``BEGIN IMMEDIATE``, its statements and its ``COMMIT`` or ``ROLLBACK`` together), handed back
+to the event loop once, at its end: however many statements it runs, a write waits for a busy
+loop once, not once per statement (the thread still waits for the GIL around its statements
+while the loop computes: central shortens the switch interval for that). Inside a block each
+call is one job (the first with the block's ``BEGIN``), and so is the block's end. A caller
+cancelled while its job runs waits for the job to end before it raises
+:class:`asyncio.CancelledError` (a job cannot be interrupted): a cancelled write may have
+committed, as when the process stops right after a ``COMMIT``, and is never left half done nor
+leaves a transaction open for the next call.
 
 History stays bounded: :meth:`Store.prune_history` moves finished tasks and old decisions out of
 the hot tables in bounded batches, counting them per UTC day (:meth:`Store.history`), and the
@@ -29,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -37,21 +50,19 @@ import sqlite3
 import time
 from collections.abc import (
     AsyncIterator,
-    Awaitable,
     Callable,
     Collection,
     Iterator,
     Mapping,
     Sequence,
 )
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeGuard, TypeVar
 from urllib.parse import quote
-
-import aiosqlite
 
 from edgesched.core.model import Decision
 from edgesched.core.task import Assignment, TaskRecord, TaskSpec, TaskState
@@ -208,20 +219,29 @@ class Store:
 
     def __init__(
         self,
-        conn: aiosqlite.Connection,
+        conn: sqlite3.Connection,
         path: Path,
         schema_version: int,
         recovery: Recovery | None,
+        *,
+        executor: ThreadPoolExecutor | None = None,
     ) -> None:
-        self._conn: aiosqlite.Connection | None = conn
+        self._conn: sqlite3.Connection | None = conn
+        #: The database thread: the only thread that uses ``conn`` (:meth:`open` made it there).
+        self._executor = executor if executor is not None else _database_thread()
         self._lock = asyncio.Lock()
         #: The asyncio task inside :meth:`transaction` (its store calls join that transaction).
         self._tx_owner: asyncio.Task[Any] | None = None
         #: Why the open transaction can no longer commit (a write inside it failed).
         self._tx_failed: StoreError | None = None
+        #: The open transaction block's state in the database thread (whether it has begun).
+        self._tx_block = _Block()
         self.path = path
         self.schema_version = schema_version
         self.recovery = recovery
+        #: Jobs handed to the database thread so far, each one hand-back to the event loop: a
+        #: call is one, and a :meth:`transaction` block with calls in it one more (its end).
+        self.jobs = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -230,42 +250,26 @@ class Store:
         """Open (creating, migrating or recovering as needed) the store at ``path``.
 
         ``max_page_count`` caps the database size in pages (SQLite reports SQLITE_FULL past it).
-        Raises :class:`StoreError` when the path cannot be opened or the schema is newer.
+        Raises :class:`StoreError` when the path cannot be opened or the schema is newer. The
+        work (checks, migration, a recovery's salvage) is one job in the store's new database
+        thread, off the event loop.
         """
         path = Path(path)
         if max_page_count is not None and max_page_count < 1:
             raise ValueError("max_page_count must be >= 1")
+        executor = _database_thread()
+
+        def discard(opened: tuple[sqlite3.Connection, int, Recovery | None]) -> None:
+            executor.submit(opened[0].close)  # opened, but the caller was cancelled
+
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot open store {path}: {_os_reason(exc)}") from None
-        if path.is_dir():
-            raise StoreError(f"cannot open store {path}: it is a directory")
-        try:
-            conn, version = await _connect(path, max_page_count)
-            return cls(conn, path, version, None)
-        except _CorruptError as exc:
-            reason = str(exc)
-        moved_to = _move_aside(path)
-        try:
-            conn, version = await _connect(path, max_page_count)
-        except _CorruptError as exc:
-            raise StoreError(f"cannot create a fresh store at {path}: {exc}") from None
-        try:
-            salvaged = await asyncio.to_thread(_salvage, moved_to, path, max_page_count)
-        except Exception as exc:  # salvage is best effort: the fresh store is still usable
-            log.error("salvaging rows from %s failed: %s", moved_to, exc)
-            salvaged = {}
-        recovery = Recovery(moved_to=moved_to, salvaged=salvaged, reason=reason)
-        log.warning(
-            "store %s was corrupt (%s): moved aside to %s, fresh database created, "
-            "rows salvaged: %s",
-            path,
-            reason,
-            moved_to,
-            ", ".join(f"{t}={n}" for t, n in salvaged.items()) or "none",
-        )
-        return cls(conn, path, version, recovery)
+            conn, version, recovery = await _in_thread(
+                executor, functools.partial(_open, path, max_page_count), discard=discard
+            )
+        except BaseException:
+            executor.shutdown(wait=False)  # (after the discarded connection's close, if any)
+            raise
+        return cls(conn, path, version, recovery, executor=executor)
 
     async def close(self) -> None:
         """Close the store (idempotent); later calls raise :class:`StoreError`."""
@@ -273,12 +277,13 @@ class Store:
             conn, self._conn = self._conn, None
             if conn is None:
                 return
-            with contextlib.suppress(sqlite3.Error):
-                await conn.execute("PRAGMA optimize")
             try:
-                await conn.close()
+                self.jobs += 1
+                await _in_thread(self._executor, functools.partial(_close, conn), droppable=False)
             except sqlite3.Error as exc:
                 raise StoreError(f"closing store {self.path}: {exc}") from exc
+            finally:
+                self._executor.shutdown(wait=False)  # its thread ends once the close has run
 
     async def __aenter__(self) -> Store:
         return self
@@ -290,6 +295,13 @@ class Store:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    async def trace(self, callback: Callable[[str], object] | None) -> None:
+        """From now on, call ``callback`` with the text of each SQL statement the store runs
+        (None: stop). It runs in the database thread, inside the statement: keep it short and
+        thread-safe (appending to a list is). For tests and benchmarks, e.g. to count the
+        ``COMMIT``s of a code path; one job, which does not wait for the store's lock."""
+        await self._job(lambda conn: conn.set_trace_callback(callback))
 
     # ------------------------------------------------------------------ tasks
 
@@ -306,20 +318,18 @@ class Store:
             f" and {len(records) - 1} more" if len(records) > 1 else ""
         )
 
-        async def body(conn: aiosqlite.Connection) -> None:
-            await conn.executemany(_UPSERT_TASK, rows)
+        def body(conn: sqlite3.Connection) -> None:
+            conn.executemany(_UPSERT_TASK, rows)
 
         await self._write(what, body)
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
         """The record of ``task_id``, or None."""
 
-        async def body(conn: aiosqlite.Connection) -> TaskRecord | None:
-            rows = list(
-                await conn.execute_fetchall(
-                    f"SELECT {_TASK_COLS} FROM tasks WHERE id = ?", (task_id,)
-                )
-            )
+        def body(conn: sqlite3.Connection) -> TaskRecord | None:
+            rows = conn.execute(
+                f"SELECT {_TASK_COLS} FROM tasks WHERE id = ?", (task_id,)
+            ).fetchall()
             if not rows:
                 return None
             try:
@@ -358,9 +368,9 @@ class Store:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY submitted_at, id"
 
-        async def body(conn: aiosqlite.Connection) -> list[TaskRecord]:
+        def body(conn: sqlite3.Connection) -> list[TaskRecord]:
             out: list[TaskRecord] = []
-            for row in await conn.execute_fetchall(sql, params):
+            for row in conn.execute(sql, params).fetchall():
                 try:
                     out.append(_task_from_row(tuple(row)))
                 except Exception as exc:
@@ -380,8 +390,8 @@ class Store:
             for d in decisions
         ]
 
-        async def body(conn: aiosqlite.Connection) -> None:
-            await conn.executemany(
+        def body(conn: sqlite3.Connection) -> None:
+            conn.executemany(
                 "INSERT INTO decisions (at, kind, node_id, task_id, source, body) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 rows,
@@ -406,9 +416,9 @@ class Store:
             params = (task_id, limit)
         sql += " ORDER BY seq DESC LIMIT ?"
 
-        async def body(conn: aiosqlite.Connection) -> list[dict[str, object]]:
+        def body(conn: sqlite3.Connection) -> list[dict[str, object]]:
             out: list[dict[str, object]] = []
-            for seq, src, text in await conn.execute_fetchall(sql, params):
+            for seq, src, text in conn.execute(sql, params).fetchall():
                 item: dict[str, object] = json.loads(text)
                 item["seq"] = seq
                 item["source"] = src
@@ -422,11 +432,11 @@ class Store:
     async def task_counts(self) -> dict[TaskState, int]:
         """Tasks in the hot table per state (kept by triggers: no scan of the tasks)."""
 
-        async def body(conn: aiosqlite.Connection) -> dict[TaskState, int]:
+        def body(conn: sqlite3.Connection) -> dict[TaskState, int]:
             out: dict[TaskState, int] = {}
-            for state, n in await conn.execute_fetchall(
+            for state, n in conn.execute(
                 "SELECT state, n FROM task_state_counts WHERE n > 0"
-            ):
+            ).fetchall():
                 with contextlib.suppress(ValueError):  # a state of a newer release: skipped
                     out[TaskState(state)] = int(n)
             return out
@@ -447,48 +457,44 @@ class Store:
         terminal = [s.value for s in TaskState if s.terminal]
         kept = _dumps(sorted(set(keep)))
 
-        async def body(conn: aiosqlite.Connection) -> tuple[int, int]:
+        def body(conn: sqlite3.Connection) -> tuple[int, int]:
             tasks: list[tuple[int, str, float]] = []
             for state in terminal:  # one index range per state: bounded by the batch
                 if len(tasks) >= batch:
                     break
-                rows = await conn.execute_fetchall(
+                rows = conn.execute(
                     "SELECT rowid, state, updated_at FROM tasks INDEXED BY tasks_by_state_updated "
                     "WHERE state = ? AND updated_at < ? "
                     "AND id NOT IN (SELECT value FROM json_each(?)) "
                     "ORDER BY updated_at LIMIT ?",
                     (state, before, kept, batch - len(tasks)),
-                )
+                ).fetchall()
                 tasks.extend((int(r[0]), str(r[1]), float(r[2])) for r in rows)
             per_day: dict[tuple[str, str], int] = {}
             for _, state, at in tasks:
                 key = (_day(at), state)
                 per_day[key] = per_day.get(key, 0) + 1
-            await conn.executemany(
+            conn.executemany(
                 "INSERT INTO task_history (day, state, n) VALUES (?, ?, ?) "
                 "ON CONFLICT (day, state) DO UPDATE SET n = n + excluded.n",
                 [(day, state, n) for (day, state), n in per_day.items()],
             )
-            await conn.executemany("DELETE FROM tasks WHERE rowid = ?", [(r,) for r, _, _ in tasks])
-            decisions = list(
-                await conn.execute_fetchall(
-                    "SELECT seq, at, kind, source FROM decisions INDEXED BY decisions_by_at "
-                    "WHERE at < ? ORDER BY at LIMIT ?",
-                    (before, batch),
-                )
-            )
+            conn.executemany("DELETE FROM tasks WHERE rowid = ?", [(r,) for r, _, _ in tasks])
+            decisions = conn.execute(
+                "SELECT seq, at, kind, source FROM decisions INDEXED BY decisions_by_at "
+                "WHERE at < ? ORDER BY at LIMIT ?",
+                (before, batch),
+            ).fetchall()
             per_kind: dict[tuple[str, str, str], int] = {}
             for _, at, kind, source in decisions:
                 dkey = (_day(float(at)), str(kind), str(source))
                 per_kind[dkey] = per_kind.get(dkey, 0) + 1
-            await conn.executemany(
+            conn.executemany(
                 "INSERT INTO decision_history (day, kind, source, n) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (day, kind, source) DO UPDATE SET n = n + excluded.n",
                 [(day, kind, source, n) for (day, kind, source), n in per_kind.items()],
             )
-            await conn.executemany(
-                "DELETE FROM decisions WHERE seq = ?", [(d[0],) for d in decisions]
-            )
+            conn.executemany("DELETE FROM decisions WHERE seq = ?", [(d[0],) for d in decisions])
             return len(tasks), len(decisions)
 
         return await self._write("cannot prune the history", body)
@@ -498,23 +504,23 @@ class Store:
         {day: {kind: n}}}``, plus ``"totals"``: every task the store has known per state, the
         hot table's counts and the pruned ones together."""
 
-        async def body(conn: aiosqlite.Connection) -> dict[str, Any]:
+        def body(conn: sqlite3.Connection) -> dict[str, Any]:
             tasks: dict[str, dict[str, int]] = {}
             totals: dict[str, int] = {}
-            for day, state, n in await conn.execute_fetchall(
+            for day, state, n in conn.execute(
                 "SELECT day, state, n FROM task_history ORDER BY day, state"
-            ):
+            ).fetchall():
                 tasks.setdefault(str(day), {})[str(state)] = int(n)
                 totals[str(state)] = totals.get(str(state), 0) + int(n)
-            for state, n in await conn.execute_fetchall(
+            for state, n in conn.execute(
                 "SELECT state, n FROM task_state_counts WHERE n > 0"
-            ):
+            ).fetchall():
                 totals[str(state)] = totals.get(str(state), 0) + int(n)
             decisions: dict[str, dict[str, int]] = {}
-            for day, kind, n in await conn.execute_fetchall(
+            for day, kind, n in conn.execute(
                 "SELECT day, kind, sum(n) FROM decision_history GROUP BY day, kind "
                 "ORDER BY day, kind"
-            ):
+            ).fetchall():
                 decisions.setdefault(str(day), {})[str(kind)] = int(n)
             return {"tasks": tasks, "decisions": decisions, "totals": totals}
 
@@ -528,8 +534,8 @@ class Store:
             raise ValueError(f"sample time must be a finite number, got {at!r}")
         text = _dumps(dict(payload))
 
-        async def body(conn: aiosqlite.Connection) -> None:
-            await conn.execute("INSERT INTO samples (at, payload) VALUES (?, ?)", (at, text))
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO samples (at, payload) VALUES (?, ?)", (at, text))
 
         await self._write("cannot store sample", body)
 
@@ -544,8 +550,8 @@ class Store:
             params = (since, until)
         sql += " ORDER BY at, id"
 
-        async def body(conn: aiosqlite.Connection) -> list[tuple[float, dict[str, object]]]:
-            return [(at, json.loads(p)) for at, p in await conn.execute_fetchall(sql, params)]
+        def body(conn: sqlite3.Connection) -> list[tuple[float, dict[str, object]]]:
+            return [(at, json.loads(p)) for at, p in conn.execute(sql, params).fetchall()]
 
         return await self._read("cannot read samples", body)
 
@@ -560,8 +566,8 @@ class Store:
             params = (since, until)
         sql += " ORDER BY bucket, width"
 
-        async def body(conn: aiosqlite.Connection) -> list[tuple[float, dict[str, object]]]:
-            return [(b, json.loads(p)) for b, p in await conn.execute_fetchall(sql, params)]
+        def body(conn: sqlite3.Connection) -> list[tuple[float, dict[str, object]]]:
+            return [(b, json.loads(p)) for b, p in conn.execute(sql, params).fetchall()]
 
         return await self._read("cannot read sample rollups", body)
 
@@ -586,30 +592,28 @@ class Store:
         raw_cutoff = now - raw_retention_s
         rollup_cutoff = now - rollup_retention_s
 
-        async def body(conn: aiosqlite.Connection) -> int:
+        def body(conn: sqlite3.Connection) -> int:
             buckets: dict[float, _Bucket] = {}
-            async with conn.execute(
+            cursor = conn.execute(
                 "SELECT at, payload FROM samples WHERE at < ? ORDER BY at, id", (raw_cutoff,)
-            ) as cursor:
-                async for at, text in cursor:
-                    start = math.floor(at / rollup_s) * rollup_s
-                    if start < rollup_cutoff:
-                        continue  # would expire at once
-                    payload = json.loads(text)
-                    if isinstance(payload, dict):
-                        buckets.setdefault(start, _Bucket()).add(at, payload)
+            )
+            for at, text in cursor:  # streamed: the whole scan is not held in memory
+                start = math.floor(at / rollup_s) * rollup_s
+                if start < rollup_cutoff:
+                    continue  # would expire at once
+                payload = json.loads(text)
+                if isinstance(payload, dict):
+                    buckets.setdefault(start, _Bucket()).add(at, payload)
             for start, bucket in buckets.items():
-                rows = list(
-                    await conn.execute_fetchall(
-                        "SELECT n, last_at, payload, stats FROM sample_rollups "
-                        "WHERE bucket = ? AND width = ?",
-                        (start, rollup_s),
-                    )
-                )
+                rows = conn.execute(
+                    "SELECT n, last_at, payload, stats FROM sample_rollups "
+                    "WHERE bucket = ? AND width = ?",
+                    (start, rollup_s),
+                ).fetchall()
                 if rows:
                     n, last_at, payload, stats = rows[0]
                     bucket.merge_stored(n, last_at, json.loads(payload), json.loads(stats))
-                await conn.execute(
+                conn.execute(
                     "INSERT OR REPLACE INTO sample_rollups "
                     "(bucket, width, n, last_at, payload, stats) VALUES (?, ?, ?, ?, ?, ?)",
                     (
@@ -621,10 +625,8 @@ class Store:
                         _dumps({"sums": bucket.sums, "counts": bucket.counts}),
                     ),
                 )
-            raw = await conn.execute("DELETE FROM samples WHERE at < ?", (raw_cutoff,))
-            old = await conn.execute(
-                "DELETE FROM sample_rollups WHERE bucket < ?", (rollup_cutoff,)
-            )
+            raw = conn.execute("DELETE FROM samples WHERE at < ?", (raw_cutoff,))
+            old = conn.execute("DELETE FROM sample_rollups WHERE bucket < ?", (rollup_cutoff,))
             return max(raw.rowcount, 0) + max(old.rowcount, 0)
 
         return await self._write("cannot downsample samples", body)
@@ -635,13 +637,13 @@ class Store:
         """Append one CRDT update to ``doc``'s log; returns its sequence number (1, 2, ...)."""
         data = bytes(update)
 
-        async def body(conn: aiosqlite.Connection) -> int:
-            # one statement (one round trip through aiosqlite's thread, not two)
-            rows = await conn.execute_fetchall(
+        def body(conn: sqlite3.Connection) -> int:
+            # one statement: the next seq is found and taken at once
+            rows = conn.execute(
                 f"INSERT INTO doc_updates (doc, seq, data) VALUES (?1, 1 + {_LAST_SEQ}, ?2) "
                 "RETURNING seq",
                 (doc, data),
-            )
+            ).fetchall()
             return int(next(iter(rows))[0])
 
         return await self._write(f"cannot append an update to document {doc}", body)
@@ -653,11 +655,11 @@ class Store:
         snapshot first, then the updates after its seq.
         """
 
-        async def body(conn: aiosqlite.Connection) -> list[tuple[int, bytes]]:
-            rows = await conn.execute_fetchall(
+        def body(conn: sqlite3.Connection) -> list[tuple[int, bytes]]:
+            rows = conn.execute(
                 "SELECT seq, data FROM doc_updates WHERE doc = ? AND seq > ? ORDER BY seq",
                 (doc, after_seq),
-            )
+            ).fetchall()
             return [(seq, bytes(data)) for seq, data in rows]
 
         return await self._read(f"cannot read updates of document {doc}", body)
@@ -670,27 +672,25 @@ class Store:
         """
         data = bytes(snapshot)
 
-        async def body(conn: aiosqlite.Connection) -> None:
-            last = await _last_seq(conn, doc)
+        def body(conn: sqlite3.Connection) -> None:
+            last = _last_seq(conn, doc)
             if upto_seq > last:
                 raise StoreError(
                     f"cannot compact document {doc} up to seq {upto_seq}: "
                     f"its last update is seq {last}"
                 )
-            current = await _snapshot_seq(conn, doc)
+            current = _snapshot_seq(conn, doc)
             if current is not None and upto_seq < current:
                 raise StoreError(
                     f"cannot compact document {doc} up to seq {upto_seq}: "
                     f"its snapshot already covers seq {current}"
                 )
-            await conn.execute(
+            conn.execute(
                 "INSERT INTO doc_snapshots (doc, seq, data) VALUES (?, ?, ?) "
                 "ON CONFLICT (doc) DO UPDATE SET seq = excluded.seq, data = excluded.data",
                 (doc, upto_seq, data),
             )  # the epoch stays
-            await conn.execute(
-                "DELETE FROM doc_updates WHERE doc = ? AND seq <= ?", (doc, upto_seq)
-            )
+            conn.execute("DELETE FROM doc_updates WHERE doc = ? AND seq <= ?", (doc, upto_seq))
 
         await self._write(f"cannot compact document {doc}", body)
 
@@ -703,18 +703,18 @@ class Store:
         """
         data = bytes(snapshot)
 
-        async def body(conn: aiosqlite.Connection) -> int:
-            current = await _snapshot_epoch(conn, doc)
+        def body(conn: sqlite3.Connection) -> int:
+            current = _snapshot_epoch(conn, doc)
             if epoch <= current:
                 raise StoreError(
                     f"cannot rotate document {doc} to epoch {epoch}: it is at epoch {current}"
                 )
-            last = await _last_seq(conn, doc)
-            await conn.execute(
+            last = _last_seq(conn, doc)
+            conn.execute(
                 "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data, epoch) VALUES (?, ?, ?, ?)",
                 (doc, last, data, epoch),
             )
-            await conn.execute("DELETE FROM doc_updates WHERE doc = ?", (doc,))
+            conn.execute("DELETE FROM doc_updates WHERE doc = ?", (doc,))
             return last
 
         return await self._write(f"cannot rotate document {doc}", body)
@@ -732,22 +732,22 @@ class Store:
         """
         rows = [(name, bytes(snapshot), int(epoch)) for name, snapshot, epoch in docs]
 
-        async def body(conn: aiosqlite.Connection) -> list[str]:
+        def body(conn: sqlite3.Connection) -> list[str]:
             stored: dict[str, int] = {}
             for start in range(0, len(rows), _IN_CHUNK):  # a few statements, not one per doc
                 names = [name for name, _, _ in rows[start : start + _IN_CHUNK]]
                 marks = ", ".join("?" * len(names))
                 query = f"SELECT doc, epoch FROM doc_snapshots WHERE doc IN ({marks})"
-                found = await conn.execute_fetchall(query, names)
+                found = conn.execute(query, names).fetchall()
                 stored.update((str(doc), int(epoch)) for doc, epoch in found)
             refused = [name for name, _, epoch in rows if stored.get(name, 0) > epoch]
             kept = [row for row in rows if stored.get(row[0], 0) <= row[2]]
-            await conn.executemany(
+            conn.executemany(
                 "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data, epoch) "
                 f"VALUES (?1, {_LAST_SEQ}, ?2, ?3)",
                 kept,
             )
-            await conn.executemany(
+            conn.executemany(
                 "DELETE FROM doc_updates WHERE doc = ?", [(name,) for name, _, _ in kept]
             )
             return refused
@@ -759,12 +759,10 @@ class Store:
     async def snapshot(self, doc: str) -> tuple[int, bytes] | None:
         """``(upto_seq, snapshot)`` of ``doc``'s last compaction, or None."""
 
-        async def body(conn: aiosqlite.Connection) -> tuple[int, bytes] | None:
-            rows = list(
-                await conn.execute_fetchall(
-                    "SELECT seq, data FROM doc_snapshots WHERE doc = ?", (doc,)
-                )
-            )
+        def body(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
+            rows = conn.execute(
+                "SELECT seq, data FROM doc_snapshots WHERE doc = ?", (doc,)
+            ).fetchall()
             return (rows[0][0], bytes(rows[0][1])) if rows else None
 
         return await self._read(f"cannot read the snapshot of document {doc}", body)
@@ -772,10 +770,10 @@ class Store:
     async def doc_names(self) -> list[str]:
         """Every document with a snapshot or a logged update, sorted."""
 
-        async def body(conn: aiosqlite.Connection) -> list[str]:
-            rows = await conn.execute_fetchall(
+        def body(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
                 "SELECT doc FROM doc_snapshots UNION SELECT doc FROM doc_updates ORDER BY 1"
-            )
+            ).fetchall()
             return [str(r[0]) for r in rows]
 
         return await self._read("cannot list the stored documents", body)
@@ -783,12 +781,10 @@ class Store:
     async def snapshot_with_epoch(self, doc: str) -> tuple[int, bytes, int] | None:
         """``(upto_seq, snapshot, epoch)`` of ``doc``'s snapshot, or None (epoch 0 then)."""
 
-        async def body(conn: aiosqlite.Connection) -> tuple[int, bytes, int] | None:
-            rows = list(
-                await conn.execute_fetchall(
-                    "SELECT seq, data, epoch FROM doc_snapshots WHERE doc = ?", (doc,)
-                )
-            )
+        def body(conn: sqlite3.Connection) -> tuple[int, bytes, int] | None:
+            rows = conn.execute(
+                "SELECT seq, data, epoch FROM doc_snapshots WHERE doc = ?", (doc,)
+            ).fetchall()
             return (int(rows[0][0]), bytes(rows[0][1]), int(rows[0][2])) if rows else None
 
         return await self._read(f"cannot read the snapshot of document {doc}", body)
@@ -796,15 +792,15 @@ class Store:
     # ------------------------------------------------------------------ metadata
 
     async def get_meta(self, key: str) -> str | None:
-        async def body(conn: aiosqlite.Connection) -> str | None:
-            rows = list(await conn.execute_fetchall("SELECT value FROM meta WHERE key = ?", (key,)))
+        def body(conn: sqlite3.Connection) -> str | None:
+            rows = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchall()
             return str(rows[0][0]) if rows else None
 
         return await self._read(f"cannot read metadata {key}", body)
 
     async def set_meta(self, key: str, value: str) -> None:
-        async def body(conn: aiosqlite.Connection) -> None:
-            await conn.execute(
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(
                 "INSERT INTO meta (key, value) VALUES (?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (key, value),
@@ -814,10 +810,18 @@ class Store:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _connection(self) -> aiosqlite.Connection:
+    def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             raise StoreError(f"store {self.path} is closed")
         return self._conn
+
+    async def _job(self, fn: Callable[[sqlite3.Connection], _T], *, droppable: bool = True) -> _T:
+        """``fn(conn)``, run in the database thread: one job, one hand-back to the loop. A
+        cancelled caller still waits for a job that has started, and for one that has not
+        unless ``droppable`` (see :func:`_in_thread`)."""
+        conn = self._connection()
+        self.jobs += 1
+        return await _in_thread(self._executor, functools.partial(fn, conn), droppable=droppable)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -830,17 +834,23 @@ class Store:
         dooms the transaction: the block's end then rolls back and raises that error again,
         even if the block caught it. Nested blocks of the same task join the outer one. Keep
         the block short: no process spawns or sleeps inside it.
+
+        Each call inside the block is one job in the database thread, the first one with the
+        ``BEGIN IMMEDIATE`` in front of it, and the block's end (``COMMIT``, or ``ROLLBACK``)
+        is one more, each a hand-back to the event loop: the block's own code runs on the loop
+        in between, the store held (its lock is taken on entering the block, so nothing of
+        this process writes between the entry and the ``BEGIN``). A block without calls costs
+        no job. A block cancelled during its ``COMMIT`` raises
+        :class:`asyncio.CancelledError` once the COMMIT has ended: it may have committed.
         """
         task = asyncio.current_task()
         if task is not None and self._tx_owner is task:
             yield  # nested: the outer block commits
             return
-        async with self._holding(f"a transaction of task {_task_name(task)}") as conn:
+        async with self._holding(f"a transaction of task {_task_name(task)}"):
+            block = _Block()
             try:
-                if conn.in_transaction:  # left over by a cancelled call
-                    await conn.execute("ROLLBACK")
-                await conn.execute("BEGIN IMMEDIATE")
-                self._tx_owner, self._tx_failed = task, None
+                self._tx_owner, self._tx_failed, self._tx_block = task, None, block
                 try:
                     yield
                 finally:
@@ -848,22 +858,25 @@ class Store:
                     self._tx_failed = None
                 if failed is not None:
                     raise failed
-                await conn.execute("COMMIT")
+                if block.begun:
+                    await self._job(_commit)
             except BaseException as exc:
-                await _rollback(conn)
+                if block.begun:  # (up to date: a job has always ended when its caller goes on)
+                    await self._job(_rollback, droppable=False)
                 if isinstance(exc, sqlite3.Error):
                     raise _error("cannot commit", exc) from exc
                 raise
 
     @contextlib.asynccontextmanager
-    async def _holding(self, what: str) -> AsyncIterator[aiosqlite.Connection]:
-        """The store's lock and connection for a write; a hold past :data:`SLOW_HOLD_S` is
-        logged, with how long it waited for the lock."""
+    async def _holding(self, what: str) -> AsyncIterator[None]:
+        """The store's lock for a write; a hold past :data:`SLOW_HOLD_S` is logged, with how
+        long it waited for the lock. Raises :class:`StoreError` if the store is closed."""
         asked = time.monotonic()
         async with self._lock:
             got = time.monotonic()
+            self._connection()
             try:
-                yield self._connection()
+                yield
             finally:
                 held = time.monotonic() - got
                 if held > SLOW_HOLD_S:
@@ -878,13 +891,20 @@ class Store:
         """Whether the calling asyncio task is inside its own :meth:`transaction`."""
         return self._tx_owner is not None and self._tx_owner is asyncio.current_task()
 
-    async def _write(self, what: str, body: Callable[[aiosqlite.Connection], Awaitable[_T]]) -> _T:
-        """Run ``body`` in one ``BEGIN IMMEDIATE`` transaction, committed before returning, or
-        inside the caller's open :meth:`transaction` (committed at its end)."""
+    async def _write(self, what: str, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``body`` (in the database thread) in one ``BEGIN IMMEDIATE`` transaction,
+        committed before returning: ``BEGIN``, ``body``, ``COMMIT`` (or ``ROLLBACK``) are one
+        job. Inside the caller's open :meth:`transaction`, ``body`` is the job (the block's
+        first call begins its transaction; it commits at the block's end).
+
+        A caller cancelled while its job runs gets :class:`asyncio.CancelledError` once the job
+        has ended, never before: the write then either committed (as if the process had
+        stopped just after its COMMIT) or rolled back, never half; inside a transaction it
+        dooms the block. The store's lock is held until the job has ended.
+        """
         if self._joined():
-            conn = self._connection()
             try:
-                return await body(conn)
+                return await self._job(functools.partial(_in_block, self._tx_block, what, body))
             except BaseException as exc:
                 failure = _failure(what, exc)
                 if self._tx_failed is None:  # the transaction cannot commit any more
@@ -893,33 +913,143 @@ class Store:
                 if failure is not None:
                     raise failure from exc
                 raise
-        async with self._holding(what) as conn:
+        async with self._holding(what):
             try:
-                if conn.in_transaction:  # left over by a cancelled call
-                    await conn.execute("ROLLBACK")
-                await conn.execute("BEGIN IMMEDIATE")
-                result = await body(conn)
-                await conn.execute("COMMIT")
-                return result
+                return await self._job(functools.partial(_one_transaction, body))
             except BaseException as exc:
-                await _rollback(conn)
                 failure = _failure(what, exc)
                 if failure is not None:
                     raise failure from exc
                 raise
 
-    async def _read(self, what: str, body: Callable[[aiosqlite.Connection], Awaitable[_T]]) -> _T:
-        if self._joined():  # sees the open transaction's own writes
+    async def _read(self, what: str, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``body`` in the database thread, one job; inside the caller's open
+        :meth:`transaction` it sees that transaction's own writes."""
+        if self._joined():
             try:
-                return await body(self._connection())
+                return await self._job(functools.partial(_in_block, self._tx_block, what, body))
             except sqlite3.Error as exc:
                 raise _error(what, exc) from exc
         async with self._lock:
-            conn = self._connection()
             try:
-                return await body(conn)
+                return await self._job(functools.partial(_outside_transaction, body))
             except sqlite3.Error as exc:
                 raise _error(what, exc) from exc
+
+
+# ---------------------------------------------------------------------- the database thread
+
+
+def _database_thread() -> ThreadPoolExecutor:
+    """A store's database thread: one worker, which runs every job of the store in turn."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgesched-sqlite")
+
+
+async def _in_thread(
+    executor: Executor,
+    fn: Callable[[], _T],
+    *,
+    droppable: bool = True,
+    discard: Callable[[_T], object] | None = None,
+) -> _T:
+    """``fn()``, run in ``executor``'s thread, its result (or exception) handed back to the
+    event loop once.
+
+    A job cannot be interrupted. If the awaiting task is cancelled before the job starts, the
+    job is dropped if ``droppable``; otherwise, and once it has started, this waits for it to
+    end (through further cancellations), hands a result to ``discard`` and raises
+    :class:`asyncio.CancelledError`: the caller (and the store's lock it holds) never moves on
+    while its job still runs. The wait is on a plain future that the worker's done callback
+    completes, not :func:`asyncio.shield`, whose second future costs another turn of a busy
+    loop per job.
+    """
+    loop = asyncio.get_running_loop()
+    job = executor.submit(fn)
+    waiter: list[asyncio.Future[None]] = [loop.create_future()]
+
+    def wake() -> None:  # in the loop
+        if not waiter[0].done():
+            waiter[0].set_result(None)
+
+    def ended(_: Future[_T]) -> None:  # in the worker (or here, if cancelled before it ran)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(wake)
+
+    job.add_done_callback(ended)
+    try:
+        await waiter[0]
+    except asyncio.CancelledError:
+        if not (droppable and job.cancel()):  # running (or done): wait until it ends
+            while not job.done():
+                waiter[0] = loop.create_future()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiter[0]
+            if discard is not None and job.exception() is None:
+                discard(job.result())
+        raise
+    return job.result()
+
+
+def _end_leftover(conn: sqlite3.Connection) -> None:
+    """Roll back a transaction left open on the connection, so that no job inherits one.
+    Never expected (every job that begins a transaction ends it, and so does the end of a
+    :meth:`Store.transaction` block), unless a ROLLBACK failed."""
+    if conn.in_transaction:
+        log.warning("rolling back a transaction left open on the store's connection")
+        conn.execute("ROLLBACK")
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    _end_leftover(conn)
+    conn.execute("BEGIN IMMEDIATE")
+
+
+def _commit(conn: sqlite3.Connection) -> None:
+    conn.execute("COMMIT")
+
+
+@dataclass
+class _Block:
+    """A :meth:`Store.transaction` block, as its jobs in the database thread see it."""
+
+    begun: bool = False
+
+
+def _in_block(
+    block: _Block, what: str, body: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection
+) -> _T:
+    """``body`` inside ``block``'s transaction: the block's first call begins it. A call
+    that finds it ended (SQLite may roll a transaction back by itself after an error, e.g.
+    SQLITE_FULL) raises rather than run on its own and commit at once."""
+    if not block.begun:
+        _begin(conn)
+        block.begun = True
+    elif not conn.in_transaction:
+        raise StoreError(f"{what}: the transaction was rolled back after an earlier error")
+    return body(conn)
+
+
+def _one_transaction(body: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection) -> _T:
+    """``body`` in a transaction of its own: BEGIN, body, COMMIT; ROLLBACK if any fails."""
+    try:
+        _begin(conn)
+        result = body(conn)
+        conn.execute("COMMIT")
+        return result
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _outside_transaction(body: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection) -> _T:
+    _end_leftover(conn)
+    return body(conn)
+
+
+def _close(conn: sqlite3.Connection) -> None:
+    with contextlib.suppress(sqlite3.Error):
+        conn.execute("PRAGMA optimize")
+    conn.close()
 
 
 def _task_name(task: asyncio.Task[Any] | None) -> str:
@@ -1086,20 +1216,18 @@ _LAST_SEQ = (
 )
 
 
-async def _last_seq(conn: aiosqlite.Connection, doc: str) -> int:
-    rows = list(await conn.execute_fetchall(f"SELECT {_LAST_SEQ}", (doc,)))
+def _last_seq(conn: sqlite3.Connection, doc: str) -> int:
+    rows = conn.execute(f"SELECT {_LAST_SEQ}", (doc,)).fetchall()
     return int(rows[0][0])
 
 
-async def _snapshot_epoch(conn: aiosqlite.Connection, doc: str) -> int:
-    rows = list(
-        await conn.execute_fetchall("SELECT epoch FROM doc_snapshots WHERE doc = ?", (doc,))
-    )
+def _snapshot_epoch(conn: sqlite3.Connection, doc: str) -> int:
+    rows = conn.execute("SELECT epoch FROM doc_snapshots WHERE doc = ?", (doc,)).fetchall()
     return int(rows[0][0]) if rows else 0
 
 
-async def _snapshot_seq(conn: aiosqlite.Connection, doc: str) -> int | None:
-    rows = list(await conn.execute_fetchall("SELECT seq FROM doc_snapshots WHERE doc = ?", (doc,)))
+def _snapshot_seq(conn: sqlite3.Connection, doc: str) -> int | None:
+    rows = conn.execute("SELECT seq FROM doc_snapshots WHERE doc = ?", (doc,)).fetchall()
     return int(rows[0][0]) if rows else None
 
 
@@ -1136,47 +1264,88 @@ def _os_reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-async def _rollback(conn: aiosqlite.Connection) -> None:
+def _rollback(conn: sqlite3.Connection) -> None:
     try:
         if conn.in_transaction:
-            await conn.execute("ROLLBACK")
-    except (sqlite3.Error, ValueError) as exc:  # ValueError: connection already gone
+            conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:  # (ProgrammingError: the connection is already closed)
         log.error("rollback failed: %s", exc)
 
 
 # ---------------------------------------------------------------------- opening
+# All of it runs in the store's database thread (Store.open: one job).
 
 
-async def _connect(path: Path, max_page_count: int | None) -> tuple[aiosqlite.Connection, int]:
-    """Open, configure, check and migrate; raises StoreError or _CorruptError."""
+def _open(
+    path: Path, max_page_count: int | None
+) -> tuple[sqlite3.Connection, int, Recovery | None]:
+    """Open, check and migrate the store at ``path``; a corrupt file is moved aside and its
+    readable rows salvaged into a fresh one. Raises StoreError."""
     try:
-        conn = await aiosqlite.connect(path, isolation_level=None)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot open store {path}: {_os_reason(exc)}") from None
+    if path.is_dir():
+        raise StoreError(f"cannot open store {path}: it is a directory")
+    try:
+        conn, version = _connect(path, max_page_count)
+        return conn, version, None
+    except _CorruptError as exc:
+        reason = str(exc)
+    moved_to = _move_aside(path)
+    try:
+        conn, version = _connect(path, max_page_count)
+    except _CorruptError as exc:
+        raise StoreError(f"cannot create a fresh store at {path}: {exc}") from None
+    try:
+        salvaged = _salvage(moved_to, path, max_page_count)
+    except Exception as exc:  # salvage is best effort: the fresh store is still usable
+        log.error("salvaging rows from %s failed: %s", moved_to, exc)
+        salvaged = {}
+    log.warning(
+        "store %s was corrupt (%s): moved aside to %s, fresh database created, rows salvaged: %s",
+        path,
+        reason,
+        moved_to,
+        ", ".join(f"{t}={n}" for t, n in salvaged.items()) or "none",
+    )
+    return conn, version, Recovery(moved_to=moved_to, salvaged=salvaged, reason=reason)
+
+
+def _connect(path: Path, max_page_count: int | None) -> tuple[sqlite3.Connection, int]:
+    """Open, configure, check and migrate; raises StoreError or _CorruptError.
+
+    The connection keeps sqlite3's same-thread check: made in the database thread, it is
+    used there only, and a use from any other thread would raise rather than race.
+    """
+    try:
+        conn = sqlite3.connect(path, isolation_level=None)
     except sqlite3.Error as exc:
         raise _open_error(path, exc) from None
     try:
-        version = await _prepare(conn, path, max_page_count)
+        version = _prepare(conn, path, max_page_count)
     except BaseException:
         with contextlib.suppress(sqlite3.Error):
-            await conn.close()
+            conn.close()
         raise
     return conn, version
 
 
-async def _prepare(conn: aiosqlite.Connection, path: Path, max_page_count: int | None) -> int:
+def _prepare(conn: sqlite3.Connection, path: Path, max_page_count: int | None) -> int:
     try:
-        await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        mode = await _scalar(conn, "PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        mode = _scalar(conn, "PRAGMA journal_mode = WAL")
         if str(mode).lower() != "wal":
             log.warning("store %s: WAL mode unavailable, using journal mode %s", path, mode)
-        await conn.execute("PRAGMA synchronous = FULL")
-        await conn.execute("PRAGMA foreign_keys = ON")
-        await conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         if max_page_count is not None:
-            await conn.execute(f"PRAGMA max_page_count = {int(max_page_count)}")
-        check = [str(r[0]) for r in await conn.execute_fetchall("PRAGMA quick_check")]
+            conn.execute(f"PRAGMA max_page_count = {int(max_page_count)}")
+        check = [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]
         if check != ["ok"]:
             raise _CorruptError(_one_line("quick_check: " + "; ".join(check)))
-        return await _migrate(conn, path)
+        return _migrate(conn, path)
     except sqlite3.Error as exc:
         if _is_corrupt(exc):
             raise _CorruptError(_one_line(str(exc))) from None
@@ -1195,16 +1364,16 @@ def _open_error(path: Path, exc: sqlite3.Error) -> StoreError:
     return _error(f"cannot open store {path}", exc)
 
 
-async def _scalar(conn: aiosqlite.Connection, sql: str) -> Any:
-    rows = list(await conn.execute_fetchall(sql))
+def _scalar(conn: sqlite3.Connection, sql: str) -> Any:
+    rows = conn.execute(sql).fetchall()
     return rows[0][0] if rows else None
 
 
-async def _migrate(conn: aiosqlite.Connection, path: Path) -> int:
+def _migrate(conn: sqlite3.Connection, path: Path) -> int:
     """Bring the schema to SCHEMA_VERSION in one transaction; returns it."""
-    await conn.execute("BEGIN IMMEDIATE")
+    conn.execute("BEGIN IMMEDIATE")
     try:
-        version = int(await _scalar(conn, "PRAGMA user_version"))
+        version = int(_scalar(conn, "PRAGMA user_version"))
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"store {path} has schema version {version}, newer than the version "
@@ -1212,7 +1381,7 @@ async def _migrate(conn: aiosqlite.Connection, path: Path) -> int:
                 "left untouched)"
             )
         if version == 0:
-            tables = await _scalar(conn, "SELECT count(*) FROM sqlite_master")
+            tables = _scalar(conn, "SELECT count(*) FROM sqlite_master")
             if tables:
                 raise StoreError(
                     f"store {path} is an SQLite database but not an edgesched store "
@@ -1220,15 +1389,15 @@ async def _migrate(conn: aiosqlite.Connection, path: Path) -> int:
                 )
         if version == SCHEMA_VERSION:
             # A write rolled back at once: proves the file is writable, changes nothing.
-            await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            await conn.execute("ROLLBACK")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("ROLLBACK")
             return SCHEMA_VERSION
         try:
             for step in MIGRATIONS[version:]:
                 for statement in step:
-                    await conn.execute(statement)
-            await conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            await conn.execute("COMMIT")
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if _is_corrupt(exc):
                 raise
@@ -1240,7 +1409,7 @@ async def _migrate(conn: aiosqlite.Connection, path: Path) -> int:
             log.info("store %s migrated from schema %d to %d", path, version, SCHEMA_VERSION)
         return SCHEMA_VERSION
     except BaseException:
-        await _rollback(conn)
+        _rollback(conn)
         raise
 
 

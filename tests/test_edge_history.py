@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
 import pytest
 from conftest import free_port, kill_task_processes
 
@@ -173,21 +172,18 @@ async def test_a_short_retention_prunes_a_task_soon_after_it_finishes(tmp_path: 
 
 
 async def test_submission_to_running_in_three_transactions_with_the_document_update(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     commits: list[str] = []
-    original = aiosqlite.Connection.execute
 
-    async def counting(self: aiosqlite.Connection, sql: str, *args: Any) -> Any:
-        cursor = await original(self, sql, *args)
+    def counting(sql: str) -> None:  # in the store's database thread
         if sql.lstrip().upper().startswith("COMMIT"):
             commits.append(sql)
-        return cursor
 
-    monkeypatch.setattr(aiosqlite.Connection, "execute", counting)
     state = tmp_path / "state"
     try:
         async with running(engine_for(state, sample_s=3600.0, cycle_s=3600.0)) as engine:
+            await engine.store.trace(counting)  # every statement the store runs from now on
             await asyncio.sleep(0.5)  # the start's own writes settle
             before = len(commits)
             await engine.submit(TaskSpec(id="one", command=("sleep", "300"), cpu=0.1))

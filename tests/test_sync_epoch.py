@@ -488,19 +488,29 @@ async def test_replica_adopting_an_epoch_persists_it(tmp_path: Path) -> None:
         await store.close()
 
 
+class FailingConnection:
+    """A store's connection whose statements starting with ``sql_start`` fail (each job of
+    the store takes the connection it runs on from ``Store._conn`` when it is handed over)."""
+
+    def __init__(self, real: sqlite3.Connection, sql_start: str) -> None:
+        self.real = real
+        self.sql_start = sql_start
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.startswith(self.sql_start):
+            raise sqlite3.OperationalError("injected failure")
+        return self.real.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
 def fail_on(store: Store, sql_start: str) -> Callable[[], None]:
     """Make the store's connection fail the next statement starting with ``sql_start``
     (inside the rotation's transaction); returns the undo."""
-    conn = store._connection()
-    real = conn.execute
-
-    def execute(sql: str, *args: Any, **kw: Any) -> Any:
-        if sql.startswith(sql_start):
-            raise sqlite3.OperationalError("injected failure")
-        return real(sql, *args, **kw)
-
-    conn.execute = execute  # type: ignore[method-assign]
-    return lambda: setattr(conn, "execute", real)
+    real = store._connection()
+    store._conn = FailingConnection(real, sql_start)  # type: ignore[assignment]
+    return lambda: setattr(store, "_conn", real)
 
 
 @pytest.mark.parametrize(
