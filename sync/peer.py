@@ -179,7 +179,9 @@ class DocPeer:
         no peer but us sends the writer a step 1 on this document (central alone with its
         replica of a node's document), so each step 2 of the writer is a diff against a state
         vector of ours, and one that changes nothing is a duplicate, not an update pycrdt
-        holds pending (:meth:`SyncedDoc.apply_remote`'s ``writer_whole``). ``host``, ``port``,
+        holds pending (:meth:`SyncedDoc.apply_remote`'s ``writer_whole``); and the step 1 we
+        send back to the writer's own (when it holds what we lack) stands for a resync asked
+        for meanwhile. ``host``, ``port``,
         ``keepalive``, ``session_expiry_s`` and the backoff apply only to :meth:`run`, the
         stand-alone mode with a connection of its own."""
         self.doc = doc
@@ -416,6 +418,11 @@ class DocPeer:
                 topic = next(iter(self._step1_to))
                 del self._step1_to[topic]
                 step1 = wire.step1_payload(self.doc.state_vector(), replies=self.replies)
+                if self.sole_asker:
+                    # The asker is the writer, the one peer we ask: this step 1 answers a
+                    # resync asked for before it (central's, when the node came online),
+                    # which would bring the writer's whole answer a second time.
+                    self._want_step1, self._step1_slot = False, None
                 await self._publish(client, wire.Kind.SYNC, step1, self.doc.epoch, topic)
                 self.stats["step1_out"] += 1
             await self._send_outgoing(client)

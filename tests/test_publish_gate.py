@@ -1,6 +1,8 @@
-"""The publish gate (sync/session.py ``PublishGate``): a bounded number of publishes pending
-per connection, urgent ones (a writer's fresh update) ahead of the sync protocol's answers;
-and a peer's own send loop, which sends a fresh write ahead of the answers it still owes.
+"""What central sends, in what order, when it has much to send: the publish gate
+(sync/session.py ``PublishGate``: a bounded number of publishes pending per connection, urgent
+ones, a writer's fresh update, ahead of the sync protocol's answers); a peer's own send loop,
+which sends a fresh write ahead of the answers it still owes; and a healed node asked for its
+document once, not twice.
 In process for the gate's rules (hypothesis on random schedules), through a real Mosquitto
 for the order the broker delivers."""
 
@@ -15,11 +17,13 @@ import pytest
 from conftest import Broker
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pycrdt import YSyncMessageType
 
 from edgesched.core.task import TaskState
 from edgesched.sync import session as session_module
 from edgesched.sync import wire
 from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import TaskReport
 from edgesched.sync.session import PublishGate
@@ -263,6 +267,67 @@ async def test_a_peer_sends_a_fresh_write_ahead_of_the_answers_it_owes(
         # behind every answer owed it would be at 200; ahead of them, it waits at most for
         # the gate's 4 slots and paho's window of 20 (answers already handed to paho)
         assert at <= answered + 4 + 20 + 1, (at, answered)
+    finally:
+        running.cancel()
+        listening.cancel()
+        for task in (running, listening):
+            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                await task
+
+
+@pytest.mark.parametrize("sole_asker", [True, False])
+async def test_a_step1_back_to_the_sole_writer_stands_for_a_pending_resync(
+    broker: Broker, sole_asker: bool
+) -> None:
+    """Central's replica of a node's document when the node comes back: the node's status
+    asked a resync (a step 1 waiting for its paced slot) and the node's own step 1 shows it
+    holds what central lacks, so central sends its step 1 back on the node's reply topic at
+    once. Alone with the node (``sole_asker``), that one stands for the paced one: the node
+    answers once, not twice. With fellow centrals the paced one still goes (they hear it)."""
+    node = NodeDoc("node-gw1", client_id_for("gw1"))
+    node.put_task("t1", TaskReport(state=TaskState.RUNNING, updated_at=1.0))
+    replica = NodeDoc("node-gw1", client_id_for("central"))
+    pacer = ResyncPacer(rate=1.0, burst=1)
+    pacer.reserve()  # the slot now is taken: the connect-time step 1 waits ~1 s
+    peer = DocPeer(
+        replica,
+        "central",
+        "127.0.0.1",
+        broker.port,
+        writers=frozenset({node.client_id}),
+        pacer=pacer,
+        sole_asker=sole_asker,
+    )
+    heard: list[str] = []  # the topics central's step 1s went to
+    ready = asyncio.Event()
+
+    async def ear() -> None:
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="step1-ear") as client:
+            await client.subscribe("edgesched/v1/doc/node-gw1/#", qos=1)
+            ready.set()
+            reassembler = wire.Reassembler()
+            async for message in client.messages:
+                assert isinstance(message.payload, bytes)
+                got = reassembler.feed(message.payload)
+                if got is None or got.sender != replica.client_id:
+                    continue
+                if wire.decode_sync(got.kind, got.payload).step == YSyncMessageType.SYNC_STEP1:
+                    heard.append(message.topic.value)
+
+    listening = asyncio.create_task(ear())
+    await asyncio.wait_for(ready.wait(), 10)
+    running = asyncio.create_task(peer.run())
+    try:
+        await _wait_for(lambda: peer.connected, "connected")
+        ask = wire.step1_payload(node.state_vector(), replies=True)
+        (frame,) = wire.encode(wire.Kind.SYNC, node.name, node.client_id, ask, 1 << 20)
+        peer.handle("edgesched/v1/doc/node-gw1/sync/gw1", frame)
+        reply = wire.reply_topic(node.name, "gw1", "central")
+        await _wait_for(lambda: reply in heard, "the step 1 back on the node's reply topic")
+        await asyncio.sleep(2.0)  # past the paced slot
+        own = wire.sync_topic(node.name, "central")
+        assert heard.count(reply) == 1
+        assert heard.count(own) == (0 if sole_asker else 1), heard
     finally:
         running.cancel()
         listening.cancel()
