@@ -179,9 +179,11 @@ class DocPeer:
         no peer but us sends the writer a step 1 on this document (central alone with its
         replica of a node's document), so each step 2 of the writer is a diff against a state
         vector of ours, and one that changes nothing is a duplicate, not an update pycrdt
-        holds pending (:meth:`SyncedDoc.apply_remote`'s ``writer_whole``); and the step 1 we
+        holds pending (:meth:`SyncedDoc.apply_remote`'s ``writer_whole``); the step 1 we
         send back to the writer's own (when it holds what we lack) stands for a resync asked
-        for meanwhile. ``host``, ``port``,
+        for meanwhile; and a step 1 of the writer that holds every operation we have is not
+        answered (every deletion here is the writer's own: our step 2 would bring it
+        nothing). ``host``, ``port``,
         ``keepalive``, ``session_expiry_s`` and the backoff apply only to :meth:`run`, the
         stand-alone mode with a connection of its own."""
         self.doc = doc
@@ -250,6 +252,7 @@ class DocPeer:
                 "step2_in",
                 "step2_out",
                 "replies_out",
+                "answers_spared",
                 "updates_in",
                 "updates_out",
                 "resync_requests",
@@ -494,7 +497,12 @@ class DocPeer:
             behind = self._behind(state_vector)  # ValueError if garbage
             reply = self._reply_topic(sender) if marked else None
             asked = (state_vector, self.doc.epoch, reply or self.topic)
-            self._answers = [a for a in self._answers if a != asked] + [asked]
+            if from_writer and self.sole_asker and self._holds_ours(state_vector):
+                # The writer holds every operation we do, and every deletion here is its own:
+                # our answer would bring it nothing (a node's step 1 to central's replica).
+                self.stats["answers_spared"] += 1
+            else:
+                self._answers = [a for a in self._answers if a != asked] + [asked]
             if behind and reply is not None:
                 self._step1_to[reply] = None  # only the asker need answer it
             elif behind:
@@ -529,6 +537,12 @@ class DocPeer:
                 self._drop_pending(sender)
         elif sync.state_vector is not None:
             self._pending_bytes = 0  # caught up with a sender: nothing is held back
+
+    def _holds_ours(self, remote_state_vector: bytes) -> bool:
+        """Whether the holder of ``remote_state_vector`` has every operation we have."""
+        theirs = decode_state_vector(remote_state_vector)
+        ours = decode_state_vector(self.doc.state_vector())
+        return all(theirs.get(client, 0) >= clock for client, clock in ours.items())
 
     def _reply_topic(self, asker: str) -> str | None:
         """Where an answer only ``asker`` hears goes; None if its name cannot be a topic level

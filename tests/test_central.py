@@ -142,6 +142,29 @@ def test_a_lone_central_takes_a_nodes_duplicate_answer_for_a_duplicate() -> None
         assert (replica.doc.drain_changes("tasks") is None) is full_read
 
 
+def test_a_lone_central_spares_its_answer_to_a_node_that_holds_everything() -> None:
+    """A node's step 1 to central's replica of its document, when the node holds every
+    operation of the replica (the usual reconnect: the node is the document's only writer):
+    alone, central owes it nothing and sends nothing; one behind the replica (a node restored
+    from an old copy) is answered; with fellow centrals every step 1 is answered as before."""
+    for fellows, spared in (((), True), (("central-b",), False)):
+        replicas = _replicas(centrals=fellows)
+        node = NodeDoc("node-gw1", client_id_for("gw1"))
+        node.put_task("t1", RUNNING)
+        node.remove_task("t1")  # a deletion in the replica's delete set: the node's own
+        node.put_task("t2", RUNNING)
+        replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", _frame(node))
+        peer = replicas.replicas["gw1"].peer
+        for vector, owed in ((node.state_vector(), not spared), (b"\x00", True)):
+            before = peer.stats["answers_spared"]
+            ask = wire.step1_payload(vector, replies=True)
+            (frame,) = wire.encode(wire.Kind.SYNC, node.name, node.client_id, ask)
+            replicas.handle("edgesched/v1/doc/node-gw1/sync/gw1", frame)
+            assert bool(peer._answers) is owed
+            assert peer.stats["answers_spared"] - before == (0 if owed else 1)
+            peer._answers.clear()
+
+
 def test_a_node_list_limits_discovery() -> None:
     replicas = _replicas(nodes=["gw1"])
     other = NodeDoc("node-gw9", client_id_for("gw9"))
