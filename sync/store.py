@@ -56,7 +56,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -959,35 +959,49 @@ async def _in_thread(
     job is dropped if ``droppable``; otherwise, and once it has started, this waits for it to
     end (through further cancellations), hands a result to ``discard`` and raises
     :class:`asyncio.CancelledError`: the caller (and the store's lock it holds) never moves on
-    while its job still runs. The wait is on a plain future that the worker's done callback
-    completes, not :func:`asyncio.shield`, whose second future costs another turn of a busy
-    loop per job.
+    while its job still runs. The wait is on a plain future that the job itself completes,
+    last thing in the worker, not :func:`asyncio.shield`, whose second future costs another
+    turn of a busy loop per job.
     """
     loop = asyncio.get_running_loop()
-    job = executor.submit(fn)
     waiter: list[asyncio.Future[None]] = [loop.create_future()]
+    #: What the job ended with, (True, result) or (False, exception): set in the worker
+    #: before its hand-back, so whoever the hand-back wakes finds it there.
+    outcome: list[tuple[bool, Any]] = []
 
     def wake() -> None:  # in the loop
         if not waiter[0].done():
             waiter[0].set_result(None)
 
-    def ended(_: Future[_T]) -> None:  # in the worker (or here, if cancelled before it ran)
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(wake)
+    def run() -> None:  # in the worker: the job, then its one hand-back to the loop
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # handed to the caller as it is
+            outcome.append((False, exc))
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(wake)
 
-    job.add_done_callback(ended)
+    # (the hand-back is the job's own last step, not a done callback of the executor's
+    # future: one added after the job ended runs in the submitting thread)
+    job = executor.submit(run)
     try:
         await waiter[0]
     except asyncio.CancelledError:
         if not (droppable and job.cancel()):  # running (or done): wait until it ends
-            while not job.done():
+            while not outcome:
                 waiter[0] = loop.create_future()
                 with contextlib.suppress(asyncio.CancelledError):
                     await waiter[0]
-            if discard is not None and job.exception() is None:
-                discard(job.result())
+            ok, value = outcome[0]
+            if discard is not None and ok:
+                discard(value)
         raise
-    return job.result()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    result: _T = value
+    return result
 
 
 def _end_leftover(conn: sqlite3.Connection) -> None:

@@ -44,9 +44,20 @@ def _fieldtest(args: list[str], workdir: Path) -> tuple[dict[str, Any], float]:
         capture_output=True, text=True, timeout=170,
     )  # fmt: skip
     took = time.monotonic() - start
-    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    (run,) = [p for p in workdir.iterdir() if (p / "report.json").exists()]
+    runs = [p for p in workdir.iterdir() if (p / "report.json").exists()]
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:] + _why(runs)
+    (run,) = runs
     return json.loads((run / "report.json").read_text()), took
+
+
+def _why(runs: list[Path]) -> str:
+    """What a failed run's report says it was judged on (the summary line names none)."""
+    parts = []
+    for run in runs:
+        report = json.loads((run / "report.json").read_text())
+        keys = ("ok", "verdict", "converged_after_heal_s", "heals", "max_heal_convergence_s")
+        parts.append(json.dumps({k: report.get(k) for k in keys}, default=str)[:3000])
+    return "\n" + "\n".join(parts)
 
 
 def _mqtt(path: Path, section: str) -> dict[str, Any]:
