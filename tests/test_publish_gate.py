@@ -179,6 +179,15 @@ async def _listen(port: int, into: list[bytes], ready: asyncio.Event, topic: str
             into.append(message.payload)
 
 
+async def _stop(*tasks: asyncio.Task[None]) -> None:
+    """Cancel ``tasks`` (a peer, a listener) and wait for each to end."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+            await task
+
+
 async def _wait_for(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():
@@ -212,9 +221,7 @@ async def test_an_urgent_publish_overtakes_a_backlog_through_mosquitto(
         answers = [p for p in received if p != b"urgent"]
         assert answers == [b"a%03d" % i for i in range(300)]  # the backlog kept its order
     finally:
-        ear.cancel()
-        with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-            await ear
+        await _stop(ear)
 
 
 async def test_a_peer_sends_a_fresh_write_ahead_of_the_answers_it_owes(
@@ -268,11 +275,7 @@ async def test_a_peer_sends_a_fresh_write_ahead_of_the_answers_it_owes(
         # the gate's 4 slots and paho's window of 20 (answers already handed to paho)
         assert at <= answered + 4 + 20 + 1, (at, answered)
     finally:
-        running.cancel()
-        listening.cancel()
-        for task in (running, listening):
-            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-                await task
+        await _stop(running, listening)
 
 
 @pytest.mark.parametrize("sole_asker", [True, False])
@@ -329,8 +332,4 @@ async def test_a_step1_back_to_the_sole_writer_stands_for_a_pending_resync(
         assert heard.count(reply) == 1
         assert heard.count(own) == (0 if sole_asker else 1), heard
     finally:
-        running.cancel()
-        listening.cancel()
-        for task in (running, listening):
-            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-                await task
+        await _stop(running, listening)
