@@ -1048,7 +1048,7 @@ def _one_transaction(body: Callable[[sqlite3.Connection], _T], conn: sqlite3.Con
     try:
         _begin(conn)
         result = body(conn)
-        conn.execute("COMMIT")
+        _commit(conn)
         return result
     except BaseException:
         _rollback(conn)
