@@ -62,6 +62,16 @@ T = TypeVar("T")
 SUBSCRIBE_TIMEOUT_S = 120.0
 
 
+#: How often one connection asks again for a subscription the broker refused (a SUBACK with a
+#: failure code, 0x80 and up), after 1, 2, ... s (:data:`SUBSCRIBE_RETRY_S` doubling); then
+#: the connection is renewed. A refusal is not an error aiomqtt raises: it hands the codes
+#: back, and a subscription taken as made would never deliver. NATS refuses one now and then
+#: while JetStream is busy after a member's death (its consumer not made in time);
+#: Mosquitto refuses a filter its ACL denies, which is a deployment's error (logged each time).
+SUBSCRIBE_ATTEMPTS = 3
+SUBSCRIBE_RETRY_S = 1.0
+
+
 #: Publishes one connection may have waiting on aiomqtt at once; the rest wait their turn.
 #: aiomqtt 2.5 scans every pending call on each new one (``_pending_call``: ``mid in`` a
 #: generator, then ``len(list(...))``), so N publishes in flight cost O(N^2): central's 20,000
@@ -190,6 +200,17 @@ async def checked(awaitable: Awaitable[T]) -> T:
     result = await awaitable
     reraise_if_cancelling()
     return result
+
+
+class SubscriptionRefused(aiomqtt.MqttError):
+    """The broker refused a subscription every time it was asked (:data:`SUBSCRIBE_ATTEMPTS`)."""
+
+
+def _refused(code: Any) -> bool:
+    """Whether a SUBACK reason code (paho's ``ReasonCode``, or a granted QoS as an int) is a
+    failure: 0x80 (MQTT 3.1.1's only one) and up."""
+    value = getattr(code, "value", code)
+    return isinstance(value, int) and value >= 0x80
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> bool:
@@ -452,7 +473,12 @@ class MqttSession:
         #: (order added, channel, its other routes compiled), in order
         self._general: list[tuple[int, Channel, tuple[_Wildcard, ...]]] = []
         self.connected = False
-        self.stats: dict[str, int] = {"connects": 0, "messages_in": 0, "unrouted": 0}
+        self.stats: dict[str, int] = {
+            "connects": 0,
+            "messages_in": 0,
+            "unrouted": 0,
+            "subscribe_refused": 0,
+        }
         self._added: asyncio.Queue[Channel] = asyncio.Queue()
         self._addresses = ((endpoint.host, endpoint.port), *endpoint.alternates)
         self._at = 0  # index into _addresses of the one to connect to next
@@ -609,28 +635,65 @@ class MqttSession:
         name = channel_name(channel)
         self._failed_in = f"subscribing {name}"
         for topic_filter, options in channel.subscriptions:
-            # (the broker sends a resumed session's queued messages before the SUBACK, and
-            # central's queue may hold a fleet's burst: its timeout is long, and the end of
-            # the connection, which the dispatch task sees, ends the wait at once)
-            if self.endpoint.protocol == "3.1.1":
-                call = client.subscribe(topic_filter, qos=options.QoS, timeout=SUBSCRIBE_TIMEOUT_S)
+            for attempt in range(SUBSCRIBE_ATTEMPTS):
+                codes = await self._subscribe(client, topic_filter, options, dispatch, name)
+                refused = [c for c in codes if _refused(c)]
+                if not refused:
+                    break
+                self.stats["subscribe_refused"] += 1
+                log.warning(
+                    "%s: broker %s:%d refused the subscription to %s (%s), attempt %d of %d",
+                    self.endpoint.identifier,
+                    *self.address,
+                    topic_filter,
+                    ", ".join(str(c) for c in refused),
+                    attempt + 1,
+                    SUBSCRIBE_ATTEMPTS,
+                )
+                if attempt + 1 < SUBSCRIBE_ATTEMPTS:
+                    await asyncio.wait({dispatch}, timeout=SUBSCRIBE_RETRY_S * 2**attempt)
+                    if dispatch.done():
+                        break  # (the connection ended: the check below raises)
             else:
-                call = client.subscribe(topic_filter, options=options, timeout=SUBSCRIBE_TIMEOUT_S)
-            subscribing = asyncio.ensure_future(call)
-            try:
-                first = asyncio.FIRST_COMPLETED
-                await checked(asyncio.wait({subscribing, dispatch}, return_when=first))
-            finally:
-                if not subscribing.done():
-                    subscribing.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-                        await subscribing
-            if subscribing.cancelled() or not subscribing.done():
+                raise SubscriptionRefused(
+                    f"broker refused the subscription to {topic_filter} "
+                    f"{SUBSCRIBE_ATTEMPTS} times: reconnecting"
+                )
+            if dispatch.done():
                 exc = None if dispatch.cancelled() else dispatch.exception()
                 raise exc or aiomqtt.MqttError(f"connection ended while subscribing {name}")
-            subscribing.result()  # (its MqttError, if it failed)
         self._failed_in = ""
         return asyncio.create_task(channel.serve(client), name=name)
+
+    async def _subscribe(
+        self,
+        client: aiomqtt.Client,
+        topic_filter: str,
+        options: SubscribeOptions,
+        dispatch: asyncio.Task[None],
+        name: str,
+    ) -> list[Any]:
+        """One SUBSCRIBE and its SUBACK's reason codes; the end of the connection (which the
+        dispatch task sees) ends the wait at once."""
+        # (the broker sends a resumed session's queued messages before the SUBACK, and
+        # central's queue may hold a fleet's burst: its timeout is long)
+        if self.endpoint.protocol == "3.1.1":
+            call = client.subscribe(topic_filter, qos=options.QoS, timeout=SUBSCRIBE_TIMEOUT_S)
+        else:
+            call = client.subscribe(topic_filter, options=options, timeout=SUBSCRIBE_TIMEOUT_S)
+        subscribing = asyncio.ensure_future(call)
+        try:
+            first = asyncio.FIRST_COMPLETED
+            await checked(asyncio.wait({subscribing, dispatch}, return_when=first))
+        finally:
+            if not subscribing.done():
+                subscribing.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                    await subscribing
+        if subscribing.cancelled() or not subscribing.done():
+            exc = None if dispatch.cancelled() else dispatch.exception()
+            raise exc or aiomqtt.MqttError(f"connection ended while subscribing {name}")
+        return list(subscribing.result())  # (raises its MqttError, if it failed)
 
     async def _dispatch(self, client: aiomqtt.Client) -> None:
         """Hand every incoming message to its channel until the connection ends.

@@ -351,7 +351,13 @@ async def test_member_dies_node_moves_to_a_survivor(nats: NatsCluster, tmp_path:
                 seen.add(status_and_cause(central, "gw-b"))
                 return runs(gw_b, "after-kill")
 
-            await until(runs_and_watch, 40, "gw-b running central's task via nats2")
+            try:
+                await until(runs_and_watch, 40, "gw-b running central's task via nats2")
+            except TimeoutError:
+                for m in (n1, n2):
+                    print(f"--- {m.name}\n{m.output()}")
+                print(f"--- gw-b\n{gw_b.log.read_text()[-3000:]}")
+                raise
             moved_in = time.monotonic() - t_kill
             await until(lambda: converged(central, nodes), 30, "converged after the move")
             # Whether central reads gw-b's will is not promised either way: in most runs

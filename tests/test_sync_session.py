@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
+import glob
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,10 +21,18 @@ from edgesched.config import MqttConfig
 from edgesched.core.task import TaskState
 from edgesched.edge.link import CentralLink
 from edgesched.sync import security as sec
+from edgesched.sync import session as session_mod
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import TaskReport
-from edgesched.sync.session import MqttSession, checked, first_failure, reraise_if_cancelling
+from edgesched.sync.session import (
+    SUBSCRIBE_ATTEMPTS,
+    Endpoint,
+    MqttSession,
+    checked,
+    first_failure,
+    reraise_if_cancelling,
+)
 from edgesched.sync.topics import status_topic
 
 #: A node's report of a running task (the content these documents sync).
@@ -278,3 +288,104 @@ async def test_publishes_pending_on_one_client_are_bounded(
         listening.cancel()
         with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
             await listening
+
+
+# --- a subscription the broker refuses -------------------------------------------------------
+
+
+def _dynsec_plugin() -> str:
+    """Mosquitto's dynamic-security plugin (in Debian's ``mosquitto`` package)."""
+    found = sorted(glob.glob("/usr/lib/*/mosquitto_dynamic_security.so"))
+    if not found:
+        pytest.fail("mosquitto_dynamic_security.so not found: run `make setup`")
+    return found[0]
+
+
+def _dynsec_broker(tmp: Path) -> Broker:
+    """Mosquitto whose anonymous clients may subscribe to ``open/#`` and to nothing else
+    (Mosquitto 2.0's plain ACL file grants every SUBSCRIBE and filters at delivery; its
+    dynamic-security plugin refuses one), and may change that role over ``$CONTROL``."""
+    port = free_port()
+    control = "$CONTROL/dynamic-security/#"
+    roles = [
+        {
+            "rolename": "anon",
+            "acls": [
+                {"acltype": "subscribePattern", "topic": "open/#", "allow": True},
+                {"acltype": "publishClientSend", "topic": "#", "allow": True},
+                {"acltype": "publishClientSend", "topic": control, "allow": True},
+            ],
+        }
+    ]
+    dynsec = {
+        "defaultACLAccess": {
+            "publishClientSend": False,
+            "publishClientReceive": True,
+            "subscribe": False,
+            "unsubscribe": True,
+        },
+        "clients": [],
+        "groups": [{"groupname": "anon", "roles": [{"rolename": "anon"}]}],
+        "roles": roles,
+        "anonymousGroup": "anon",
+    }
+    (tmp / "dynsec.json").write_text(json.dumps(dynsec))
+    conf = tmp / "mosquitto.conf"
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+        f"plugin {_dynsec_plugin()}\nplugin_opt_config_file {tmp / 'dynsec.json'}\n"
+        f"user {getpass.getuser()}\n"
+    )
+    broker = Broker(port, None, conf, tmp / "mosquitto.log")  # type: ignore[arg-type]
+    broker.start()
+    return broker
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+async def test_a_refused_subscription_is_asked_again_until_granted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, protocol: str
+) -> None:
+    """A SUBACK with a failure code is not a subscription: aiomqtt hands the code back without
+    raising, and a session that took it as made would never hear the topic (NATS refuses one
+    now and then while JetStream is busy after a member's death). The session asks again,
+    renews the connection after SUBSCRIBE_ATTEMPTS refusals, and once the broker grants the
+    filter the channel is served and hears it."""
+    monkeypatch.setattr(session_mod, "SUBSCRIBE_RETRY_S", 0.05)
+    broker = _dynsec_broker(tmp_path)
+    try:
+        heard: list[tuple[str, bytes]] = []
+        recorder = _Recorder("closed/x", heard)
+        served: list[bool] = []
+        recorder.serve = lambda client: _note(served)  # type: ignore[method-assign]
+        endpoint = Endpoint("127.0.0.1", broker.port, "refused-sub", protocol=protocol)
+        session = MqttSession(endpoint, backoff_initial_s=0.05, backoff_max_s=0.2)
+        session.add(recorder)
+        async with asyncio.TaskGroup() as group:
+            run = group.create_task(session.run())
+            await _until(lambda: session.stats["subscribe_refused"] >= 2 * SUBSCRIBE_ATTEMPTS)
+            assert served == []  # a refused channel is never served
+            assert session.stats["connects"] >= 2  # renewed after SUBSCRIBE_ATTEMPTS refusals
+            grant = {
+                "commands": [
+                    {
+                        "command": "addRoleACL",
+                        "rolename": "anon",
+                        "acltype": "subscribePattern",
+                        "topic": "closed/#",
+                        "allow": True,
+                    }
+                ]
+            }
+            async with aiomqtt.Client("127.0.0.1", broker.port) as admin:
+                await admin.publish("$CONTROL/dynamic-security/v1", json.dumps(grant), qos=0)
+            await _until(lambda: served != [])
+            async with aiomqtt.Client("127.0.0.1", broker.port) as pub:
+                await pub.publish("closed/x", b"heard", qos=1)
+            await _until(lambda: ("closed/x", b"heard") in heard)
+            run.cancel()
+    finally:
+        broker.stop()
+
+
+async def _note(served: list[bool]) -> None:
+    served.append(True)
