@@ -1281,6 +1281,7 @@ class Measure:
         self.started = time.time()
         self.steps: list[tuple[float, float]] = []  # (start, seconds)
         self.lock_waits: list[float] = []  # seconds, the engine's lock (time_submission_parts)
+        self.store_lock: TimedStoreLock | None = None  # (time_submission_parts)
         self.flush_waits: list[float] = []  # seconds, the fleet journal's flush
         self.step_max: tuple[float, str] = (0.0, "")  # the longest step, and in which phase
         self.gc = GcClock()
@@ -1532,6 +1533,8 @@ def time_submission_parts(engine: CentralEngine, measure: Measure) -> None:
             measure.lock_waits.append(time.perf_counter() - t0)
 
     lock.acquire = timed_acquire  # type: ignore[method-assign,assignment]
+    measure.store_lock = TimedStoreLock(engine.store)
+    engine.store._lock = measure.store_lock  # type: ignore[assignment]
     if journal is not None:
         flushed = journal.flushed
 
@@ -1543,6 +1546,64 @@ def time_submission_parts(engine: CentralEngine, measure: Measure) -> None:
                 measure.flush_waits.append(time.perf_counter() - t0)
 
         journal.flushed = timed_flushed  # type: ignore[method-assign]
+
+
+class TimedStoreLock:
+    """Central's store lock (``Store._lock``, which every write and transaction holds), timed
+    by the asyncio task that takes it: how long each waited for it, how long it held it and
+    how many of the store's jobs (turns of its thread, each a hand-back to the loop) it ran
+    meanwhile. What a submission's journal write waits behind, said in the notes."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.inner: asyncio.Lock = store._lock
+        self.by_task: dict[str, list[tuple[float, float, int]]] = {}
+        self._held: tuple[str, float, float, int] | None = None
+
+    @staticmethod
+    def _name() -> str:
+        task = asyncio.current_task()
+        name = "-" if task is None else task.get_name()
+        return "submission" if name.startswith("Task-") else name
+
+    async def acquire(self) -> bool:
+        t0 = time.perf_counter()
+        await self.inner.acquire()
+        got = time.perf_counter()
+        self._held = (self._name(), got - t0, got, self.store.jobs)
+        return True
+
+    def release(self) -> None:
+        if self._held is not None:
+            name, waited, got, jobs = self._held
+            held = time.perf_counter() - got
+            self.by_task.setdefault(name, []).append((waited, held, self.store.jobs - jobs))
+        self._held = None
+        self.inner.release()
+
+    def locked(self) -> bool:
+        return self.inner.locked()
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    def note(self) -> str:
+        """Per holder: holds, wait p99, hold p50 / p99 / max, jobs per hold p99, total."""
+        rows = []
+        by_total = sorted(self.by_task.items(), key=lambda kv: -sum(h for _, h, _ in kv[1]))
+        for name, holds in by_total:
+            waits = [w for w, _, _ in holds]
+            held = [h for _, h, _ in holds]
+            jobs = [float(j) for _, _, j in holds]
+            rows.append(
+                f"{name}: {len(holds)} holds, wait p99 {_ms(pct(waits, 99)):.0f} ms, hold p50 / p99"
+                f" / max {_ms(pct(held, 50)):.0f} / {_ms(pct(held, 99)):.0f} / "
+                f"{_ms(max(held)):.0f} ms, jobs p99 {pct(jobs, 99):.0f}, total {sum(held):.1f} s"
+            )
+        return "the store's lock by holder: " + "; ".join(rows[:8])
 
 
 def submission_parts(measure: Measure) -> str:
@@ -1801,6 +1862,8 @@ async def run_size(
         stop_submitting.set()
         await submitter
         measure.notes.append(submission_parts(measure))
+        if measure.store_lock is not None:
+            measure.notes.append(measure.store_lock.note())
         measure.notes.append(measure.gc.note(time.time() - measure.window[0]))
         gc.callbacks.remove(measure.gc)  # (the window's collections only)
         lag_probe.cancel()
