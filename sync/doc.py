@@ -396,6 +396,9 @@ class SyncedDoc:
     #: Small root maps whose views are cached until that root changes, not until any change
     #: (a node's registration is not decoded again for each task update).
     watched_roots: ClassVar[tuple[str, ...]] = ()
+    #: Logged updates past which :meth:`log_update` (and a journal) folds the log into a
+    #: snapshot, once they also hold half its bytes.
+    compact_after: int = DEFAULT_COMPACT_AFTER
 
     def __init__(
         self,
@@ -1173,7 +1176,7 @@ class SyncedDoc:
     # ------------------------------------------------------------------ persistence
 
     async def log_update(
-        self, store: Store, update: bytes, *, compact_after: int = DEFAULT_COMPACT_AFTER
+        self, store: Store, update: bytes, *, compact_after: int | None = None
     ) -> int:
         """Persist one local update in ``store``; returns its seq (0 if nothing was written).
 
@@ -1181,9 +1184,9 @@ class SyncedDoc:
         an update only after this returns (so nothing published is lost on a crash).
 
         - An update of the store's epoch is appended to the log. Once the log holds more than
-          ``compact_after`` updates, it is folded into a snapshot; that is also when the
-          :attr:`rotation_policy` is consulted, and a rotation started (its update reaches the
-          callbacks, hence this method, next).
+          ``compact_after`` updates (default :attr:`compact_after`), it is folded into a
+          snapshot; that is also when the :attr:`rotation_policy` is consulted, and a
+          rotation started (its update reaches the callbacks, hence this method, next).
         - A rotation update (:class:`LocalUpdate` ``rotation=True``) of a newer epoch becomes
           the snapshot, with its epoch, and the old epoch's log is dropped: one transaction,
           so a crash leaves the store at the old epoch or the new one, whole.
@@ -1206,22 +1209,43 @@ class SyncedDoc:
             self._store_holds(snapshot)
             return seq
         seq = await store.append_update(self.name, update)
-        self._logged += 1
-        self._logged_bytes += len(update)
+        self.appended((update,))
+        await self.compact_if_due(store, seq, compact_after=compact_after)
+        return seq
+
+    def appendable(self, update: bytes) -> bool:
+        """Whether :meth:`log_update` would only append ``update`` to the log (an update of
+        the store's epoch, not a rotation): such updates, in a row, may be appended in one
+        store call (:meth:`Store.append_updates`), each then counted by :meth:`appended`."""
+        if isinstance(update, LocalUpdate):
+            return update.epoch == self._stored_epoch and not update.rotation
+        return self.epoch == self._stored_epoch
+
+    def appended(self, updates: Sequence[bytes]) -> None:
+        """``updates`` (each :meth:`appendable`) are now in the store's log."""
+        self._logged += len(updates)
+        self._logged_bytes += sum(map(len, updates))
+
+    async def compact_if_due(
+        self, store: Store, seq: int, *, compact_after: int | None = None
+    ) -> None:
+        """After appending up to ``seq``: fold the log into a snapshot once it holds more
+        than ``compact_after`` updates and half the last snapshot's bytes (or rotate, if the
+        :attr:`rotation_policy` says so). Any time after the append returned: every update
+        with a seq up to ``seq`` was transacted before it was appended, hence is in the
+        snapshot taken here (a later one in it too is harmless: it is appended after ``seq``,
+        and applying it again on a restore changes nothing)."""
         if (
-            self._logged > compact_after
+            self._logged > (self.compact_after if compact_after is None else compact_after)
             and 2 * self._logged_bytes >= self._compacted_bytes
             and self.epoch == self._stored_epoch
         ):
-            # No await between the snapshot and seq: every update with a seq <= ours was
-            # transacted before it was appended, hence is in this snapshot.
             snapshot = self.snapshot()
             if self.should_rotate(len(snapshot)):
-                self.rotate()  # its update comes back here and is persisted then
+                self.rotate()  # its update comes back to the journal and is persisted then
             else:
                 await store.compact(self.name, snapshot, seq)
                 self._store_holds(snapshot)
-        return seq
 
     def _store_holds(self, snapshot: bytes | None, logged: Sequence[bytes] = ()) -> None:
         """The store now holds ``snapshot`` and the updates ``logged`` after it: what the

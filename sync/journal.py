@@ -9,8 +9,10 @@ appends them to the store in order, two ways:
 * :meth:`DocJournal.transaction`: a store transaction (:meth:`Store.transaction`) whose end
   also logs every update queued so far, the ones the block itself made included, so a state
   change commits its rows and its document update together, with one fsync;
-* :meth:`DocJournal.run`: a background task that logs whatever is still queued, all of it in
-  one transaction, retrying while the store fails (e.g. a full disk).
+* :meth:`DocJournal.run`: a background task that logs whatever is still queued, its appends
+  in one store job and one commit (a call outside any block, which waits for no other
+  call's turn of the event loop: :meth:`Store.append_updates`), retrying while the store
+  fails (e.g. a full disk).
 
 Either way an update leaves the queue only once its transaction committed, and
 :meth:`DocJournal.flushed` is the peer's ``before_publish``: it returns once everything queued
@@ -18,7 +20,7 @@ so far is on disk.
 
 A writer of many documents (central and its per-node desired-state documents) keeps their
 journals in one :class:`JournalSet`, whose single task logs every journal with queued updates
-in one store transaction: one fsync for a control step's writes to a thousand documents.
+in one store job and commit: one fsync for a control step's writes to a thousand documents.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from edgesched.sync.store import StoreError
@@ -111,23 +113,31 @@ class DocJournal:
     async def _logging(self) -> AsyncIterator[None]:
         """:meth:`transaction`'s body, the journal's lock held."""
         saved = _log_position(self.doc)
-        logged = 0
+        logged = {self.doc.name: 0}
         try:
             async with self.store.transaction():
                 yield
-                # log_update may queue more (a rotation): log until the queue is drained
-                while logged < len(self._pending):
-                    await self.doc.log_update(self.store, self._pending[logged])
-                    logged += 1
+                await _log_queued(self.store, {self.doc.name: self}, logged)
         except BaseException:
             _restore_log_position(self.doc, saved)  # the store did not move
             raise
-        await self._committed(logged)
+        await self._committed(logged[self.doc.name])
+
+    async def _log_now(self) -> None:
+        """Log everything queued, outside any block: its appends one store job and one
+        commit, however many (see :func:`_log_queued`); on a store error what committed
+        before it stays logged and the rest queued."""
+        logged = {self.doc.name: 0}
+        try:
+            await _log_queued(self.store, {self.doc.name: self}, logged)
+        finally:
+            await self._committed(logged[self.doc.name])
 
     async def run(self) -> None:
-        """Forever: log what is queued, all of it in one transaction (one fsync however many
-        updates waited: each one its own commit left a writer waiting behind as many turns
-        of the store as it had updates queued); on a store error wait and retry."""
+        """Forever: log what is queued, its appends in one job and one commit (one fsync
+        however many updates waited: each one its own commit left a writer waiting behind as
+        many turns of the store as it had updates queued); on a store error wait and
+        retry."""
         while True:
             if not self._pending:
                 if self._arrived is None:
@@ -139,8 +149,7 @@ class DocJournal:
                 if not self._pending:  # (a transaction logged them while we waited)
                     continue
                 try:
-                    async with self._logging():
-                        pass  # (its end logs every update queued, in order)
+                    await self._log_now()
                     failed = None
                 except StoreError as exc:
                     failed = exc
@@ -174,28 +183,23 @@ class JournalSet:
         self._arrived.set()
 
     async def flush(self) -> int:
-        """Log every queued update of every journal in one store transaction; returns how
-        many journals were written. On a store error nothing is logged (all stay queued).
-        The set's journals are logged only here (never by their own run or transaction)."""
+        """Log every queued update of every journal: their appends in one store job and one
+        commit (then a compaction or rotation that is due, each a write of its own); returns
+        how many journals were written. On a store error what committed before it stays
+        logged and the rest stays queued (the appends are all or none). The set's journals
+        are logged only here (never by their own run or transaction)."""
         due, self._due = self._due, {}
         if not due:
             return 0
-        saved = {name: _log_position(j.doc) for name, j in due.items()}
         logged = dict.fromkeys(due, 0)
         try:
-            async with self.store.transaction():
-                for name, journal in due.items():
-                    # log_update may queue more (a rotation): log until the queue is drained
-                    while logged[name] < len(journal._pending):
-                        await journal.doc.log_update(self.store, journal._pending[logged[name]])
-                        logged[name] += 1
+            await _log_queued(self.store, due, logged)
         except BaseException:
-            for name, journal in due.items():
-                _restore_log_position(journal.doc, saved[name])  # the store did not move
-            self._due = due | self._due
+            self._due = {n: j for n, j in due.items() if logged[n] < len(j._pending)} | self._due
             raise
-        for name, journal in due.items():
-            await journal._committed(logged[name])
+        finally:
+            for name, journal in due.items():
+                await journal._committed(logged[name])
         self.batches += 1
         return len(due)
 
@@ -211,6 +215,42 @@ class JournalSet:
             except StoreError as exc:
                 log.error("desired-state documents not logged yet (publishing waits): %s", exc)
                 await asyncio.sleep(self.retry_s)
+
+
+async def _log_queued(
+    store: Store, journals: Mapping[str, DocJournal], logged: dict[str, int]
+) -> None:
+    """Log every queued update of ``journals`` (``logged[name]`` of each already logged,
+    counted on as each store call returns), until every queue is drained (a compaction may
+    queue a rotation): inside the caller's store transaction, or, outside one, each call
+    its own. Updates that are only appended (the store's epoch, no rotation: nearly all) go
+    in one store call for all the journals, then each document compacts if it is due; a
+    rotation or an update of another epoch is logged on its own, in its place in its
+    queue. A document's log position moves only once its call has returned."""
+    while True:
+        runs: dict[str, list[bytes]] = {}
+        for name, journal in journals.items():
+            pending, doc = journal._pending, journal.doc
+            end = start = logged[name]
+            while end < len(pending) and doc.appendable(pending[end]):
+                end += 1
+            if end > start:
+                runs[name] = pending[start:end]
+        if runs:
+            last = await store.append_updates(runs)
+            for name, run in runs.items():
+                logged[name] += len(run)
+                journals[name].doc.appended(run)
+            for name in runs:  # (each compaction's snapshot covers its document's run)
+                await journals[name].doc.compact_if_due(store, last[name])
+        alone = [n for n, j in journals.items() if logged[n] < len(j._pending)]
+        if not alone:
+            return
+        for name in alone:  # a rotation, an older epoch's: on its own (new ones: next turn)
+            journal = journals[name]
+            if not journal.doc.appendable(journal._pending[logged[name]]):
+                await journal.doc.log_update(store, journal._pending[logged[name]])
+                logged[name] += 1
 
 
 def _log_position(doc: SyncedDoc) -> tuple[int, int, int, int]:

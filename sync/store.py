@@ -229,7 +229,12 @@ class Store:
         self._conn: sqlite3.Connection | None = conn
         #: The database thread: the only thread that uses ``conn`` (:meth:`open` made it there).
         self._executor = executor if executor is not None else _database_thread()
+        #: Held by a :meth:`transaction` block (and :meth:`close`): one at a time. A call
+        #: outside a block does not take it: it waits only while a block is open.
         self._lock = asyncio.Lock()
+        #: Set while no block is open (what a call outside a block waits for).
+        self._no_block = asyncio.Event()
+        self._no_block.set()
         #: The asyncio task inside :meth:`transaction` (its store calls join that transaction).
         self._tx_owner: asyncio.Task[Any] | None = None
         #: Why the open transaction can no longer commit (a write inside it failed).
@@ -639,14 +644,31 @@ class Store:
 
         def body(conn: sqlite3.Connection) -> int:
             # one statement: the next seq is found and taken at once
-            rows = conn.execute(
-                f"INSERT INTO doc_updates (doc, seq, data) VALUES (?1, 1 + {_LAST_SEQ}, ?2) "
-                "RETURNING seq",
-                (doc, data),
-            ).fetchall()
+            rows = conn.execute(_APPEND_UPDATE, (doc, data)).fetchall()
             return int(next(iter(rows))[0])
 
         return await self._write(f"cannot append an update to document {doc}", body)
+
+    async def append_updates(self, runs: Mapping[str, Sequence[bytes]]) -> dict[str, int]:
+        """Append each document's updates to its log, in order, all in one job of the
+        database thread (one transaction, or the caller's open one); returns each document's
+        last seq. A journal's queue of many updates, or a batch of many documents' journals,
+        used to cost a job (a turn of the thread and of a busy event loop) per update, the
+        store's lock held throughout, and a submission's write waited behind them."""
+        rows = [(doc, [bytes(u) for u in updates]) for doc, updates in runs.items() if updates]
+
+        def body(conn: sqlite3.Connection) -> dict[str, int]:
+            last: dict[str, int] = {}
+            for doc, datas in rows:
+                for data in datas:
+                    found = conn.execute(_APPEND_UPDATE, (doc, data)).fetchall()
+                    last[doc] = int(next(iter(found))[0])
+            return last
+
+        if not rows:
+            return {}
+        what = f"cannot append updates to {len(rows)} document(s)"
+        return await self._write(what, body)
 
     async def updates(self, doc: str, after_seq: int = 0) -> list[tuple[int, bytes]]:
         """``doc``'s logged updates with ``seq > after_seq``, in order.
@@ -851,11 +873,15 @@ class Store:
             block = _Block()
             try:
                 self._tx_owner, self._tx_failed, self._tx_block = task, None, block
+                self._no_block.clear()
                 try:
                     yield
                 finally:
+                    # (the COMMIT or ROLLBACK below is queued in this same turn of the loop,
+                    # ahead of the calls this wakes)
                     self._tx_owner, failed = None, self._tx_failed
                     self._tx_failed = None
+                    self._no_block.set()
                 if failed is not None:
                     raise failed
                 if block.begun:
@@ -869,8 +895,8 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def _holding(self, what: str) -> AsyncIterator[None]:
-        """The store's lock for a write; a hold past :data:`SLOW_HOLD_S` is logged, with how
-        long it waited for the lock. Raises :class:`StoreError` if the store is closed."""
+        """The store's lock, for a transaction block; a hold past :data:`SLOW_HOLD_S` is
+        logged, with how long it waited. Raises :class:`StoreError` if the store is closed."""
         asked = time.monotonic()
         async with self._lock:
             got = time.monotonic()
@@ -878,14 +904,28 @@ class Store:
             try:
                 yield
             finally:
-                held = time.monotonic() - got
-                if held > SLOW_HOLD_S:
-                    log.warning(
-                        "SQLite held %.2f s by %s (it waited %.2f s for the store)",
-                        held,
-                        what.removeprefix("cannot "),
-                        got - asked,
-                    )
+                _log_slow(what, asked, got)
+
+    @contextlib.asynccontextmanager
+    async def _outside_blocks(self, what: str) -> AsyncIterator[None]:
+        """For a call outside any block: wait while another task's block is open (its jobs
+        must not interleave with the block's), then go on without awaiting: the caller's job
+        enters the database thread's queue in this same turn of the loop, behind the jobs
+        already there and ahead of any block opened later. Unlike a lock, nothing waits for
+        this call's hand-back (a turn of a busy loop) before the next call's job can run: at
+        10,000 nodes a submission's write to the fleet journal waited a turn behind each
+        write of the replicas' snapshots, then a turn of its own to take the lock. A wait and
+        a job past :data:`SLOW_HOLD_S` are logged. Raises :class:`StoreError` if the store is
+        closed."""
+        asked = time.monotonic()
+        while self._tx_owner is not None:
+            await self._no_block.wait()
+        got = time.monotonic()
+        self._connection()
+        try:
+            yield
+        finally:
+            _log_slow(what, asked, got)
 
     def _joined(self) -> bool:
         """Whether the calling asyncio task is inside its own :meth:`transaction`."""
@@ -900,7 +940,7 @@ class Store:
         A caller cancelled while its job runs gets :class:`asyncio.CancelledError` once the job
         has ended, never before: the write then either committed (as if the process had
         stopped just after its COMMIT) or rolled back, never half; inside a transaction it
-        dooms the block. The store's lock is held until the job has ended.
+        dooms the block. Outside a block it waits only while another task's block is open.
         """
         if self._joined():
             try:
@@ -913,7 +953,7 @@ class Store:
                 if failure is not None:
                     raise failure from exc
                 raise
-        async with self._holding(what):
+        async with self._outside_blocks(what):
             try:
                 return await self._job(functools.partial(_one_transaction, body))
             except BaseException as exc:
@@ -930,7 +970,7 @@ class Store:
                 return await self._job(functools.partial(_in_block, self._tx_block, what, body))
             except sqlite3.Error as exc:
                 raise _error(what, exc) from exc
-        async with self._lock:
+        async with self._outside_blocks(what):
             try:
                 return await self._job(functools.partial(_outside_transaction, body))
             except sqlite3.Error as exc:
@@ -1002,6 +1042,18 @@ async def _in_thread(
         raise value
     result: _T = value
     return result
+
+
+def _log_slow(what: str, asked: float, got: float) -> None:
+    """Log a hold of the store (a block, or a call's job) that passed :data:`SLOW_HOLD_S`."""
+    held = time.monotonic() - got
+    if held > SLOW_HOLD_S:
+        log.warning(
+            "SQLite held %.2f s by %s (it waited %.2f s for the store)",
+            held,
+            what.removeprefix("cannot "),
+            got - asked,
+        )
 
 
 def _end_leftover(conn: sqlite3.Connection) -> None:
@@ -1227,6 +1279,11 @@ def _is_number(value: object) -> TypeGuard[int | float]:
 _LAST_SEQ = (
     "max(coalesce((SELECT max(seq) FROM doc_updates WHERE doc = ?1), 0), "
     "coalesce((SELECT seq FROM doc_snapshots WHERE doc = ?1), 0))"
+)
+#: One update appended to a document's log (?1 the document, ?2 the update): the next seq is
+#: found and taken in one statement.
+_APPEND_UPDATE = (
+    f"INSERT INTO doc_updates (doc, seq, data) VALUES (?1, 1 + {_LAST_SEQ}, ?2) RETURNING seq"
 )
 
 

@@ -74,28 +74,26 @@ async def test_match_writes_only_what_differs(tmp_path: Path) -> None:
         assert after.match(want, stops, {}) == 0  # nothing differs any more
 
 
-async def test_a_failed_batch_keeps_every_update_queued(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_failed_batch_keeps_every_update_queued(tmp_path: Path) -> None:
+    """The batch is one store job for every journal's updates: SQLite failing on the third
+    document's row (a trigger, as a constraint or a full disk would) rolls back the other
+    two, every update stays queued, and the next flush logs them all."""
     async with await Store.open(tmp_path / "central.db") as store:
         journals = JournalSet(store)
         docs = [PolicyDoc(f"desired-n{i}", client_id_for("central")) for i in range(3)]
         for doc in docs:
             journals.add(doc)
             doc.assign("t", entry("t", doc.name))
-        real = PolicyDoc.log_update
-
-        async def failing(self: PolicyDoc, st: Store, update: bytes, **kw: int) -> int:
-            if self.name == "desired-n2":
-                raise StoreError("disk full")
-            return await real(self, st, update, **kw)
-
-        monkeypatch.setattr(PolicyDoc, "log_update", failing)
-        with pytest.raises(StoreError):
+        refuse_n2 = (
+            "CREATE TRIGGER refuse_n2 BEFORE INSERT ON doc_updates WHEN NEW.doc = 'desired-n2' "
+            "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+        await store._job(lambda conn: conn.execute(refuse_n2))
+        with pytest.raises(StoreError, match="refused"):
             await journals.flush()
         assert all(journals.journals[d.name].pending == 1 for d in docs)
         assert await store.doc_names() == []  # n0 and n1 rolled back with n2
-        monkeypatch.setattr(PolicyDoc, "log_update", real)
+        await store._job(lambda conn: conn.execute("DROP TRIGGER refuse_n2"))
         assert await journals.flush() == 3
         assert all(journals.journals[d.name].pending == 0 for d in docs)
         for doc in docs:

@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,20 +245,17 @@ async def test_journal_run_logs_everything_queued_in_one_transaction(tmp_path: P
         for i in range(5):
             doc.put_task(f"t{i}", TaskReport.of(finished(f"t{i}", TaskState.EXITED, 1000.0 + i)))
         assert journal.pending == 5
-        opened: list[int] = []
-        transaction = store.transaction
-
-        def counted() -> Any:
-            opened.append(journal.pending)
-            return transaction()
-
-        store.transaction = counted  # type: ignore[method-assign]
+        statements: list[str] = []
+        await store.trace(statements.append)
         logger = asyncio.create_task(journal.run())
         try:
             await asyncio.wait_for(journal.flushed(), 5)
         finally:
             logger.cancel()
-        assert opened == [5] and journal.pending == 0
+        await store.trace(None)
+        words = [sql.split()[0] for sql in statements]
+        assert words == ["BEGIN", *["INSERT"] * 5, "COMMIT"], statements
+        assert journal.pending == 0
         assert [seq for seq, _ in await store.updates("node-x")] == [1, 2, 3, 4, 5]
         loaded = await NodeDoc.load_from(store, "node-x", 7)
         assert sorted(loaded.tasks()) == [f"t{i}" for i in range(5)]
@@ -302,15 +299,15 @@ async def test_journal_transaction_commits_the_document_update_with_the_rows(
         assert journal.pending == 1
         await store.downsample(now=10.0**9, raw_retention_s=0, rollup_retention_s=0)
         # Still full for its first three tries (as a disk that fills up again would be).
-        append, fails = store.append_update, [3]
+        append, fails = store.append_updates, [3]
 
-        async def flaky(doc: str, update: bytes) -> int:  # the parameter names of append_update
+        async def flaky(runs: Mapping[str, Sequence[bytes]]) -> dict[str, int]:
             if fails[0]:
                 fails[0] -= 1
                 raise StoreFullError("database full: test")
-            return await append(doc, update)
+            return await append(runs)
 
-        store.append_update = flaky  # type: ignore[method-assign]
+        store.append_updates = flaky  # type: ignore[method-assign]
         logger = asyncio.create_task(journal.run())
         flushed = asyncio.create_task(journal.flushed())
         try:

@@ -495,3 +495,51 @@ async def test_a_failing_commit_rolls_the_write_back(store: Store, tmp_path: Pat
     assert no_write_transaction_open(tmp_path / "edge.db")
     assert await store.doc_names() == []
     assert await store.get_meta("kept") == "1"
+
+
+async def test_calls_outside_blocks_queue_without_waiting_for_a_turn_of_the_loop(
+    store: Store,
+) -> None:
+    """Two tasks' writes outside any block: each job enters the database thread's queue when
+    its task first runs, so the second runs while the loop is still busy (held here,
+    synchronously), not after the loop has taken the first one's hand-back, as it did when
+    every call took the store's lock: at 10,000 nodes a submission's write waited a turn of
+    the busy loop behind each snapshot write."""
+    ran = threading.Event()
+
+    def second(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('second', '2')")
+        ran.set()
+
+    first = asyncio.create_task(store.set_meta("first", "1"))
+    after = asyncio.create_task(store._write("cannot write the second", second))
+    await asyncio.sleep(0)  # both tasks take their first step: each queues its job
+    assert ran.wait(30)  # the loop is held: no hand-back of the first can be taken
+    await asyncio.gather(first, after)
+    assert await store.get_meta("first") == "1" and await store.get_meta("second") == "2"
+
+
+async def test_a_call_waiting_for_a_block_runs_after_its_commit(store: Store) -> None:
+    """A call made while another task's block is open waits for the block's end and runs
+    after its COMMIT: never inside the block's transaction (which would commit or roll back
+    with it)."""
+    statements: list[str] = []
+    await store.trace(statements.append)
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def block() -> None:
+        async with store.transaction():
+            await store.set_meta("in-block", "1")
+            inside.set()
+            await release.wait()
+
+    holder = asyncio.create_task(block())
+    await inside.wait()
+    waiting = asyncio.create_task(store.set_meta("outside", "1"))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(holder, waiting)
+    await store.trace(None)
+    words = [sql.split()[0] for sql in statements]
+    assert words == ["BEGIN", "INSERT", "COMMIT", "BEGIN", "INSERT", "COMMIT"], statements
+    assert "in-block" in statements[1] and "outside" in statements[4], statements
