@@ -1549,16 +1549,28 @@ def time_submission_parts(engine: CentralEngine, measure: Measure) -> None:
 
 
 class TimedStoreLock:
-    """Central's store lock (``Store._lock``, which every write and transaction holds), timed
-    by the asyncio task that takes it: how long each waited for it, how long it held it and
-    how many of the store's jobs (turns of its thread, each a hand-back to the loop) it ran
-    meanwhile. What a submission's journal write waits behind, said in the notes."""
+    """Central's store lock (``Store._lock``, which a transaction block holds), timed by the
+    asyncio task that takes it: how long each waited for it, how long it held it and how many
+    of the store's jobs (turns of its thread, each a hand-back to the loop) it ran meanwhile;
+    and every job (``Store._job``: queued in the database thread, run, handed back) timed by
+    its task. What a submission's journal write waits behind, said in the notes."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
         self.inner: asyncio.Lock = store._lock
         self.by_task: dict[str, list[tuple[float, float, int]]] = {}
         self._held: tuple[str, float, float, int] | None = None
+        self.jobs: dict[str, list[float]] = {}
+        job = store._job
+
+        async def timed_job(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await job(*args, **kwargs)
+            finally:
+                self.jobs.setdefault(self._name(), []).append(time.perf_counter() - t0)
+
+        store._job = timed_job
 
     @staticmethod
     def _name() -> str:
@@ -1603,7 +1615,16 @@ class TimedStoreLock:
                 f" / max {_ms(pct(held, 50)):.0f} / {_ms(pct(held, 99)):.0f} / "
                 f"{_ms(max(held)):.0f} ms, jobs p99 {pct(jobs, 99):.0f}, total {sum(held):.1f} s"
             )
-        return "the store's lock by holder: " + "; ".join(rows[:8])
+        job_rows = []
+        for name, took in sorted(self.jobs.items(), key=lambda kv: -sum(kv[1])):
+            job_rows.append(
+                f"{name}: {len(took)} jobs, p50 / p99 / max {_ms(pct(took, 50)):.0f} / "
+                f"{_ms(pct(took, 99)):.0f} / {_ms(max(took)):.0f} ms, total {sum(took):.1f} s"
+            )
+        return (
+            "the store's lock (blocks) by holder: " + "; ".join(rows[:8])
+            + "; the store's jobs (queued, run, handed back) by task: " + "; ".join(job_rows[:8])
+        )  # fmt: skip
 
 
 def submission_parts(measure: Measure) -> str:
