@@ -91,6 +91,7 @@ from edgesched.core.task import TaskSpec, TaskState
 from edgesched.edge.link import CentralLink
 from edgesched.localbroker import mosquitto_path
 from edgesched.ports import free_port, wait_for_port
+from edgesched.sync import peer as peer_module
 from edgesched.sync import wire
 from edgesched.sync.doc import (
     DESIRED_PREFIX,
@@ -1289,6 +1290,10 @@ class Measure:
         self.refused = 0
         self.skipped = 0
         self.seen: dict[str, tuple[str, float]] = {}
+        #: submission id -> when central's publish of the desired-state update carrying it
+        #: was acknowledged by the broker (QoS 1: its PUBACK); :func:`time_publishes`
+        self.published: dict[str, float] = {}
+        self.awaiting_publish: set[str] = set()
         self.healed_at: dict[str, float] = {}
         #: the healed share's nodes and when they were cut off (a submission placed on one of
         #: them shortly before is seen only once it is back: that wait is the heal's)
@@ -1335,6 +1340,8 @@ class Measure:
             if t in seen and not (s[2] in cut_nodes and seen[t][1] > cut_at)
         ]  # fmt: skip
         wrong = sum(1 for t, s in placed.items() if t in seen and seen[t][0] != s[2])
+        published = dict(self.published)
+        out_at = [published[t] - s[0] for t, s in placed.items() if t in published]
         heal = [self.converged_at[n] - at for n, at in dict(self.healed_at).items()
                 if n in self.converged_at]  # fmt: skip
         window_s = (end - start) if start is not None else None
@@ -1369,6 +1376,9 @@ class Measure:
             "seen_wrong_node": wrong,
             "submit_call_p50_ms": _ms(pct((s[1] - s[0] for s in submits.values()), 50)),
             "submit_call_p99_ms": _ms(pct((s[1] - s[0] for s in submits.values()), 99)),
+            "assignments_published": len(out_at),
+            "published_p50_ms": _ms(pct(out_at, 50)),
+            "published_p99_ms": _ms(pct(out_at, 99)),
             "seen_p50_ms": _ms(pct(latency, 50)),
             "seen_p99_ms": _ms(pct(latency, 99)),
             "seen_online": len(online),
@@ -1641,6 +1651,24 @@ def submission_parts(measure: Measure) -> str:
     )
 
 
+def time_publishes(measure: Measure) -> None:
+    """Note when central's publish of a desired-state update carrying a submission returns:
+    the broker acknowledged it (QoS 1). Wraps the publish its document peers call; an
+    update carries the task id's bytes (the assignment's key), so the first acknowledged
+    desired-state frame holding them is the one. The issue's "assignment published"."""
+    original = peer_module.publish  # type: ignore[attr-defined]
+
+    async def timed(client: Any, topic: str, payload: bytes, **kwargs: Any) -> None:
+        await original(client, topic, payload, **kwargs)
+        if measure.awaiting_publish and "/doc/desired-" in topic:
+            now = time.time()
+            for task_id in [t for t in measure.awaiting_publish if t.encode() in payload]:
+                measure.awaiting_publish.discard(task_id)
+                measure.published[task_id] = now
+
+    peer_module.publish = timed  # type: ignore[attr-defined]
+
+
 async def submit_loop(engine: CentralEngine, measure: Measure, stop: asyncio.Event) -> None:
     """Submissions at central at ``rate``, each awaited in its own task (at most
     :data:`MAX_SUBMITS_IN_FLIGHT`; a tick beyond it, or one the loop fell behind on, is
@@ -1650,10 +1678,12 @@ async def submit_loop(engine: CentralEngine, measure: Measure, stop: asyncio.Eve
     count = 0
     due = time.monotonic()
     time_submission_parts(engine, measure)
+    time_publishes(measure)
 
     async def one(task_id: str) -> None:
         spec = TaskSpec(id=task_id, command=("sleep", str(measure.scale.run_s)), cpu=0.1,
                         mem_gib=0.1, duration_s=measure.scale.run_s)  # fmt: skip
+        measure.awaiting_publish.add(task_id)
         called = time.time()
         try:
             view = await engine.submit(spec)
@@ -2044,6 +2074,9 @@ ROWS: list[tuple[str, str, str]] = [
     ("seen by their node (wrong node)", "seen_wrong", "{}"),
     ("engine.submit p50 (ms)", "submit_call_p50_ms", "{:.1f}"),
     ("engine.submit p99 (ms)", "submit_call_p99_ms", "{:.1f}"),
+    ("assignments published (broker's PUBACK)", "assignments_published", "{}"),
+    ("submit -> assignment published p50 (ms)", "published_p50_ms", "{:.0f}"),
+    ("submit -> assignment published p99 (ms)", "published_p99_ms", "{:.0f}"),
     ("submit -> seen by node p50 (ms)", "seen_p50_ms", "{:.0f}"),
     ("submit -> seen by node p99 (ms)", "seen_p99_ms", "{:.0f}"),
     ("  of nodes up until they saw it: how many", "seen_online", "{}"),
@@ -2076,8 +2109,8 @@ ROWS: list[tuple[str, str, str]] = [
 ]
 RATIO_KEYS = {
     "fleet_up_s", "seed_s", "restart_s", "sim_cpu_share", "step_p50_ms", "step_p99_ms",
-    "step_max_ms", "submit_call_p50_ms",
-    "submit_call_p99_ms", "seen_p50_ms", "seen_p99_ms", "seen_online_p50_ms",
+    "step_max_ms", "submit_call_p50_ms", "submit_call_p99_ms", "published_p50_ms",
+    "published_p99_ms", "seen_p50_ms", "seen_p99_ms", "seen_online_p50_ms",
     "seen_online_p99_ms", "heal_p50_s", "heal_p99_s",
     "merged_per_s", "rss_mb", "cpu_s", "cpu_share", "in_mb_h", "out_mb_h", "in_desired_mb_h",
     "in_node_doc_mb_h", "in_policy_mb_h", "in_heartbeat_mb_h", "sim_rss_mb", "out_node_doc_mb_h",
