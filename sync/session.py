@@ -82,6 +82,11 @@ SUBSCRIBE_RETRY_S = 1.0
 #: ahead of it there, so it is a few windows, not more. At 256, a fresh assignment waited
 #: behind up to 236 answers of a heal in paho's queue (run 19 of the scale harness).
 MAX_PENDING_PUBLISHES = 64
+#: Of those, what the sync protocol's answers and step 1s may hold at once (the rest are for
+#: urgent publishes: a writer's fresh update): paho's window in flight (20) and a few more.
+#: With 64, a fresh assignment acknowledged by the broker (its PUBACK) p99 1.0 s into a heal
+#: of 1,000 nodes, behind up to 64 answers in paho's queue (run 29 of the scale harness).
+MAX_BULK_PUBLISHES = 24
 
 
 class PublishGate:
@@ -91,12 +96,20 @@ class PublishGate:
     An urgent publish is a writer's fresh update (a new assignment, a stop order, a mode
     switch); the others are the sync protocol's answers and step 1s, which a heal of a
     thousand nodes queues by the thousand. Urgent ones are few (one per decision), so they
-    cannot starve the rest for long."""
+    cannot starve the rest for long. The others hold at most ``bulk_slots`` at once (all of
+    them by default): past the gate a publish waits in paho's first-in-first-out queue
+    behind its window in flight, so bulk publishes kept to about that window leave an
+    urgent one little to wait behind there."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, bulk_slots: int | None = None) -> None:
         if slots < 1:
             raise ValueError("a publish gate needs at least one slot")
+        bulk = slots if bulk_slots is None else bulk_slots
+        if not 1 <= bulk <= slots:
+            raise ValueError(f"bulk_slots must be 1 to {slots}, got {bulk}")
         self.slots = slots
+        self.bulk_slots = bulk
+        self._bulk_held = 0
         self._free = slots
         self._urgent: collections.deque[asyncio.Future[int]] = collections.deque()
         self._normal: collections.deque[asyncio.Future[int]] = collections.deque()
@@ -125,15 +138,24 @@ class PublishGate:
         try:
             yield ticket
         finally:
-            self._release()
+            self._release(urgent)
 
     def _grant(self) -> int:
         ticket, self._grants = self._grants, self._grants + 1
         return ticket
 
+    @property
+    def _bulk_may(self) -> bool:
+        return self._bulk_held < self.bulk_slots
+
     async def _acquire(self, urgent: bool) -> int:
-        if self._free > 0 and not self._urgent and (urgent or not self._normal):
+        if (
+            self._free > 0
+            and not self._urgent
+            and (urgent or (not self._normal and self._bulk_may))
+        ):
             self._free -= 1
+            self._bulk_held += not urgent
             return self._grant()
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         queue = self._urgent if urgent else self._normal
@@ -142,20 +164,27 @@ class PublishGate:
             return await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self._release()  # handed a slot as we were cancelled: pass it on
+                self._release(urgent)  # handed a slot as we were cancelled: pass it on
             else:
                 with contextlib.suppress(ValueError):
                     queue.remove(waiter)
             raise
 
-    def _release(self) -> None:
-        """A slot goes straight to the first waiter (urgent ones first), or back to the pool."""
-        for queue in (self._urgent, self._normal):
-            while queue:
-                waiter = queue.popleft()
-                if not waiter.done():
-                    waiter.set_result(self._grant())
-                    return
+    def _release(self, urgent: bool) -> None:
+        """A slot goes straight to the first waiter (urgent ones first; a bulk one while bulk
+        holds fewer than ``bulk_slots``), or back to the pool."""
+        self._bulk_held -= not urgent
+        while self._urgent:
+            waiter = self._urgent.popleft()
+            if not waiter.done():
+                waiter.set_result(self._grant())
+                return
+        while self._normal and self._bulk_may:
+            waiter = self._normal.popleft()
+            if not waiter.done():
+                self._bulk_held += 1
+                waiter.set_result(self._grant())
+                return
         self._free += 1
 
 
@@ -163,10 +192,12 @@ _publish_gates: weakref.WeakKeyDictionary[aiomqtt.Client, PublishGate] = weakref
 
 
 def publish_gate(client: aiomqtt.Client) -> PublishGate:
-    """``client``'s gate (made on first use, with :data:`MAX_PENDING_PUBLISHES` slots)."""
+    """``client``'s gate (made on first use, with :data:`MAX_PENDING_PUBLISHES` slots, of
+    which bulk publishes hold :data:`MAX_BULK_PUBLISHES` at most)."""
     gate = _publish_gates.get(client)
     if gate is None:
-        gate = _publish_gates[client] = PublishGate(MAX_PENDING_PUBLISHES)
+        bulk = min(MAX_BULK_PUBLISHES, MAX_PENDING_PUBLISHES)
+        gate = _publish_gates[client] = PublishGate(MAX_PENDING_PUBLISHES, bulk)
     return gate
 
 

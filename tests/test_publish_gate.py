@@ -115,18 +115,21 @@ _schedule = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(slots=st.integers(1, 4), schedule=_schedule)
+@given(slots=st.integers(1, 4), bulk=st.integers(1, 4), schedule=_schedule)
 def test_the_gate_never_exceeds_its_slots_loses_none_and_puts_urgent_first(
-    slots: int, schedule: list[tuple[bool, int, int, int | None]]
+    slots: int, bulk: int, schedule: list[tuple[bool, int, int, int | None]]
 ) -> None:
-    """Whatever the arrivals, holds and cancellations: never more than ``slots`` pending,
-    every slot back at the end (none lost to a cancel), each lane's turns in the order it
+    """Whatever the arrivals, holds and cancellations: never more than ``slots`` pending nor
+    more than ``bulk_slots`` normal ones, every slot back at the end (none lost to a cancel,
+    every publish served or cancelled: none left waiting), each lane's turns in the order it
     asked, and no turn handed to a normal publish while an urgent one that got a turn later
     was already waiting. (Turns are numbered when handed out: a waiter handed one resumes a
     little later, possibly after a later arrival took a free slot.)"""
 
     async def run() -> None:
-        gate = PublishGate(slots)
+        bulk_slots = min(bulk, slots)
+        gate = PublishGate(slots, bulk_slots)
+        holding = [0]  # normal publishes holding a slot now
         asked_at: dict[int, int] = {}  # publish -> turns handed out when it asked
         turn_of: dict[int, int] = {}
         lane: dict[int, bool] = {}
@@ -138,10 +141,14 @@ def test_the_gate_never_exceeds_its_slots_loses_none_and_puts_urgent_first(
             asked_at[i], lane[i] = gate.grants, urgent
             asked_order.append(i)
             async with gate.turn(urgent=urgent) as ticket:
-                assert gate.pending <= slots
-                turn_of[i] = ticket
-                for _ in range(hold):
-                    await asyncio.sleep(0)
+                holding[0] += not urgent
+                try:
+                    assert gate.pending <= slots and holding[0] <= bulk_slots
+                    turn_of[i] = ticket
+                    for _ in range(hold):
+                        await asyncio.sleep(0)
+                finally:
+                    holding[0] -= not urgent
 
         async def cancel_later(task: asyncio.Task[None], after: int) -> None:
             for _ in range(after):
@@ -154,7 +161,9 @@ def test_the_gate_never_exceeds_its_slots_loses_none_and_puts_urgent_first(
             tasks.append(task)
             if cancel_at is not None:
                 tasks.append(asyncio.create_task(cancel_later(task, cancel_at)))
-        await asyncio.gather(*tasks, return_exceptions=True)
+        async with asyncio.timeout(30):  # (a publish left waiting would hang here)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert not [r for r in results if isinstance(r, AssertionError)]
         assert gate.pending == 0 and gate.waiting == (0, 0)
         assert len(set(turn_of.values())) == len(turn_of)  # one publish a turn
         for urgent in (True, False):  # within a lane: first come, first served
@@ -333,3 +342,36 @@ async def test_a_step1_back_to_the_sole_writer_stands_for_a_pending_resync(
         assert heard.count(own) == (0 if sole_asker else 1), heard
     finally:
         await _stop(running, listening)
+
+
+async def test_bulk_publishes_hold_at_most_their_slots_and_leave_the_rest_to_urgent() -> None:
+    """With 4 slots, 2 for bulk: a third bulk publish waits although slots are free, an
+    urgent one takes a free slot at once, and the bulk waiter goes on when a bulk slot
+    frees (an urgent one freeing a slot does not let it past its bound)."""
+    gate = PublishGate(4, bulk_slots=2)
+    release = {name: asyncio.Event() for name in ("b1", "b2", "b3", "u1")}
+    order: list[str] = []
+
+    async def hold(name: str, urgent: bool) -> None:
+        async with gate.turn(urgent=urgent):
+            order.append(name)
+            await release[name].wait()
+
+    tasks = [asyncio.create_task(hold(n, False)) for n in ("b1", "b2", "b3")]
+    await _spin()
+    assert order == ["b1", "b2"] and gate.pending == 2 and gate.waiting == (0, 1)
+    tasks.append(asyncio.create_task(hold("u1", True)))
+    await _spin()
+    assert order == ["b1", "b2", "u1"] and gate.pending == 3
+    release["u1"].set()
+    await _spin()
+    assert order == ["b1", "b2", "u1"] and gate.waiting == (0, 1)  # still bound: 2 bulk held
+    release["b1"].set()
+    await _spin()
+    assert order == ["b1", "b2", "u1", "b3"]
+    for name in ("b2", "b3"):
+        release[name].set()
+    await asyncio.gather(*tasks)
+    assert gate.pending == 0 and gate.waiting == (0, 0)
+    with pytest.raises(ValueError, match="bulk_slots"):
+        PublishGate(4, bulk_slots=5)
