@@ -899,12 +899,8 @@ class Store:
         logged, with how long it waited. Raises :class:`StoreError` if the store is closed."""
         asked = time.monotonic()
         async with self._lock:
-            got = time.monotonic()
-            self._connection()
-            try:
+            with self._held(what, asked):
                 yield
-            finally:
-                _log_slow(what, asked, got)
 
     @contextlib.asynccontextmanager
     async def _outside_blocks(self, what: str) -> AsyncIterator[None]:
@@ -920,12 +916,26 @@ class Store:
         asked = time.monotonic()
         while self._tx_owner is not None:
             await self._no_block.wait()
+        with self._held(what, asked):
+            yield
+
+    @contextlib.contextmanager
+    def _held(self, what: str, asked: float) -> Iterator[None]:
+        """The store held from now (it was asked for at ``asked``) until the block's end; a
+        hold past :data:`SLOW_HOLD_S` is logged. Raises :class:`StoreError` if it is closed."""
         got = time.monotonic()
         self._connection()
         try:
             yield
         finally:
-            _log_slow(what, asked, got)
+            held = time.monotonic() - got
+            if held > SLOW_HOLD_S:
+                log.warning(
+                    "SQLite held %.2f s by %s (it waited %.2f s for the store)",
+                    held,
+                    what.removeprefix("cannot "),
+                    got - asked,
+                )
 
     def _joined(self) -> bool:
         """Whether the calling asyncio task is inside its own :meth:`transaction`."""
@@ -1042,18 +1052,6 @@ async def _in_thread(
         raise value
     result: _T = value
     return result
-
-
-def _log_slow(what: str, asked: float, got: float) -> None:
-    """Log a hold of the store (a block, or a call's job) that passed :data:`SLOW_HOLD_S`."""
-    held = time.monotonic() - got
-    if held > SLOW_HOLD_S:
-        log.warning(
-            "SQLite held %.2f s by %s (it waited %.2f s for the store)",
-            held,
-            what.removeprefix("cannot "),
-            got - asked,
-        )
 
 
 def _end_leftover(conn: sqlite3.Connection) -> None:
