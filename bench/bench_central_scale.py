@@ -1294,6 +1294,7 @@ class Measure:
         #: was acknowledged by the broker (QoS 1: its PUBACK); :func:`time_publishes`
         self.published: dict[str, float] = {}
         self.awaiting_publish: set[str] = set()
+        self.projected_at_once = 0  # submissions in their node's desired document on return
         self.healed_at: dict[str, float] = {}
         #: the healed share's nodes and when they were cut off (a submission placed on one of
         #: them shortly before is seen only once it is back: that wait is the heal's)
@@ -1377,6 +1378,7 @@ class Measure:
             "submit_call_p50_ms": _ms(pct((s[1] - s[0] for s in submits.values()), 50)),
             "submit_call_p99_ms": _ms(pct((s[1] - s[0] for s in submits.values()), 99)),
             "assignments_published": len(out_at),
+            "projected_at_once": self.projected_at_once,
             "published_p50_ms": _ms(pct(out_at, 50)),
             "published_p99_ms": _ms(pct(out_at, 99)),
             "seen_p50_ms": _ms(pct(latency, 50)),
@@ -1693,6 +1695,9 @@ async def submit_loop(engine: CentralEngine, measure: Measure, stop: asyncio.Eve
             return
         node = view["node"] if view["state"] == "active" else None
         measure.submits[task_id] = (called, time.time(), node)
+        desired = engine.desired.docs.get(node) if engine.desired and node else None
+        if desired is not None and desired.assignment(task_id) is not None:
+            measure.projected_at_once += 1  # in the node's desired document as submit returns
 
     while not stop.is_set():
         now = time.monotonic()

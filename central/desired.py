@@ -23,11 +23,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 
 from edgesched.sync.doc import DESIRED_PREFIX, PolicyDoc, client_id_for, desired_doc_name
 from edgesched.sync.freezer import Freezer
-from edgesched.sync.journal import JournalSet
+from edgesched.sync.journal import DocJournal, JournalSet
 from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import AssignmentEntry, PowerOrder, StopOrder
@@ -52,10 +52,16 @@ class DesiredDocs:
         freezer: Freezer | None = None,
         reads_packed: Callable[[str], bool] = lambda _node: False,
         pacer: ResyncPacer | None = None,
+        source_flushed: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         """``freezer``: watches every desired-state document (frozen while unused);
         ``reads_packed``: whether a node reads packed entries (its registration says), which
-        its document is then written with; ``pacer``: paces each peer's own step 1s."""
+        its document is then written with; ``pacer``: paces each peer's own step 1s;
+        ``source_flushed``: returns once what the documents are projected from (central's
+        fleet document) is on disk as far as it was written, awaited before an update leaves
+        too, so a node never holds an assignment that a crash of central would then lose.
+        With it a projection may be written (and journaled) while its source's write is
+        still on its way: the two journal writes overlap."""
         self.central_id = central_id
         self.client_id = client_id_for(central_id)
         self.session = session
@@ -65,6 +71,7 @@ class DesiredDocs:
         self.freezer = freezer
         self.reads_packed = reads_packed
         self.pacer = pacer
+        self.source_flushed = source_flushed
         self.docs: dict[str, PolicyDoc] = {}
         self.journals = JournalSet(store)
         self.writes = 0  # entries written or removed by the projection
@@ -83,7 +90,7 @@ class DesiredDocs:
             DocPeer(
                 doc,
                 self.central_id,
-                before_publish=journal.flushed,  # on disk before it leaves
+                before_publish=self._on_disk(journal),  # on disk before it leaves
                 accept=sender_check(node_id, self.centrals),
                 writers=frozenset(client_id_for(c) for c in self.centrals),
                 subscribe=False,  # central's wildcard subscription carries its messages
@@ -95,6 +102,19 @@ class DesiredDocs:
         if self.freezer is not None:
             self.freezer.watch(doc)
         return doc
+
+    def _on_disk(self, journal: DocJournal) -> Callable[[], Awaitable[object]]:
+        """What a document's peer awaits before anything leaves: its journal's write, and
+        the source's (``source_flushed``)."""
+        source = self.source_flushed
+        if source is None:
+            return journal.flushed
+
+        async def both() -> None:
+            await source()  # (nearly always at once: the source's writes are few)
+            await journal.flushed()
+
+        return both
 
     async def load(self) -> int:
         """Restore every desired-state document kept in SQLite; returns how many."""

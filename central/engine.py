@@ -471,6 +471,7 @@ class CentralEngine:
             freezer=self.replicas.freezer,  # (the same rule as the replicas')
             reads_packed=self.index.reads_packed,
             pacer=self.resync_pacer,
+            source_flushed=self._fleet_journal.flushed,  # the fleet on disk first
         )
         restored = await self.desired.load()
         self.sync_index(project=False)  # the index learns the restored fleet at once
@@ -644,6 +645,9 @@ class CentralEngine:
             if acting and (mine is None or mine(spec.id)):
                 self.sync_index()
                 self._place(spec, pin=pin, epoch=1, replacement=False)
+                # projected into the node's desired document now, not at the next step: its
+                # journal's write overlaps the fleet's, and its publish waits for both
+                self.sync_index()
             elif self.leases is not None:  # the owner of its shard places it
                 shard = shard_of(spec.id, self.leases.shards)
                 self._pending(
@@ -755,6 +759,7 @@ class CentralEngine:
                           lease=self._lease_of(task_id)),
             )  # fmt: skip
             self._event("migrated", f"{task_id}: {source} -> {target}", node=target, task=task_id)
+            self.sync_index()  # projected now (see submit)
         await _need(self._fleet_journal).flushed()  # the assignment on disk
         moved = fleet.assignment(task_id)
         assert moved is not None
@@ -771,6 +776,7 @@ class CentralEngine:
                     task_id, replace(entry, state=AssignmentState.CANCELLED, at=self.clock())
                 )
                 self._event("cancelled", f"{task_id} cancelled", task=task_id)
+                self.sync_index()  # projected now (see submit)
         await _need(self._fleet_journal).flushed()  # the assignment on disk
         entry = fleet.assignment(task_id)
         assert entry is not None

@@ -107,6 +107,7 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     assert 0 < result["seen_p50_ms"] <= result["seen_p99_ms"] < 5000
     # ... each in a desired-state frame central published (the broker's PUBACK)
     assert result["assignments_published"] == result["placed"]
+    assert result["projected_at_once"] == result["placed"]  # not left for the next step
     assert 0 < result["published_p50_ms"] <= result["published_p99_ms"] < 5000
     # The heal: 10% of 8 nodes is one node, which went offline and converged again (central's
     # replica of its document, and its replica of its desired document, byte-equal).

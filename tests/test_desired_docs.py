@@ -5,6 +5,7 @@ leaves every update queued and nothing half-written."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ import pytest
 from edgesched.central.desired import DesiredDocs
 from edgesched.core.task import TaskSpec
 from edgesched.sync.doc import PolicyDoc, client_id_for, desired_doc_name
-from edgesched.sync.journal import JournalSet
+from edgesched.sync.journal import DocJournal, JournalSet
+from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import AssignmentEntry, PowerOrder, StopOrder
 from edgesched.sync.session import Endpoint, MqttSession
 from edgesched.sync.store import Store, StoreError
@@ -155,3 +157,35 @@ async def test_a_node_that_reads_packed_entries_gets_them_packed(tmp_path: Path)
         )
         desired.assignment("t2", None, entry("t2", "gw-old"))  # its next entry is packed
         assert isinstance(old.root("assignments").get("t2"), str)
+
+
+async def test_a_projection_leaves_only_once_its_source_is_on_disk(tmp_path: Path) -> None:
+    """A desired-state update may be written and journaled while the fleet document's write
+    it was projected from is still on its way (central projects a submission at once, so
+    the two journal writes overlap), but its peer publishes nothing until both are on disk:
+    a crash of central never leaves a node holding an assignment central lost."""
+    async with await Store.open(tmp_path / "central.db") as store:
+        fleet = PolicyDoc("fleet", client_id_for("central"))
+        fleet_journal = DocJournal(fleet, store)
+        sessions = session()
+        desired = DesiredDocs("central", sessions, store, source_flushed=fleet_journal.flushed)
+        placed = entry("t1", "gw-a")
+        fleet.assign("t1", placed)  # the source, queued in its journal
+        desired.assignment("t1", None, placed)  # the projection, queued in its own
+        [peer] = [c for c in sessions.channels if isinstance(c, DocPeer)]
+        before_publish = peer.before_publish
+        assert before_publish is not None
+
+        async def leave() -> None:
+            await before_publish()
+
+        leaving = asyncio.create_task(leave())
+        assert await desired.journals.flush() == 1  # the projection is on disk ...
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not leaving.done()  # ... its source is not: nothing leaves yet
+        async with fleet_journal.transaction():
+            pass  # the fleet's write
+        await asyncio.wait_for(leaving, 5)
+        restored = await PolicyDoc.load_from(store, "fleet", 7)
+        assert restored.assignment("t1") == placed
