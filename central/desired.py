@@ -52,16 +52,19 @@ class DesiredDocs:
         freezer: Freezer | None = None,
         reads_packed: Callable[[str], bool] = lambda _node: False,
         pacer: ResyncPacer | None = None,
-        source_flushed: Callable[[], Awaitable[object]] | None = None,
+        source: DocJournal | None = None,
     ) -> None:
         """``freezer``: watches every desired-state document (frozen while unused);
         ``reads_packed``: whether a node reads packed entries (its registration says), which
         its document is then written with; ``pacer``: paces each peer's own step 1s;
-        ``source_flushed``: returns once what the documents are projected from (central's
-        fleet document) is on disk as far as it was written, awaited before an update leaves
-        too, so a node never holds an assignment that a crash of central would then lose.
-        With it a projection may be written (and journaled) while its source's write is
-        still on its way: the two journal writes overlap."""
+        ``source``: the journal of what the documents are projected from (central's fleet
+        document). A projection into a node's document marks how far the source was written
+        then, and nothing of that document leaves before the source is on disk that far, so
+        a node never holds an assignment that a crash of central would then lose. A
+        projection may so be written (and journaled) while its source's write is still on
+        its way: the two journal writes overlap. A document with no such projection waits
+        for nothing of the source's (the answers to a heal's thousand step 1s do not queue
+        behind the fleet document's writes)."""
         self.central_id = central_id
         self.client_id = client_id_for(central_id)
         self.session = session
@@ -71,7 +74,9 @@ class DesiredDocs:
         self.freezer = freezer
         self.reads_packed = reads_packed
         self.pacer = pacer
-        self.source_flushed = source_flushed
+        self.source = source
+        #: node -> the source's mark its document's latest projection needs on disk
+        self._source_marks: dict[str, int] = {}
         self.docs: dict[str, PolicyDoc] = {}
         self.journals = JournalSet(store)
         self.writes = 0  # entries written or removed by the projection
@@ -90,7 +95,7 @@ class DesiredDocs:
             DocPeer(
                 doc,
                 self.central_id,
-                before_publish=self._on_disk(journal),  # on disk before it leaves
+                before_publish=self._on_disk(node_id, journal),  # on disk before it leaves
                 accept=sender_check(node_id, self.centrals),
                 writers=frozenset(client_id_for(c) for c in self.centrals),
                 subscribe=False,  # central's wildcard subscription carries its messages
@@ -103,15 +108,20 @@ class DesiredDocs:
             self.freezer.watch(doc)
         return doc
 
-    def _on_disk(self, journal: DocJournal) -> Callable[[], Awaitable[object]]:
-        """What a document's peer awaits before anything leaves: its journal's write, and
-        the source's (``source_flushed``)."""
-        source = self.source_flushed
+    def _on_disk(self, node_id: str, journal: DocJournal) -> Callable[[], Awaitable[object]]:
+        """What node ``node_id``'s document's peer awaits before anything leaves: its
+        journal's write, and the source's as far as the document's projections need it."""
+        source = self.source
         if source is None:
             return journal.flushed
+        marks = self._source_marks
 
         async def both() -> None:
-            await source()  # (nearly always at once: the source's writes are few)
+            mark = marks.get(node_id)
+            if mark is not None:
+                await source.flushed_to(mark)
+                if marks.get(node_id) == mark:  # (no later projection meanwhile)
+                    del marks[node_id]
             await journal.flushed()
 
         return both
@@ -152,6 +162,8 @@ class DesiredDocs:
         writing entries in the form its node reads."""
         doc = self.doc(node_id)
         doc.packed = self.reads_packed(node_id)
+        if self.source is not None:  # what this projects is the source as written so far
+            self._source_marks[node_id] = self.source.mark()
         if self._batch is not None and doc.name not in self._open:
             self._batch.enter_context(doc.doc.transaction())
             self._open.add(doc.name)

@@ -471,7 +471,7 @@ class CentralEngine:
             freezer=self.replicas.freezer,  # (the same rule as the replicas')
             reads_packed=self.index.reads_packed,
             pacer=self.resync_pacer,
-            source_flushed=self._fleet_journal.flushed,  # the fleet on disk first
+            source=self._fleet_journal,  # the fleet on disk first, as far as projected
         )
         restored = await self.desired.load()
         self.sync_index(project=False)  # the index learns the restored fleet at once

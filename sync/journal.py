@@ -80,9 +80,20 @@ class DocJournal:
     def pending(self) -> int:
         return len(self._pending)
 
+    def mark(self) -> int:
+        """How many updates were ever queued: :meth:`flushed_to` this returns once every one
+        of them is in the store, whatever is queued after."""
+        return self._queued
+
     async def flushed(self) -> None:
         """Return once every update queued so far is in the store."""
-        target = self._queued
+        await self.flushed_to(self._queued)
+
+    async def flushed_to(self, target: int) -> None:
+        """Return once the first ``target`` updates ever queued (a :meth:`mark`) are in the
+        store; at once if they already are."""
+        if self._logged >= target:
+            return
         if self._changed is None:
             self._changed = asyncio.Condition()
         changed = self._changed

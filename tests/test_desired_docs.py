@@ -168,7 +168,7 @@ async def test_a_projection_leaves_only_once_its_source_is_on_disk(tmp_path: Pat
         fleet = PolicyDoc("fleet", client_id_for("central"))
         fleet_journal = DocJournal(fleet, store)
         sessions = session()
-        desired = DesiredDocs("central", sessions, store, source_flushed=fleet_journal.flushed)
+        desired = DesiredDocs("central", sessions, store, source=fleet_journal)
         placed = entry("t1", "gw-a")
         fleet.assign("t1", placed)  # the source, queued in its journal
         desired.assignment("t1", None, placed)  # the projection, queued in its own
@@ -189,3 +189,55 @@ async def test_a_projection_leaves_only_once_its_source_is_on_disk(tmp_path: Pat
         await asyncio.wait_for(leaving, 5)
         restored = await PolicyDoc.load_from(store, "fleet", 7)
         assert restored.assignment("t1") == placed
+
+
+async def test_a_document_waits_only_for_the_source_writes_projected_into_it(
+    tmp_path: Path,
+) -> None:
+    """The source's writes that a document's projections did not draw on hold nothing of
+    it back: with the fleet document's write for another node still on its way, the first
+    node's document (its own projection's source on disk) leaves at once. During a heal
+    central answers a thousand nodes' step 1s while the fleet document keeps changing."""
+    async with await Store.open(tmp_path / "central.db") as store:
+        fleet = PolicyDoc("fleet", client_id_for("central"))
+        fleet_journal = DocJournal(fleet, store)
+        sessions = session()
+        desired = DesiredDocs("central", sessions, store, source=fleet_journal)
+        desired.doc("gw-c")  # a document nothing was projected into
+        first = entry("t1", "gw-a")
+        fleet.assign("t1", first)
+        desired.assignment("t1", None, first)
+        async with fleet_journal.transaction():
+            pass  # t1's source on disk
+        second = entry("t2", "gw-b")
+        fleet.assign("t2", second)  # queued, not on disk
+        desired.assignment("t2", None, second)
+        assert await desired.journals.flush() == 2
+        peers = {c.doc.name: c for c in sessions.channels if isinstance(c, DocPeer)}
+        gates = {
+            node: peers[desired_doc_name(node)].before_publish for node in ("gw-a", "gw-b", "gw-c")
+        }
+        waiting = {node: asyncio.create_task(gate()) for node, gate in gates.items() if gate}
+        assert len(waiting) == 3
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert waiting["gw-a"].done() and waiting["gw-c"].done()
+        assert not waiting["gw-b"].done()  # t2's source is not on disk yet
+        async with fleet_journal.transaction():
+            pass
+        await asyncio.wait_for(waiting["gw-b"], 5)
+        # a later projection into gw-a needs the source as written then
+        third = entry("t3", "gw-a")
+        fleet.assign("t3", third)
+        desired.assignment("t3", None, third)
+        later = asyncio.create_task(gates["gw-a"]())  # type: ignore[misc]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert await desired.journals.flush() == 1
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not later.done()  # its own write is on disk, t3's source is not
+        async with fleet_journal.transaction():
+            pass
+        await asyncio.wait_for(later, 5)
+        assert fleet_journal.pending == 0
