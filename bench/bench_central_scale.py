@@ -69,6 +69,7 @@ import os
 import pickle
 import random
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -1208,6 +1209,47 @@ def publish_queue_note(samples: dict[str, list[tuple[int, int, int, int, int]]])
     return "central's publishes (every 50 ms): " + "; ".join(parts)
 
 
+#: A submission published later than this (ms) is in the published tail's note.
+SLOW_PUBLISH_MS = 200.0
+
+
+def published_tail_note(
+    placed: dict[str, tuple[float, float, str | None]],
+    published: dict[str, float],
+    handed: dict[str, float],
+    healed: set[str],
+) -> str | None:
+    """Where the slow submissions' time went: how many were published past
+    :data:`SLOW_PUBLISH_MS`, how many of those were placed on a node of the heal (whose
+    desired-state document was answering its node's step 1 then), and their time in
+    ``engine.submit``, from its return to the frame's hand-over to publish (the journals'
+    writes, the document's send loop), and from there to the broker's PUBACK (the publish
+    gate, paho's queue, the broker). None when none was slow."""
+    slow = [
+        (t, s) for t, s in placed.items()
+        if t in published and (published[t] - s[0]) * 1e3 > SLOW_PUBLISH_MS
+    ]  # fmt: skip
+    if not slow:
+        return None
+    on_healed = sum(1 for _, s in slow if s[2] in healed)
+    in_submit = [(s[1] - s[0]) * 1e3 for _, s in slow]
+    parts = [f"in engine.submit max {max(in_submit):.0f} ms"]
+    split = [
+        ((s[1] - s[0]) * 1e3, (handed[t] - s[1]) * 1e3, (published[t] - handed[t]) * 1e3)
+        for t, s in slow if t in handed
+    ]  # fmt: skip
+    if split:
+        each = ", ".join(f"{a:.0f}+{b:.0f}+{c:.0f}" for a, b, c in split)
+        parts.append(
+            f"then to publish max {max(r[1] for r in split):.0f} ms, then to its PUBACK max "
+            f"{max(r[2] for r in split):.0f} ms (each, submit+to publish+to PUBACK: {each} ms)"
+        )
+    return (
+        f"published past {SLOW_PUBLISH_MS:.0f} ms: {len(slow)} of {len(published)}, "
+        f"{on_healed} of them on a node of the heal; " + "; ".join(parts)
+    )
+
+
 class _MallInfo2(ctypes.Structure):
     """glibc's ``struct mallinfo2`` (glibc 2.33 and later)."""
 
@@ -1234,6 +1276,78 @@ def heap_note() -> str | None:
         f"in its arenas ({info.keepcost / 1e6:.0f} MB at their tops), {info.hblkhd / 1e6:.0f} "
         "MB in mmapped blocks"
     )
+
+
+def pymalloc_stats() -> dict[str, int]:
+    """CPython's small-object allocator (pymalloc) in this process, from
+    ``sys._debugmallocstats`` (which prints to the C stderr, read here through a temporary
+    file): arenas allocated now, the bytes they span, and the bytes of their blocks in use.
+    Empty where the interpreter has no such report."""
+    debug = getattr(sys, "_debugmallocstats", None)
+    if debug is None:
+        return {}
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as out:
+        os.dup2(out.fileno(), 2)
+        try:
+            debug()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        label, _, value = line.rpartition("=")
+        number = value.strip().replace(",", "")
+        if not number.isdigit():
+            continue
+        label = label.strip()
+        if label == "# arenas allocated current":
+            found["arenas"] = int(number)
+        elif label.endswith("bytes/arena"):
+            found["arena_bytes"] = int(number)
+        elif label == "# bytes in allocated blocks":
+            found["in_use"] = int(number)
+    return found
+
+
+def smaps_rollup() -> dict[str, int]:
+    """This process's resident memory by kind from ``/proc/self/smaps_rollup`` (kB):
+    anonymous and file-backed. Empty off Linux."""
+    try:
+        text = Path("/proc/self/smaps_rollup").read_text()
+    except OSError:
+        return {}
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Rss", "Anonymous", "Shared_Clean", "Private_Clean"):
+            found[key] = int(rest.split()[0])
+    return found
+
+
+def memory_note(engine: CentralEngine) -> str:
+    """Where central's resident memory is at the end of the run: anonymous against
+    file-backed pages, pymalloc's arenas against the blocks in use in them, and how many of
+    central's documents are live (a live replica is ~65 KiB more than a frozen one)."""
+    parts = []
+    rollup = smaps_rollup()
+    if rollup:
+        parts.append(
+            f"resident {rollup.get('Rss', 0) / 1e3:.0f} MB, of it anonymous "
+            f"{rollup.get('Anonymous', 0) / 1e3:.0f} MB"
+        )
+    stats = pymalloc_stats()
+    if "arena_bytes" in stats and "in_use" in stats:
+        parts.append(
+            f"pymalloc: {stats.get('arenas', 0)} arenas, {stats['arena_bytes'] / 1e6:.0f} MB, "
+            f"{stats['in_use'] / 1e6:.0f} MB of blocks in use"
+        )
+    freezer = engine.freezer
+    parts.append(f"documents live {freezer.live}, frozen {freezer.frozen}")
+    return "central's memory: " + "; ".join(parts)
 
 
 #: Documents the heal's convergence check hashes between two turns of the event loop.
@@ -1294,6 +1408,9 @@ class Measure:
         #: was acknowledged by the broker (QoS 1: its PUBACK); :func:`time_publishes`
         self.published: dict[str, float] = {}
         self.awaiting_publish: set[str] = set()
+        #: task id -> when the first desired-state frame carrying it was handed to publish
+        #: (past the journals' writes, before the publish gate and the broker's PUBACK)
+        self.handed: dict[str, float] = {}
         self.projected_at_once = 0  # submissions in their node's desired document on return
         self.healed_at: dict[str, float] = {}
         #: the healed share's nodes and when they were cut off (a submission placed on one of
@@ -1345,6 +1462,7 @@ class Measure:
         out_at = [published[t] - s[0] for t, s in placed.items() if t in published]
         heal = [self.converged_at[n] - at for n, at in dict(self.healed_at).items()
                 if n in self.converged_at]  # fmt: skip
+        tail_note = published_tail_note(placed, published, dict(self.handed), set(self.healed_at))
         window_s = (end - start) if start is not None else None
         out: dict[str, Any] = {
             "nodes": self.scale.nodes,
@@ -1395,7 +1513,7 @@ class Measure:
             "cpu_s": self.cpu_s
             if self.cpu_s is not None
             else (sum(proc.cpu_times()[:2]) - self.cpu0 if start is not None else None),
-            "notes": list(self.notes),
+            "notes": list(self.notes) + ([] if tail_note is None else [tail_note]),
             "central_log": dict(self.log.counts),
             "central_errors": list(self.log.first),
             "central_warnings": dict(self.log.warnings),
@@ -1661,6 +1779,10 @@ def time_publishes(measure: Measure) -> None:
     original = peer_module.publish  # type: ignore[attr-defined]
 
     async def timed(client: Any, topic: str, payload: bytes, **kwargs: Any) -> None:
+        if measure.awaiting_publish and "/doc/desired-" in topic:
+            now = time.time()
+            for task_id in [t for t in measure.awaiting_publish if t.encode() in payload]:
+                measure.handed.setdefault(task_id, now)  # past its journal, at the gate
         await original(client, topic, payload, **kwargs)
         if measure.awaiting_publish and "/doc/desired-" in topic:
             now = time.time()
@@ -1935,6 +2057,7 @@ async def run_size(
         heap = heap_note()
         if heap is not None:
             measure.notes.append(heap)
+        measure.notes.append(memory_note(engine))
 
         def drained() -> bool:
             placed = [t for t, s in measure.submits.items() if s[2] is not None]

@@ -139,8 +139,43 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     assert result["sim_cpu_share"] is not None and result["sim_cpu_share"] > 0
     # Central logged no error (warnings are allowed: the healed node's will, say).
     assert "ERROR" not in result["central_log"], result["central_errors"]
+    # Where central's memory is: its documents, live or frozen, all of them counted
+    [memory] = [n for n in result["notes"] if n.startswith("central's memory")]
+    live, frozen = (int(x) for x in memory.rpartition("documents live ")[2].split(", frozen "))
+    assert live + frozen == 2 * 8  # each node's replica and its desired-state document
+    if sys.implementation.name == "cpython" and sys.platform == "linux":
+        assert "pymalloc: " in memory and "anonymous" in memory
     table = bench.table([result, result])
     assert "control step p99 (ms)" in table and "x1.0" in table and "finished" in table
+
+
+def test_the_published_tail_is_split_where_its_time_went() -> None:
+    placed: dict[str, tuple[float, float, str | None]] = {
+        "fast": (0.0, 0.01, "gw-1"),
+        "slow": (10.0, 10.1, "gw-2"),  # 0.1 s in submit, 0.2 to publish, 0.3 to its PUBACK
+        "healed": (20.0, 20.05, "gw-3"),
+    }
+    published = {"fast": 0.05, "slow": 10.6, "healed": 20.5}
+    handed = {"fast": 0.02, "slow": 10.3, "healed": 20.1}
+    note = bench.published_tail_note(placed, published, handed, {"gw-3"})
+    assert note is not None
+    assert note.startswith("published past 200 ms: 2 of 3, 1 of them on a node of the heal")
+    assert "in engine.submit max 100 ms" in note
+    assert "then to publish max 200 ms, then to its PUBACK max 400 ms" in note
+    assert "100+200+300" in note and "50+50+400" in note
+    assert bench.published_tail_note(placed, {"fast": 0.05}, handed, set()) is None
+
+
+def test_pymalloc_is_read_from_the_interpreters_own_report() -> None:
+    stats = bench.pymalloc_stats()
+    if not hasattr(sys, "_debugmallocstats"):
+        assert stats == {}
+        return
+    assert stats["arenas"] > 0 and stats["arena_bytes"] >= stats["in_use"] > 0
+    before = stats["in_use"]
+    held = [object() for _ in range(200_000)]  # ~3 MB of small objects
+    assert bench.pymalloc_stats()["in_use"] > before + 2_000_000
+    del held
 
 
 def test_seeded_texts_are_what_the_classes_write() -> None:
