@@ -1196,6 +1196,61 @@ async def publish_queue(
             ))  # fmt: skip
 
 
+def listener_pid(port: int) -> int | None:
+    """The process listening on TCP ``port`` on this machine (the broker), if it can be read."""
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                return conn.pid
+    except psutil.Error:
+        return None
+    return None
+
+
+async def cpu_by_phase(
+    samples: dict[str, list[tuple[float, float, float]]], broker_pid: int | None, measure: Any
+) -> None:
+    """Forever, every 0.5 s: by the phase of the run, the broker's CPU share of one core and
+    the whole machine's busy share of its cores over the last half second (the harness's
+    simulators, the broker and central share this machine)."""
+    broker = None
+    if broker_pid is not None:
+        with contextlib.suppress(psutil.Error):
+            broker = psutil.Process(broker_pid)
+
+    def read() -> tuple[float, float, float]:
+        cpus = psutil.cpu_times()
+        used = 0.0 if broker is None else sum(broker.cpu_times()[:2])
+        return time.monotonic(), used, cpus.idle + getattr(cpus, "iowait", 0.0)
+
+    cores = psutil.cpu_count() or 1
+    before = read()
+    while True:
+        await asyncio.sleep(0.5)
+        try:
+            now = read()
+        except psutil.Error:
+            return
+        wall = now[0] - before[0]
+        if wall > 0:
+            samples.setdefault(measure.phase, []).append(
+                ((now[1] - before[1]) / wall, 1 - (now[2] - before[2]) / wall / cores, wall)
+            )
+        before = now
+
+
+def cpu_by_phase_note(samples: dict[str, list[tuple[float, float, float]]]) -> str:
+    parts = []
+    for phase, rows in samples.items():
+        wall = sum(r[2] for r in rows)
+        mean = sum(r[0] * r[2] for r in rows) / wall if wall else 0.0
+        parts.append(
+            f"{phase}: broker {mean:.0%} of a core (max {max(r[0] for r in rows):.0%}), "
+            f"machine busy max {max(r[1] for r in rows):.0%}"
+        )
+    return "CPU by phase (0.5 s samples): " + "; ".join(parts)
+
+
 def publish_queue_note(samples: dict[str, list[tuple[int, int, int, int, int]]]) -> str:
     parts = []
     for phase, rows in samples.items():
@@ -1984,6 +2039,8 @@ async def run_size(
         lag_probe = asyncio.create_task(loop_lag(lags))
         publishes: dict[str, list[tuple[int, int, int, int, int]]] = {}
         publish_probe = asyncio.create_task(publish_queue(publishes, measure))
+        cpus: dict[str, list[tuple[float, float, float]]] = {}
+        cpu_probe = asyncio.create_task(cpu_by_phase(cpus, listener_pid(port), measure))
         stop_submitting = asyncio.Event()
         submitter = asyncio.create_task(submit_loop(engine, measure, stop_submitting))
         await until(lambda: False, scale.steady_s)
@@ -2046,6 +2103,9 @@ async def run_size(
         gc.callbacks.remove(measure.gc)  # (the window's collections only)
         lag_probe.cancel()
         publish_probe.cancel()
+        cpu_probe.cancel()
+        if cpus:
+            measure.notes.append(cpu_by_phase_note(cpus))
         if publishes:
             measure.notes.append(publish_queue_note(publishes))
         if lags:

@@ -87,6 +87,7 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     broker = bench.start_broker(tmp_path)
     try:
         result = await bench.run_size(scale, broker.port, tmp_path)
+        listening = bench.listener_pid(broker.port)
     finally:
         broker.stop()
     assert result["finished"], result["notes"]
@@ -145,6 +146,10 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     assert live + frozen == 2 * 8  # each node's replica and its desired-state document
     if sys.implementation.name == "cpython" and sys.platform == "linux":
         assert "pymalloc: " in memory and "anonymous" in memory
+    # ... and the broker's CPU (found by its listening port) and the machine's, by phase
+    assert listening == broker.proc.pid
+    [cpu] = [n for n in result["notes"] if n.startswith("CPU by phase")]
+    assert "steady: broker " in cpu and "machine busy max" in cpu
     table = bench.table([result, result])
     assert "control step p99 (ms)" in table and "x1.0" in table and "finished" in table
 
