@@ -60,6 +60,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import gc
 import heapq
 import json
@@ -68,9 +69,11 @@ import multiprocessing as mp
 import os
 import pickle
 import random
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -1173,9 +1176,7 @@ async def loop_lag(lags: list[float], period_s: float = 0.05) -> None:
         lags.append(time.monotonic() - asked - period_s)
 
 
-async def publish_queue(
-    samples: dict[str, list[tuple[int, int, int, int, int]]], measure: Any
-) -> None:
+async def publish_queue(samples: dict[str, list[tuple[int, ...]]], measure: Any) -> None:
     """Forever, every 50 ms: central's outgoing publishes by the phase of the run: pending
     (of ``session.MAX_PENDING_PUBLISHES``), waiting for a turn at that gate (urgent ones and
     the others), in flight in paho (its window is 20 QoS 1 publishes by default) and queued in
@@ -1187,13 +1188,33 @@ async def publish_queue(
         await asyncio.sleep(0.05)
         for client, gate in list(sess._publish_gates.items()):
             paho = client._client
+            unread, unsent = socket_queues(getattr(paho, "_sock", None))
             samples.setdefault(measure.phase, []).append((
                 gate.pending,
                 sum(gate.waiting),
                 paho._inflight_messages,
                 len(paho._out_messages),
                 gate.waiting[0],
+                unread,
+                unsent,
             ))  # fmt: skip
+
+
+def socket_queues(sock: Any) -> tuple[int, int]:
+    """The kernel's queues of a TCP socket: bytes received and not yet read by its owner
+    (``FIONREAD``), and bytes written and not yet acknowledged by the peer (``TIOCOUTQ``,
+    Linux). (0, 0) when they cannot be read."""
+    if sock is None or not hasattr(sock, "fileno"):
+        return 0, 0
+    try:
+        fd = sock.fileno()
+        if fd < 0:
+            return 0, 0
+        unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        unsent = struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, AttributeError, ValueError):
+        return 0, 0
+    return int(unread), int(unsent)
 
 
 def listener_pid(port: int) -> int | None:
@@ -1251,15 +1272,18 @@ def cpu_by_phase_note(samples: dict[str, list[tuple[float, float, float]]]) -> s
     return "CPU by phase (0.5 s samples): " + "; ".join(parts)
 
 
-def publish_queue_note(samples: dict[str, list[tuple[int, int, int, int, int]]]) -> str:
+def publish_queue_note(samples: dict[str, list[tuple[int, ...]]]) -> str:
     parts = []
     for phase, rows in samples.items():
         waited = sum(1 for r in rows if r[1]) / len(rows)
+        unread = sorted(r[5] for r in rows)
         parts.append(
             f"{phase}: pending max {max(r[0] for r in rows)}, waiting max "
             f"{max(r[1] for r in rows)} ({waited:.0%} of samples), paho in flight max "
             f"{max(r[2] for r in rows)}, queued in paho max {max(r[3] for r in rows)}, "
-            f"urgent waiting max {max(r[4] for r in rows)}"
+            f"urgent waiting max {max(r[4] for r in rows)}, unread on central's socket p50 / "
+            f"max {unread[len(unread) // 2] / 1e3:.0f} / {unread[-1] / 1e3:.0f} kB, unsent max "
+            f"{max(r[6] for r in rows) / 1e3:.0f} kB"
         )
     return "central's publishes (every 50 ms): " + "; ".join(parts)
 
@@ -2037,7 +2061,7 @@ async def run_size(
         gc.callbacks.append(measure.gc)
         lags: list[float] = []
         lag_probe = asyncio.create_task(loop_lag(lags))
-        publishes: dict[str, list[tuple[int, int, int, int, int]]] = {}
+        publishes: dict[str, list[tuple[int, ...]]] = {}
         publish_probe = asyncio.create_task(publish_queue(publishes, measure))
         cpus: dict[str, list[tuple[float, float, float]]] = {}
         cpu_probe = asyncio.create_task(cpu_by_phase(cpus, listener_pid(port), measure))

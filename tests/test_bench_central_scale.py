@@ -12,6 +12,7 @@ import asyncio
 import multiprocessing as mp
 import pickle
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -150,6 +151,8 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     assert listening == broker.proc.pid
     [cpu] = [n for n in result["notes"] if n.startswith("CPU by phase")]
     assert "steady: broker " in cpu and "machine busy max" in cpu
+    [sends] = [n for n in result["notes"] if n.startswith("central's publishes")]
+    assert "unread on central's socket p50 / max" in sends and "unsent max" in sends
     table = bench.table([result, result])
     assert "control step p99 (ms)" in table and "x1.0" in table and "finished" in table
 
@@ -330,3 +333,26 @@ async def test_a_simulator_whose_loop_dies_exits_and_names_it(
         broker.stop()
     log = (tmp_path / "broker.log").read_text()
     assert "edgesched-bench-sim-0" in log and "disconnected" in log
+
+
+def test_a_sockets_kernel_queues_are_read() -> None:
+    """What central's connection has received and not yet read, from the kernel (the
+    harness's probe of whether a PUBACK waits behind the heal's inbound documents)."""
+    import socket
+
+    left, right = socket.socketpair()
+    try:
+        assert bench.socket_queues(right) == (0, 0)
+        left.sendall(b"x" * 1000)
+        deadline = time.monotonic() + 5
+        while bench.socket_queues(right)[0] < 1000:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert bench.socket_queues(right)[0] == 1000
+        right.recv(400)
+        assert bench.socket_queues(right)[0] == 600
+    finally:
+        left.close()
+        right.close()
+    assert bench.socket_queues(right) == (0, 0)  # closed: nothing to read
+    assert bench.socket_queues(None) == (0, 0)
