@@ -1858,14 +1858,16 @@ def time_publishes(measure: Measure) -> None:
     original = peer_module.publish  # type: ignore[attr-defined]
 
     async def timed(client: Any, topic: str, payload: bytes, **kwargs: Any) -> None:
+        carried: list[str] = []  # the submissions awaited that this frame carries
         if measure.awaiting_publish and "/doc/desired-" in topic:
             now = time.time()
-            for task_id in [t for t in measure.awaiting_publish if t.encode() in payload]:
+            carried = [t for t in measure.awaiting_publish if t.encode() in payload]
+            for task_id in carried:
                 measure.handed.setdefault(task_id, now)  # past its journal, at the gate
         await original(client, topic, payload, **kwargs)
-        if measure.awaiting_publish and "/doc/desired-" in topic:
-            now = time.time()
-            for task_id in [t for t in measure.awaiting_publish if t.encode() in payload]:
+        now = time.time()
+        for task_id in carried:
+            if task_id in measure.awaiting_publish:  # (not acknowledged in another frame)
                 measure.awaiting_publish.discard(task_id)
                 measure.published[task_id] = now
 
