@@ -78,6 +78,7 @@ class DesiredDocs:
         #: node -> the source's mark its document's latest projection needs on disk
         self._source_marks: dict[str, int] = {}
         self.docs: dict[str, PolicyDoc] = {}
+        self.peers: dict[str, DocPeer] = {}  # (for their refusal counters)
         self.journals = JournalSet(store)
         self.writes = 0  # entries written or removed by the projection
         self._batch: contextlib.ExitStack | None = None
@@ -91,18 +92,18 @@ class DesiredDocs:
             return doc
         doc = restored or PolicyDoc(desired_doc_name(node_id), self.client_id)
         journal = self.journals.add(doc)
-        self.session.add(
-            DocPeer(
-                doc,
-                self.central_id,
-                before_publish=self._on_disk(node_id, journal),  # on disk before it leaves
-                accept=sender_check(node_id, self.centrals),
-                writers=frozenset(client_id_for(c) for c in self.centrals),
-                subscribe=False,  # central's wildcard subscription carries its messages
-                clock=self.clock,
-                pacer=self.pacer,
-            )
+        self.peers[node_id] = peer = DocPeer(
+            doc,
+            self.central_id,
+            before_publish=self._on_disk(node_id, journal),  # on disk before it leaves
+            accept=sender_check(node_id, self.centrals),
+            writers=frozenset(client_id_for(c) for c in self.centrals),
+            relays=self.centrals,  # the node itself delivers nothing here
+            subscribe=False,  # central's wildcard subscription carries its messages
+            clock=self.clock,
+            pacer=self.pacer,
         )
+        self.session.add(peer)
         self.docs[node_id] = doc
         if self.freezer is not None:
             self.freezer.watch(doc)

@@ -73,7 +73,7 @@ from edgesched.sync.doc import (
 from edgesched.sync.freezer import Freezer, Sweep
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.pacer import ResyncPacer
-from edgesched.sync.peer import DocPeer
+from edgesched.sync.peer import DocPeer, refusals
 from edgesched.sync.reconcile import ReconcilePolicy
 from edgesched.sync.schema import (
     AssignmentEntry,
@@ -205,6 +205,8 @@ class CentralEngine:
         #: a full answer from every other live replica (see _handed_over)
         self._handover: dict[int, float] = {}
         self._fleet_peer: DocPeer | None = None
+        #: the policy's and the fleet document's peers, by document name
+        self._central_peers: dict[str, DocPeer] = {}
         self.liveness = Liveness(
             clock, site_of=self._site_of, silent_after_s=self.central.silent_after_s
         )
@@ -435,15 +437,17 @@ class CentralEngine:
     def _sync_central_doc(self, doc: PolicyDoc, journal: DocJournal) -> DocPeer:
         """Sync a document the central replicas co-write (and only they author) as a channel,
         each local update on disk before it leaves."""
-        writers = {client_id_for(c) for c in (self.central.central_id, *self.central.peers)}
+        centrals = (self.central.central_id, *self.central.peers)
         peer = DocPeer(
             doc,
             self.central.central_id,
             before_publish=journal.flushed,
-            writers=frozenset(writers),
+            writers=frozenset(client_id_for(c) for c in centrals),
+            relays=centrals,  # a node's step 1 on the policy's topics is heard, its content never
             subscribe=False,  # the replicas' wildcard subscription carries it
         )
         self.session.add(peer)
+        self._central_peers[doc.name] = peer
         return peer
 
     async def _open_fleet(self) -> None:
@@ -1324,13 +1328,47 @@ class CentralEngine:
         entries = len(index.assignments) + len(index.stops) + len(index.orders)
         return None if entries > STATUS_HASH_MAX_ENTRIES else self.fleet.content_hash()
 
+    def refused_by_channel(self) -> dict[str, dict[str, int]]:
+        """Channel → reason → input refused since start: the sync channels (``node``: the
+        nodes' documents, ``policy``, ``fleet``, ``desired``: the nodes' desired-state
+        documents) by :data:`~edgesched.sync.peer.REFUSAL_REASONS` and ``schema`` (entries
+        their schema refused), ``status`` and ``telemetry`` messages."""
+        replicas = self.replicas.replicas.values()
+        desired = {} if self.desired is None else self.desired.docs
+        channels: dict[str, tuple[list[dict[str, int]], list[SyncedDoc]]] = {
+            "node": ([r.peer.stats for r in replicas], [r.doc for r in replicas]),
+            "policy": ([], [] if self.policy is None else [self.policy]),
+            "fleet": ([], [] if self.fleet is None else [self.fleet]),
+            "desired": (
+                [] if self.desired is None else [p.stats for p in self.desired.peers.values()],
+                list(desired.values()),
+            ),
+        }
+        for name, peer in self._central_peers.items():
+            channels["policy" if name == POLICY_DOC else "fleet"][0].append(peer.stats)
+        out: dict[str, dict[str, int]] = {}
+        for channel, (stats, docs) in channels.items():
+            out[channel] = refusals(stats)
+            out[channel]["schema"] = sum(sum(d.refusals.by_kind().values()) for d in docs)
+        out["node"]["unknown_document"] = self.replicas.stats["refused_unknown"]
+        out["status"] = {"malformed": self.liveness.rejected}
+        out["telemetry"] = {"malformed": self.telemetry.rejected}
+        return out
+
     def status(self) -> dict[str, Any]:
         peers = [r.peer.stats for r in self.replicas.replicas.values()]
+        by_channel = self.refused_by_channel()
+        sync_channels = ("node", "policy", "fleet", "desired")
         rejected = {
-            key: sum(p[key] for p in peers)
-            for key in ("rejected_frames", "rejected_payloads", "rejected_updates")
+            f"rejected_{plural}": sum(by_channel[c][reason] for c in sync_channels)
+            for reason, plural in (
+                ("frame", "frames"),
+                ("payload", "payloads"),
+                ("update", "updates"),
+                ("sender", "senders"),
+            )
         }
-        rejected["rejected_senders"] = sum(p["rejected_senders"] for p in peers)
+        rejected["rejected_authorship"] = sum(by_channel[c]["authorship"] for c in sync_channels)
         rejected["unknown_documents"] = self.replicas.stats["refused_unknown"]
         rejected["status_messages"] = self.liveness.rejected
         rejected["telemetry"] = self.telemetry.rejected
@@ -1367,6 +1405,7 @@ class CentralEngine:
             "index": dict(self.index.stats()),
             "updates_in": sum(p["updates_in"] + p["step2_in"] for p in peers),
             "rejected": rejected,
+            "refused": by_channel,
             "refused_entries": dict(sorted(refused.items())),
         }
 
@@ -1377,6 +1416,9 @@ class CentralEngine:
         self.metrics.broker_connected.set(1 if status["broker_connected"] else 0)
         for kind, count in status["rejected"].items():
             self.metrics.rejected.labels(kind).set(count)
+        for channel, reasons in status["refused"].items():
+            for reason, count in reasons.items():
+                self.metrics.refused.labels(channel, reason).set(count)
 
 
 class _Tasks(Mapping[str, TaskReport]):

@@ -19,6 +19,14 @@ class CentralMetrics:
             ["reason"],
             registry=r,
         )
+        self.refused = Gauge(
+            "edgesched_central_refused",
+            "Input refused since start, by channel (node, policy, fleet, desired, status, "
+            "telemetry) and reason (frame, payload, update, sender, authorship, epoch, schema, "
+            "malformed, unknown_document)",
+            ["channel", "reason"],
+            registry=r,
+        )
         self.events = Counter(
             "edgesched_central_events", "Fleet events by kind", ["kind"], registry=r
         )

@@ -83,6 +83,7 @@ def _central_schemas() -> dict[str, Schema]:
         "rejected_payloads",
         "rejected_updates",
         "rejected_senders",
+        "rejected_authorship",
         "unknown_documents",
         "status_messages",
         "telemetry",
@@ -146,6 +147,12 @@ def _central_schemas() -> dict[str, Schema]:
                 "updates_in": oa.INT,
                 "rejected": oa.obj(
                     {k: oa.INT for k in rejected}, description="input refused, by reason"
+                ),
+                "refused": oa.map_of(
+                    oa.map_of(oa.INT, "reason -> count"),
+                    "channel (node, policy, fleet, desired, status, telemetry) -> input "
+                    "refused since start, by reason (frame, payload, update, sender, "
+                    "authorship, epoch, schema; malformed; unknown_document)",
                 ),
                 "refused_entries": oa.map_of(
                     oa.INT, "document entry kind -> entries the schema refused (every replica)"

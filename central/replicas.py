@@ -150,6 +150,7 @@ class NodeReplicas(Listener):
             self.central_id,
             accept=sender_check(node_id, self.centrals),
             writers=frozenset({client_id_for(node_id)}),
+            relays=self.centrals,  # another replica answers with the node's operations
             subscribe=False,  # the wildcard subscription carries its messages
             clock=self.clock,
             pacer=self.pacer,

@@ -66,9 +66,9 @@ from edgesched.edge.power import PowerControl
 from edgesched.edge.qualify import QualificationReport
 from edgesched.policies.models import ActiveModels
 from edgesched.rest.server import ApiStarter
-from edgesched.sync.doc import NodeDoc, PolicyDoc, client_id_for, desired_doc_name
+from edgesched.sync.doc import NodeDoc, PolicyDoc, SyncedDoc, client_id_for, desired_doc_name
 from edgesched.sync.journal import DocJournal
-from edgesched.sync.peer import DocPeer
+from edgesched.sync.peer import DocPeer, refusals
 from edgesched.sync.schema import (
     AssignmentEntry,
     ModelReport,
@@ -176,6 +176,8 @@ class EdgeEngine:
         #: Our shard of the fleet's desired state: the assignments, stop orders and power
         #: order central gives this node (``desired-<node>``; see edgesched.central.desired).
         self._desired: PolicyDoc | None = None
+        #: our document's, the policy's and our desired document's peers (by channel)
+        self._peers: dict[str, DocPeer] = {}
         self._policy_dirty = False
         self._policy_saved = ""  # content hash of the policy replica last written to SQLite
         self._desired_saved = ""
@@ -457,22 +459,26 @@ class EdgeEngine:
         )
         session.add(self.link)
         session.add(self.telemetry)
-        session.add(
-            DocPeer(
-                self.doc,
-                self.edge.node_id,
-                before_publish=_started(self._journal).flushed,  # on disk before it leaves
-            )
+        self._peers["node"] = DocPeer(
+            self.doc,
+            self.edge.node_id,
+            before_publish=_started(self._journal).flushed,  # on disk before it leaves
+            writers=frozenset({self.doc.client_id}),  # ours alone, relayed by the centrals
+            relays=self.edge.centrals,
         )
         centrals = frozenset(client_id_for(c) for c in self.edge.centrals)
         # Read only, and from the centrals only: they author both documents, and hearing
         # every other node's step 1 of the policy would grow our traffic with the fleet.
-        session.add(  # central's fleet-wide policy
-            DocPeer(self.policy, self.edge.node_id, writers=centrals, listen_to=self.edge.centrals)
-        )
-        session.add(  # our shard of central's desired state
-            DocPeer(self.desired, self.edge.node_id, writers=centrals, listen_to=self.edge.centrals)
-        )
+        for channel, doc in (("policy", self.policy), ("desired", self.desired)):
+            self._peers[channel] = DocPeer(
+                doc,
+                self.edge.node_id,
+                writers=centrals,
+                relays=self.edge.centrals,
+                listen_to=self.edge.centrals,
+            )
+        for peer in self._peers.values():
+            session.add(peer)
         return session
 
     async def _put(
@@ -721,6 +727,9 @@ class EdgeEngine:
         cancelled = await self.store.get_task(task_id)
         return cancelled or record
 
+    def _channel_doc(self, channel: str) -> SyncedDoc:
+        return {"node": self.doc, "policy": self.policy, "desired": self.desired}[channel]
+
     def status(self) -> dict[str, Any]:
         profile = self.profile
         return {
@@ -758,6 +767,11 @@ class EdgeEngine:
                 "content_hash": self._desired.content_hash(),
                 "assignments": len(self._desired.assignments()),
                 "refused_entries": self._desired.refusals.by_kind(),
+            },
+            "refused": {
+                channel: refusals([peer.stats])
+                | {"schema": sum(self._channel_doc(channel).refusals.by_kind().values())}
+                for channel, peer in self._peers.items()
             },
             "models": self.active_models.status(),
             "power": {**self.power.state.report().to_entry(), "last_error": self.power.last_error},

@@ -91,6 +91,12 @@ def _edge_schemas() -> dict[str, Schema]:
                         }
                     )
                 ),
+                "refused": oa.map_of(
+                    oa.map_of(oa.INT, "reason -> count"),
+                    "channel (node: our document, policy, desired) -> messages refused since "
+                    "start, by reason (frame, payload, update, sender, authorship, epoch, "
+                    "schema)",
+                ),
                 "models": oa.map_of(oa.model_info(), "kind -> the model in use, or why none"),
                 "power": oa.obj(
                     {

@@ -71,6 +71,7 @@ import pycrdt._base as pycrdt_base
 from pycrdt import Doc, Map, Subscription, TransactionEvent
 
 from edgesched.core.policy import PolicyMode
+from edgesched.sync import epochs
 from edgesched.sync.schema import (
     AssignmentEntry,
     Entry,
@@ -111,7 +112,7 @@ _EMPTY_UPDATE = b"\x00\x00"
 _MAX_VARUINT_BYTES = 10  # 64-bit values at most
 _NO_CAP = 1 << 40  # stored updates and snapshots were checked when they arrived
 #: Epochs travel as a u32 in every frame (:mod:`.wire`).
-EPOCH_LIMIT = 2**32
+EPOCH_LIMIT = epochs.EPOCH_LIMIT
 
 
 @dataclass(frozen=True)
@@ -991,22 +992,27 @@ class SyncedDoc:
 
         The pycrdt document is replaced by a fresh one (same client id) built from the live
         content only, so the tombstones of removed keys and overwritten values are gone, and
-        :attr:`epoch` becomes ``max(epoch + 1, min_epoch)`` (``min_epoch``: to jump past an
-        epoch another peer announced, see :func:`.wire.epoch_action`). The content hash is
+        :attr:`epoch` becomes the one after it, or ``min_epoch`` if that is newer still
+        (``min_epoch``: to jump past an epoch another peer announced, see
+        :func:`.wire.epoch_action`); epochs compare as serial numbers (:mod:`.epochs`), so
+        the epoch after 2**32 - 1 is 0. The content hash is
         unchanged. The local-update callbacks get the new epoch's whole state as one
         :class:`LocalUpdate` with ``rotation=True`` (the owner logs it: that persists the
         rotation), then the :meth:`on_epoch_change` callbacks run. Callbacks stay registered.
 
         Must not run inside a transaction. Raises :class:`EpochError` for a multi-writer
-        document (see the module docstring) or when the epoch would leave the u32 range.
+        document (see the module docstring), or a ``min_epoch`` outside the u32 range.
         """
         if not self.single_writer:
             raise EpochError(
                 f"{type(self).__name__} {self.name} has several writers and never rotates"
             )
-        new_epoch = max(self.epoch + 1, min_epoch if min_epoch is not None else 0)
-        if new_epoch >= EPOCH_LIMIT:
-            raise EpochError(f"document {self.name} cannot rotate to epoch {new_epoch}")
+        new_epoch = epochs.after(self.epoch)
+        if min_epoch is not None:
+            if not 0 <= min_epoch < EPOCH_LIMIT:
+                raise EpochError(f"document {self.name} cannot rotate to epoch {min_epoch}")
+            if epochs.newer(min_epoch, new_epoch):
+                new_epoch = min_epoch
         fresh = self._fresh()  # built unobserved: its content is no local change
         state = fresh.get_update()
         self.epoch = new_epoch
@@ -1033,7 +1039,7 @@ class SyncedDoc:
         for a multi-writer document.
         """
         self._check_epoch(epoch)
-        if epoch <= self.epoch:
+        if not epochs.newer(epoch, self.epoch):
             raise EpochError(
                 f"document {self.name} is at epoch {self.epoch}: cannot reset to {epoch}"
             )
@@ -1197,9 +1203,9 @@ class SyncedDoc:
         """
         epoch = update.epoch if isinstance(update, LocalUpdate) else self.epoch
         rotation = isinstance(update, LocalUpdate) and update.rotation
-        if epoch < self._stored_epoch or (rotation and epoch == self._stored_epoch):
+        if epochs.newer(self._stored_epoch, epoch) or (rotation and epoch == self._stored_epoch):
             return 0
-        if epoch > self._stored_epoch:
+        if epochs.newer(epoch, self._stored_epoch):
             # A rotation (or, if the owner missed it, anything after one: then our whole
             # state, which was transacted after it and so holds it).
             snapshot = bytes(update) if rotation else self.snapshot()
@@ -1269,12 +1275,12 @@ class SyncedDoc:
         """
         stored = await store.snapshot_with_epoch(self.name)
         stored_epoch = stored[2] if stored is not None else 0
-        if stored_epoch > self.epoch:
+        if stored is not None and epochs.newer(stored_epoch, self.epoch):
             raise EpochError(
                 f"store holds document {self.name} at epoch {stored_epoch}, "
                 f"newer than this copy's {self.epoch}"
             )
-        if stored_epoch < self.epoch:
+        if stored_epoch != self.epoch:  # (no snapshot stands for epoch 0)
             snapshot = self.snapshot()
             await store.rotate_doc(self.name, snapshot, self.epoch)
             self._stored_epoch = self.epoch

@@ -31,17 +31,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Protocol
 
 import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from pycrdt import YSyncMessageType, get_state, merge_updates
+from pycrdt import YSyncMessageType, merge_updates
 
-from edgesched.sync import wire
-from edgesched.sync.doc import UpdateRejected, decode_state_vector
+from edgesched.sync import epochs, wire
+from edgesched.sync.doc import UpdateRejected, client_id_for, decode_state_vector
 from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.session import Endpoint, MqttSession, publish
+from edgesched.sync.yupdate import UpdateDecodeError, decode_update, decoded_violation
 
 log = logging.getLogger("edgesched.sync.peer")
 
@@ -96,7 +97,6 @@ class DocPeer:
         "_last_step1",
         "_local",
         "_pending_bytes",
-        "_sole_writer",
         "_step1_slot",
         "_step1_to",
         "_wake",
@@ -119,6 +119,7 @@ class DocPeer:
         "peer_id",
         "port",
         "reassembler",
+        "relays",
         "replies",
         "resync_interval_s",
         "routes",
@@ -150,6 +151,7 @@ class DocPeer:
         before_publish: Callable[[], Awaitable[object]] | None = None,
         accept: Callable[[str, int], bool] | None = None,
         writers: frozenset[int] | None = None,
+        relays: Collection[str] = (),
         subscribe: bool = True,
         listen_to: Collection[str] | None = None,
         replies: bool | None = None,
@@ -164,9 +166,16 @@ class DocPeer:
         ``accept(topic, claimed_client_id)`` vets each reassembled message before it is
         applied (central's :func:`edgesched.sync.security.accept_sender`); refused ones are
         counted in ``stats["rejected_senders"]``. ``writers``: the client ids allowed to
-        author content in this document (a node's own document: the node's alone); an update
-        carrying operations of any other client id is refused whole, whoever relays it.
-        ``subscribe=False`` for a peer whose
+        author content in this document (a node's own document: the node's alone; the policy
+        and desired-state documents: the central replicas'). ``relays``: the peer ids (topic
+        senders) that may deliver any writer's operations (the central replicas, whose
+        answers carry what they hold of everybody's); any other sender may deliver only its
+        own (``client_id_for(sender)``, if a writer): a node can send content on the policy
+        document's topics under no client id at all, and none on another node's document.
+        Every operation of an update, inserted or deleted, is checked
+        (:func:`edgesched.sync.yupdate.authorship_violation`); an update with one that is not
+        the sender's to deliver is refused whole and counted in
+        ``stats["rejected_authorship"]``. ``subscribe=False`` for a peer whose
         messages arrive through a wildcard another channel subscribes. ``listen_to``: hear
         only these peers (their sender topics) instead of every peer of the document: a
         node following central's documents hears the centrals, not every other node's
@@ -190,14 +199,8 @@ class DocPeer:
         self.before_publish = before_publish
         self.accept = accept
         self.writers = writers
+        self.relays = frozenset(relays)
         self.sole_asker = sole_asker
-        #: A one-writer document's only valid "authors" state vector starts with this (one
-        #: entry, the writer's client id): the writer check's fast path.
-        self._sole_writer: bytes | None = (
-            b"\x01" + wire.var_uint(next(iter(writers)))
-            if writers is not None and len(writers) == 1
-            else None
-        )
         self.clock = clock
         #: sender → when (``clock``) its last y-sync step 2 arrived: a full answer to our
         #: state vector, delete set included, so our replica held all it had at that moment.
@@ -256,11 +259,13 @@ class DocPeer:
                 "updates_in",
                 "updates_out",
                 "resync_requests",
+                "behind_non_writer",
                 "own_dropped",
                 "rejected_frames",
                 "rejected_payloads",
                 "rejected_updates",
                 "rejected_senders",
+                "rejected_authorship",
                 "epoch_adopted",
                 "epoch_stale",
                 "epoch_refused",
@@ -484,7 +489,13 @@ class DocPeer:
             from_writer = self.writers is not None and self.writers == {message.sender}
             self._handle_sync(sender, sync, from_writer=from_writer)
         except ValueError as exc:  # FrameError, UpdateRejected, a bad state vector
-            key = "rejected_payloads" if isinstance(exc, wire.FrameError) else "rejected_updates"
+            key = (
+                "rejected_payloads"
+                if isinstance(exc, wire.FrameError)
+                else "rejected_authorship"
+                if isinstance(exc, AuthorshipRefused)
+                else "rejected_updates"
+            )
             self.stats[key] += 1
             log.warning("doc %s: dropped message from %s: %s", self.doc.name, sender, exc)
 
@@ -495,6 +506,12 @@ class DocPeer:
             self.stats["step1_in"] += 1
             state_vector, marked = wire.split_reply_mark(sync.data)
             behind = self._behind(state_vector)  # ValueError if garbage
+            if behind and self.authors_of(sender) == frozenset():
+                # It holds what we lack (a writer's operations it heard and we missed) but may
+                # deliver none of it: asking would only bring answers we refuse. The writer
+                # itself, or a relay, brings it.
+                self.stats["behind_non_writer"] += 1
+                behind = False
             reply = self._reply_topic(sender) if marked else None
             asked = (state_vector, self.doc.epoch, reply or self.topic)
             if from_writer and self.sole_asker and self._holds_ours(state_vector):
@@ -613,7 +630,7 @@ class DocPeer:
                 self.doc.epoch,
             )
             try:
-                self.doc.rotate(min_epoch=epoch + 1)
+                self.doc.rotate(min_epoch=epochs.after(epoch))
             except ValueError as exc:
                 log.error("doc %s: cannot rotate past epoch %d: %s", self.doc.name, epoch, exc)
         else:
@@ -626,35 +643,60 @@ class DocPeer:
             )
         return False
 
+    def authors_of(self, sender: str) -> frozenset[int] | None:
+        """The client ids whose operations a message from ``sender`` (the topic's last level,
+        which the broker's ACL lets only that identity publish) may carry; None: unchecked."""
+        if self.writers is None:
+            return None
+        if sender in self.relays:
+            return self.writers
+        own = client_id_for(sender)
+        return frozenset((own,)) if own in self.writers else frozenset()
+
     def _check_writers(self, sender: str, update: bytes) -> None:
-        """UpdateRejected unless every operation in ``update`` is by one of :attr:`writers`."""
-        assert self.writers is not None
-        try:
-            state = get_state(update)
-        except ValueError as exc:
-            raise UpdateRejected(f"update from {sender} is not decodable: {exc}") from None
-        if self._sole_writer is not None and _only_client(state, self._sole_writer):
-            return  # one (client, clock) pair, the client the writer: what decoding would say
-        try:
-            authors = set(decode_state_vector(state))
-        except ValueError as exc:
-            raise UpdateRejected(f"update from {sender} is not decodable: {exc}") from None
-        if not authors <= self.writers:
-            raise UpdateRejected(
-                f"update from {sender} carries operations of client ids "
-                f"{sorted(authors - self.writers)}, not a writer of {self.doc.name}"
+        """AuthorshipRefused unless every operation in ``update``, each inserted item and
+        each deletion, is one ``sender`` may deliver (:meth:`authors_of`)."""
+        authors = self.authors_of(sender)
+        if authors is None:
+            return
+        if not authors:
+            raise AuthorshipRefused(
+                f"update from {sender}, which writes nothing in {self.doc.name}: "
+                "only a writer's own operations are accepted"
             )
+        try:
+            decoded = decode_update(update)
+        except UpdateDecodeError as exc:
+            raise UpdateRejected(f"update from {sender} is not decodable: {exc}") from None
+        violation = decoded_violation(decoded, authors)
+        if violation is not None:
+            raise AuthorshipRefused(f"update from {sender} {violation} of {self.doc.name}")
 
 
-def _only_client(state_vector: bytes, head: bytes) -> bool:
-    """Whether ``state_vector`` is ``head`` (count 1 and a client id, as
-    :func:`~edgesched.sync.wire.var_uint` writes them) followed by exactly one well-formed
-    varuint clock (at most 10 bytes, as :func:`~edgesched.sync.doc.decode_state_vector`
-    takes). False says nothing: decode it."""
-    if not state_vector.startswith(head):
-        return False
-    clock = state_vector[len(head) :]
-    return 0 < len(clock) <= 10 and clock[-1] < 0x80 and all(byte >= 0x80 for byte in clock[:-1])
+#: A peer's refusal counters (:attr:`DocPeer.stats` keys) and the reason each counts.
+REFUSAL_REASONS: dict[str, str] = {
+    "rejected_frames": "frame",  # not a frame of ours, corrupt, oversized
+    "rejected_payloads": "payload",  # not a y-sync message, or our own client id
+    "rejected_updates": "update",  # an update or state vector pycrdt or the decoder refused
+    "rejected_senders": "sender",  # a header claiming another peer's client id
+    "rejected_authorship": "authorship",  # an operation the sender may not deliver
+    "epoch_refused": "epoch",  # a newer epoch from a peer that is not the writer
+}
+
+
+def refusals(stats: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Reason → messages refused, summed over peers' :attr:`DocPeer.stats`."""
+    out = dict.fromkeys(REFUSAL_REASONS.values(), 0)
+    for one in stats:
+        for key, reason in REFUSAL_REASONS.items():
+            out[reason] += one[key]
+    return out
+
+
+class AuthorshipRefused(UpdateRejected):
+    """An update carrying an operation (an insertion or a deletion) its sender may not
+    deliver: not authored under a client id the sender writes with, or, from a relay, under
+    no writer's."""
 
 
 async def wait_converged(

@@ -362,13 +362,16 @@ def acl(
 
     * write ``edgesched/v1/node/<self>/#`` (status, will) and its own sender topic of the
       documents it takes part in: ``doc/node-<self>/sync/<self>``, ``doc/policy/sync/<self>``
-      and ``doc/desired-<self>/sync/<self>`` (it must send y-sync step 1 there; central
-      ignores its updates to both), and ``doc/site-<site>/sync/<self>`` for the sites listed
+      and ``doc/desired-<self>/sync/<self>`` (it must send y-sync step 1 there; no
+      peer takes content a node sends on either: see :class:`edgesched.sync.peer.DocPeer`'s
+      ``relays``), and ``doc/site-<site>/sync/<self>`` for the sites listed
       for it in ``site_members``;
     * read ``edgesched/v1/central/#`` (heartbeat), ``edgesched/v1/node/<self>/#``,
-      ``doc/node-<self>/#``, the policy's sender topics ``doc/policy/sync/#`` and the answers
-      addressed to it, ``doc/policy/reply/<self>/#``, ``doc/desired-<self>/#`` (its own
-      shard of the fleet's desired state) and its sites' ``doc/site-<site>/#``. Not
+      ``doc/node-<self>/#``, the centrals' sender topics of the policy
+      ``doc/policy/sync/<central>`` (not another node's: its step 1s are of no use to us, and
+      no peer takes content from a node on the policy) and the answers addressed to it,
+      ``doc/policy/reply/<self>/#``, ``doc/desired-<self>/#`` (its own shard of the fleet's
+      desired state) and its sites' ``doc/site-<site>/#``. Not
       ``doc/fleet``: the fleet's assignments are for centrals only. Not another node's
       reply topic of the policy (``doc/policy/reply/<other>/...``): answers to a node's step
       1 are for that node only (:func:`edgesched.sync.wire.reply_topic`).
@@ -400,10 +403,12 @@ def acl(
         f"pattern read {ROOT}/central/#",
         f"pattern read {ROOT}/node/%u/#",
         f"pattern read {ROOT}/doc/node-%u/#",
-        f"pattern read {ROOT}/doc/policy/sync/#",
         f"pattern read {ROOT}/doc/policy/reply/%u/#",
         f"pattern read {ROOT}/doc/desired-%u/#",
     ]
+    # The policy's content comes from the centrals only: a node hears their sender topics,
+    # never another node's (whose step 1s it has no use for, and whose content no peer takes).
+    lines += [f"pattern read {ROOT}/doc/policy/sync/{central}" for central in centrals]
     for central in centrals:
         lines += [
             "",

@@ -66,6 +66,7 @@ from urllib.parse import quote
 
 from edgesched.core.model import Decision
 from edgesched.core.task import Assignment, TaskRecord, TaskSpec, TaskState
+from edgesched.sync import epochs
 
 log = logging.getLogger("edgesched.sync.store")
 
@@ -727,7 +728,7 @@ class Store:
 
         def body(conn: sqlite3.Connection) -> int:
             current = _snapshot_epoch(conn, doc)
-            if epoch <= current:
+            if current is not None and not epochs.newer(epoch, current):
                 raise StoreError(
                     f"cannot rotate document {doc} to epoch {epoch}: it is at epoch {current}"
                 )
@@ -762,8 +763,16 @@ class Store:
                 query = f"SELECT doc, epoch FROM doc_snapshots WHERE doc IN ({marks})"
                 found = conn.execute(query, names).fetchall()
                 stored.update((str(doc), int(epoch)) for doc, epoch in found)
-            refused = [name for name, _, epoch in rows if stored.get(name, 0) > epoch]
-            kept = [row for row in rows if stored.get(row[0], 0) <= row[2]]
+            refused = [
+                name
+                for name, _, epoch in rows
+                if name in stored and epochs.newer(stored[name], epoch)
+            ]
+            kept = [
+                row
+                for row in rows
+                if not (row[0] in stored and epochs.newer(stored[row[0]], row[2]))
+            ]
             conn.executemany(
                 "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data, epoch) "
                 f"VALUES (?1, {_LAST_SEQ}, ?2, ?3)",
@@ -1290,9 +1299,9 @@ def _last_seq(conn: sqlite3.Connection, doc: str) -> int:
     return int(rows[0][0])
 
 
-def _snapshot_epoch(conn: sqlite3.Connection, doc: str) -> int:
+def _snapshot_epoch(conn: sqlite3.Connection, doc: str) -> int | None:
     rows = conn.execute("SELECT epoch FROM doc_snapshots WHERE doc = ?", (doc,)).fetchall()
-    return int(rows[0][0]) if rows else 0
+    return int(rows[0][0]) if rows else None
 
 
 def _snapshot_seq(conn: sqlite3.Connection, doc: str) -> int | None:

@@ -45,6 +45,8 @@ from typing import Literal, NamedTuple
 
 from pycrdt import YMessageType, YSyncMessageType, create_update_message, write_message
 
+from edgesched.sync import epochs
+
 MAGIC = b"ES"
 VERSION = 2
 TOPIC_ROOT = "edgesched/v1"
@@ -58,7 +60,7 @@ MQTT_HEADROOM = 256
 MAX_PEER_ID_BYTES = 64
 DEFAULT_MAX_PACKET = 64 * 1024
 MAX_PAYLOAD = 0xFFFFFFFF
-MAX_EPOCH = 0xFFFFFFFF
+MAX_EPOCH = epochs.MAX_EPOCH
 
 
 class Kind(IntEnum):
@@ -385,18 +387,22 @@ def epoch_action(
     - ``"rotate_past"``: we are the writer and a peer holds a newer epoch than ours: an epoch
       we handed out was lost from our store (restored from an old backup, salvaged). Never
       reuse it, since other replicas hold different operations under the same clocks: rotate
-      to ``remote_epoch + 1`` (``doc.rotate(min_epoch=remote_epoch + 1)``), which republishes
-      our content at an epoch nobody has seen; the message itself is dropped.
+      to the epoch after it (``doc.rotate(min_epoch=epochs.after(remote_epoch))``), which
+      republishes our content at an epoch nobody has seen; the message itself is dropped.
+
+    "Newer" and "older" are serial-number comparisons (:func:`.epochs.newer`): the epoch after
+    2**32 - 1 is 0, so no epoch announced, by a bug or by a gateway's stolen credentials, is
+    one its writer cannot get past.
     """
     for what, value in (("local", local_epoch), ("remote", remote_epoch)):
         if not 0 <= value <= MAX_EPOCH:
             raise ValueError(f"{what} epoch {value} is not a u32")
     if remote_epoch == local_epoch:
         return "apply"
-    if remote_epoch < local_epoch:
+    if epochs.newer(local_epoch, remote_epoch):
         return "announce"
     if is_writer:
-        return "rotate_past" if remote_epoch < MAX_EPOCH else "drop"
+        return "rotate_past"
     return "adopt" if from_writer else "drop"
 
 

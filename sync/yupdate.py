@@ -48,6 +48,7 @@ __all__ = [
     "UpdateDecodeError",
     "authorship_violation",
     "decode_update",
+    "decoded_violation",
 ]
 
 #: Deepest nesting of lib0 ``any`` arrays/maps accepted (Yjs has no limit; a hostile update
@@ -395,6 +396,11 @@ def authorship_violation(update: bytes, writers: frozenset[int]) -> str | None:
         decoded = decode_update(update)
     except UpdateDecodeError as exc:
         return f"not a decodable update: {exc}"
+    return decoded_violation(decoded, writers)
+
+
+def decoded_violation(decoded: DecodedUpdate, writers: frozenset[int]) -> str | None:
+    """:func:`authorship_violation` of an update already decoded."""
     for client in decoded.clients:
         if client not in writers:
             return f"inserts operations of client {client}, not a writer"

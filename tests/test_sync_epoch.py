@@ -17,7 +17,7 @@ from pycrdt import YSyncMessageType
 
 from edgesched.core.model import Arch, ServerClass
 from edgesched.core.task import TaskState
-from edgesched.sync import wire
+from edgesched.sync import epochs, wire
 from edgesched.sync.doc import (
     EpochError,
     LocalUpdate,
@@ -154,7 +154,7 @@ def test_epoch_bounds() -> None:
     with pytest.raises(EpochError):
         doc.rotate(min_epoch=2**32)
     doc.reset_to_epoch(3)
-    for bad in (3, 2):
+    for bad in (3, 2, 2**31 + 4):
         with pytest.raises(EpochError, match="cannot reset"):
             doc.reset_to_epoch(bad)
     with pytest.raises(EpochError):
@@ -190,7 +190,11 @@ def test_epoch_action_table() -> None:
     assert act(3, 4, from_writer=True) == "adopt"
     assert act(3, 4, from_writer=False) == "drop"
     assert act(3, 9, from_writer=False, is_writer=True) == "rotate_past"
-    assert act(3, 2**32 - 1, from_writer=False, is_writer=True) == "drop"  # nowhere past it
+    # serial numbers: 2**32 - 1 lies just behind 3 (the epoch after it is 0)...
+    assert act(3, 2**32 - 1, from_writer=True) == "announce"
+    assert act(2**32 - 1, 3, from_writer=True) == "adopt"  # ...and 3 just ahead of it
+    assert act(3, 2**31 + 2, from_writer=False, is_writer=True) == "rotate_past"
+    assert act(3, 2**31 + 4, from_writer=False, is_writer=True) == "announce"
     for bad in (-1, 2**32):
         with pytest.raises(ValueError):
             act(bad, 0, from_writer=True)
@@ -209,11 +213,37 @@ def test_epoch_action_properties(
 ) -> None:
     action = wire.epoch_action(local, remote, from_writer=from_writer, is_writer=is_writer)
     assert (action == "apply") == (local == remote)  # two epochs are never merged
-    assert (action == "announce") == (remote < local)
+    assert (action == "announce") == epochs.newer(local, remote)
     if action == "adopt":
-        assert from_writer and not is_writer and remote > local
+        assert from_writer and not is_writer and epochs.newer(remote, local)
     if action == "rotate_past":
-        assert is_writer and remote > local
+        assert is_writer and epochs.newer(remote, local)
+        assert epochs.newer(epochs.after(remote), remote)  # always somewhere past it
+    # of two peers at different epochs exactly one is ahead: no pair refuses each other
+    assert local == remote or epochs.newer(local, remote) != epochs.newer(remote, local)
+
+
+@given(a=st.integers(0, 2**32 - 1), step=st.integers(1, 2**31 - 1))
+def test_serial_epochs_are_newer_within_half_the_circle(a: int, step: int) -> None:
+    b = (a + step) % 2**32
+    assert epochs.newer(b, a) and not epochs.newer(a, b)
+    assert epochs.newer(epochs.after(a), a)
+
+
+def test_a_writer_past_the_last_epoch_wraps_to_0() -> None:
+    """A replica that took 2**32 - 1 (a gateway's credentials announce any epoch of its own
+    document) follows its writer again: the writer rotates past it to 0, which is newer."""
+    writer = writer_doc()
+    writer.put_task("a", report("running"))
+    writer.rotate(min_epoch=2**31)  # half the circle on: the last epoch is ahead of it
+    replica = NodeDoc(NAME, CENTRAL)
+    replica.reset_to_epoch(2**31 - 1)  # the farthest ahead of 0 a replica takes in one step
+    replica.reset_to_epoch(2**32 - 1)  # and on to the last epoch, emptied
+    resync(writer, replica)
+    assert writer.epoch == 0 and replica.epoch == 0  # rotated past it, to the epoch after
+    assert replica.content_hash() == writer.content_hash() and replica.task("a") is not None
+    writer.rotate()
+    assert writer.epoch == 1
 
 
 # ---------------------------------------------------------------------- replicas following
@@ -240,7 +270,7 @@ def receive(
     if action == "adopt":
         doc.reset_to_epoch(message.epoch)
     elif action == "rotate_past":
-        doc.rotate(min_epoch=message.epoch + 1)
+        doc.rotate(min_epoch=epochs.after(message.epoch))
     if action not in ("apply", "adopt"):
         return action
     sync = wire.decode_sync(message.kind, message.payload)
