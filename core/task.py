@@ -25,7 +25,13 @@ class SpecError(ValueError):
 
 
 #: Integers a spec may carry: what SQLite and the CRDT documents store (int64).
-MAX_SPEC_INT = 2**63 - 1
+#: The largest integer a spec may carry: what the documents carry exactly (pycrdt writes an
+#: integer as a float64 on the wire, so 2**53 + 1 would read back as 2**53 on another replica,
+#: and the replicas diverge for good). The store's int64 holds more; the wire does not.
+MAX_SPEC_INT = 2**53
+#: A task id's length, in characters and in UTF-8 bytes (it names files: ``<id>.log``, ...,
+#: and a file name is at most 255 bytes).
+MAX_TASK_ID_BYTES = 128
 #: An OCI image reference (``[registry[:port]/]name[/name...][:tag][@digest]``), as
 #: distribution/reference defines it, in ASCII, without anchors (the API document adds them).
 IMAGE_REF = (
@@ -114,14 +120,19 @@ class TaskSpec:
         ident = self.id
         if (
             not ident
-            or len(ident) > 128
+            or len(ident) > MAX_TASK_ID_BYTES
             or not (
                 _TASK_ID.fullmatch(ident)
                 if type(ident) is str
                 else all(c.isalnum() or c in "-_." for c in ident)
             )
+            or ident[0] in ".-"
+            or (not ident.isascii() and len(ident.encode()) > MAX_TASK_ID_BYTES)
         ):
-            raise SpecError("id: 1-128 characters of letters, digits, '-', '_' or '.'")
+            raise SpecError(
+                "id: 1-128 letters, digits, '-', '_' or '.' (at most 128 bytes in UTF-8), "
+                "not starting with '.' or '-'"
+            )
         if not self.command:
             raise SpecError("command: a non-empty list of non-empty strings")
         for arg in self.command:
@@ -243,6 +254,7 @@ class TaskSpec:
                 if value is not None:
                     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                         raise SpecError(f"limits.{key}: must be a positive integer")
+                    _check_storable(f"limits.{key}", value)
                     limits = None  # one is set
         try:  # (a refusal of the field's type reads as this one too, as it always has)
             restart_raw = get("restart", "on-failure")
@@ -391,7 +403,7 @@ def compact_spec_json(data: dict[str, Any]) -> dict[str, Any]:
     :meth:`TaskSpec.from_json` reads back the same spec): what a packed entry carries. The
     id and the command are required, so always kept."""
     if not _SPEC_DEFAULTS:
-        _SPEC_DEFAULTS.update(TaskSpec(id="-", command=("-",)).to_json())
+        _SPEC_DEFAULTS.update(TaskSpec(id="x", command=("-",)).to_json())
         del _SPEC_DEFAULTS["id"], _SPEC_DEFAULTS["command"]
     return {
         k: v
@@ -465,7 +477,7 @@ def _check_storable(name: str, value: object) -> None:
     """Refuse what the store and the CRDT documents cannot hold: integers beyond int64 and
     strings with lone surrogates (JSON's ``"\\udc80"``), which are not UTF-8."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SPEC_INT:
-        raise SpecError(f"{name}: out of range")
+        raise SpecError(f"{name}: beyond ±2**53, what the documents carry exactly")
     if isinstance(value, str):
         if value.isascii():  # the common case: ASCII always encodes
             return
@@ -483,7 +495,7 @@ def _check_storable(name: str, value: object) -> None:
             if not (type(key) is str and key.isascii()):
                 _check_storable(name, key)
             if not ((type(item) is str and item.isascii()) or type(item) in _PLAIN_SCALARS):
-                _check_storable(name, item)
+                _check_storable(f"{name}.{key}", item)
 
 
 _PLAIN_SCALARS = frozenset({type(None), float, bool})

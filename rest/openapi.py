@@ -194,7 +194,7 @@ def model_info() -> Schema:
 #: ``TaskSpec`` ids: Python's ``str.isalnum`` letters and digits, '-', '_' and '.'. ``\\w`` is
 #: exactly that plus '_' under Python's ``re`` (and ASCII-only under ECMA-262, a stricter rule a
 #: client can follow safely).
-TASK_ID_PATTERN = r"^[\w.-]{1,128}$"
+TASK_ID_PATTERN = r"^\w[\w.-]{0,127}$"
 RECONCILE_CHOICES = ["", *(p.value for p in ReconcilePolicy)]
 
 
@@ -206,14 +206,16 @@ def task_spec_schema() -> Schema:
         "type": "object",
         "description": "A task to run: the scheduler's demand plus how to run its process. "
         "Unknown fields are refused (400 naming the field), and so are integers written as "
-        "floats (1.0), integers beyond int64 and strings holding lone surrogates.",
+        "floats (1.0), integers beyond ±2**53 (what the documents carry exactly) and strings "
+        "holding lone surrogates.",
         "properties": {
             "id": {
                 "type": "string",
                 "pattern": TASK_ID_PATTERN,
                 "minLength": 1,
                 "maxLength": 128,
-                "description": "1-128 letters, digits, '-', '_' or '.'",
+                "description": "1-128 letters, digits, '-', '_' or '.' (at most 128 bytes in "
+                "UTF-8), not starting with '.' or '-'",
             },
             "command": {
                 "type": "array",

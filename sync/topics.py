@@ -59,6 +59,8 @@ def json_object(payload: bytes, what: str, max_bytes: int) -> dict[str, Any]:
         data = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:  # ~1,000 levels: a 4 KiB payload nests 2,000 deep
+        raise ValueError(f"{what} is JSON nested too deep") from None
     if not isinstance(data, dict):
         raise ValueError(f"{what} must be a JSON object")
     return data

@@ -194,6 +194,18 @@ async def test_one_gateways_credentials_forge_nothing(tmp_path: Path) -> None:
                 await client.publish(wire.sync_topic(doc, "gw-a"), frame, qos=1)
             await until(lambda: fleet.refused("node", "sender") > senders, 10, "header refused")
 
+            # Status and telemetry nested past json's depth (a RecursionError nobody caught).
+            for channel, topic, size in (
+                ("status", "edgesched/v1/node/gw-a/status", 1024),
+                ("telemetry", "edgesched/v1/node/gw-a/telemetry", 2048),
+            ):
+                seen = await asyncio.to_thread(fleet.refused, channel, "malformed")
+                await client.publish(topic, b"[" * size, qos=1)
+
+                def malformed_counted(c: str = channel, n: int = seen) -> bool:
+                    return fleet.refused(c, "malformed") > n
+
+                await until(malformed_counted, 10, f"a deep {channel} message refused")
             # gw-a's own document, moved to the last epoch (two jumps of under half the circle)
             # with a decoy in it: its own to do, but the real gw-a must take it back after.
             for epoch in (2**31 - 1, 2**32 - 1):

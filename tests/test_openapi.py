@@ -244,11 +244,20 @@ BIG = str(2**64).encode()
     [
         (b'{"id": "t", "command": null}', "command"),  # was a 500 (TypeError)
         (b'{"id": "t", "command": ["x"], "accel": ' + BIG + b"}", "accel"),  # was a pycrdt panic
-        (b'{"id": "t", "command": ["x"], "limits": {"nofile": ' + BIG + b"}}", "limits"),
+        (b'{"id": "t", "command": ["x"], "limits": {"nofile": ' + BIG + b"}}", "limits.nofile"),
         (b'{"id": "t", "command": ["x"], "cpu": 1' + b"0" * 400 + b"}", "cpu"),  # was a 500
-        (b'{"id": "t", "command": ["x"], "env": {"k": "\\udc80"}}', "env"),  # a pycrdt panic
+        (b'{"id": "t", "command": ["x"], "env": {"k": "\\udc80"}}', "env.k"),  # a pycrdt panic
         (b'{"id": "t", "command": ["\\ud800"]}', "command"),
         (b'{"id": "t", "command": ["x"], "threads": 1000000000000}', "threads"),  # edge: OOM
+        # beyond what the documents carry exactly: replicas would read 2**53 (issue 13)
+        (
+            b'{"id": "t", "command": ["x"], "limits": {"memory_mb": 9007199254740993}}',
+            "limits.memory_mb",
+        ),
+        (b'{"id": "t", "command": ["x"], "max_restarts": 9223372036854775807}', "max_restarts"),
+        # 128 characters, 384 bytes: a file name too long for the node (issue 13)
+        (('{"id": "' + "日" * 128 + '", "command": ["x"]}').encode(), "id"),
+        (b'{"id": "..", "command": ["x"]}', "id"),
     ],
 )
 async def test_bodies_the_fuzzing_found_are_refused_naming_the_field(

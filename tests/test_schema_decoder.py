@@ -45,7 +45,7 @@ from edgesched.sync.schema import ENTRY_KINDS, MAX_TEXT, MAX_WIRE_INT, Entry, Mo
 
 def _ref_check_storable(name: str, value: object) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SPEC_INT:
-        raise SpecError(f"{name}: out of range")
+        raise SpecError(f"{name}: beyond ±2**53, what the documents carry exactly")
     if isinstance(value, str):
         try:
             value.encode()
@@ -57,12 +57,20 @@ def _ref_check_storable(name: str, value: object) -> None:
     elif isinstance(value, dict):
         for key, item in value.items():
             _ref_check_storable(name, key)
-            _ref_check_storable(name, item)
+            _ref_check_storable(f"{name}.{key}", item)
 
 
 def _ref_post_init(s: types.SimpleNamespace) -> None:
-    if not s.id or len(s.id) > 128 or not all(c.isalnum() or c in "-_." for c in s.id):
-        raise SpecError("id: 1-128 characters of letters, digits, '-', '_' or '.'")
+    if (
+        not s.id
+        or not all(c.isalnum() or c in "-_." for c in s.id)
+        or len(s.id.encode()) > 128
+        or s.id[0] in ".-"
+    ):
+        raise SpecError(
+            "id: 1-128 letters, digits, '-', '_' or '.' (at most 128 bytes in UTF-8), "
+            "not starting with '.' or '-'"
+        )
     if not s.command or not all(isinstance(a, str) and a for a in s.command):
         raise SpecError("command: a non-empty list of non-empty strings")
     if not 0 <= s.priority <= MAX_PRIORITY:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -70,3 +71,30 @@ def test_collector_keeps_the_newest_per_node_in_order_and_bounded() -> None:
     assert set(c.series) == {"gw1", "gw2"} and c.rejected == 2
     latest = c.latest("gw1")
     assert latest is not None and latest.at == 4.0 and c.latest("nobody") is None
+
+
+@pytest.mark.parametrize("kind", ["[", "{"])
+@pytest.mark.parametrize("closed", [True, False])
+def test_json_nested_past_the_parsers_depth_is_a_value_error(kind: str, closed: bool) -> None:
+    """A node's status and telemetry, and central's heartbeat, are parsed by central and
+    the nodes from MQTT: JSON nested ~1,000 deep (1 KiB is enough) made json.loads raise
+    RecursionError, which no caller caught (issue 13). Each parser says what is wrong. (Not
+    a hypothesis test: hypothesis raises the recursion limit while it runs one.)"""
+    from edgesched.central.liveness import parse_status
+    from edgesched.sync.topics import parse_heartbeat
+
+    depth = 1024
+    opening = ("[" if kind == "[" else '{"a":') * depth
+    closing = ("]" if kind == "[" else "}") * depth if closed else ""
+    body = (opening + "1" + closing).encode()
+    parsers = (
+        lambda: parse_status("edgesched/v1/node/gw1/status", body[:1024]),
+        lambda: parse_telemetry(telemetry_topic("gw1"), body[:2048]),
+        lambda: parse_heartbeat(body[:4096]),
+    )
+    for parse in parsers:
+        try:
+            parse()
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {body[:40]!r}")
