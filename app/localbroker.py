@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgesched.ports import free_port, wait_for_port
+from edgesched.sync.security import queue_settings
 
 __all__ = ["LocalBroker", "free_port", "mosquitto_path", "start_local_broker"]
 
@@ -83,6 +84,7 @@ def start_local_broker(
                 "persistence true",
                 f"persistence_location {store}/",
                 "log_dest stderr",
+                *queue_settings(),
             ]
             if os.geteuid() == 0:
                 lines.append("user root")  # as root it would switch to `mosquitto`

@@ -14,7 +14,8 @@ engine of its own:
   the nodes, through central's own routing (``MqttSession.route``) into the replica channels'
   ``handle`` (the path ``_dispatch`` takes for each MQTT message: reassembly, sender check,
   per-operation writer check, apply, change callbacks), and a control step runs after every
-  ``--batch`` frames, as its wake-up would;
+  ``--batch`` frames, as its wake-up would; then again with no writer check at all (the
+  replicas' ``writers`` unset), the baseline of the per-operation authorship check's cost;
 * **broker** (``--broker``): Mosquitto on 127.0.0.1 on a free port, configured as the
   project's generated broker config (``sync.security.broker_config``) sets the queues
   (``queue_settings``: 100,000 messages or 256 MiB per client; ``--broker-queue`` sets the
@@ -230,11 +231,18 @@ def outcome(setup: Setup) -> dict[str, int]:
     }
 
 
-async def measure(nodes: int, args: argparse.Namespace) -> dict[str, float]:
-    """In-process: the frames straight into the replica channels (no broker)."""
+async def measure(
+    nodes: int, args: argparse.Namespace, *, authorship: bool = True
+) -> dict[str, float]:
+    """In-process: the frames straight into the replica channels (no broker).
+    ``authorship=False``: the replicas' peers check no writer at all (``writers=None``), the
+    baseline of what the per-operation authorship check costs (issue 13)."""
     with tempfile.TemporaryDirectory() as tmp:
         setup = await prepare(nodes, args, Path(tmp))
         engine, order = setup.engine, setup.order
+        if not authorship:
+            for replica in engine.replicas.replicas.values():
+                replica.peer.writers = None
         topics = {t: aiomqtt.Topic(t) for t, _ in order}
         if args.cold:
             freeze_all(engine, nodes)
@@ -583,6 +591,14 @@ def main() -> None:
             flush=True,
         )
         assert row["exited"] == row["frames"], "every update must reach the index"
+        gc.collect()
+        unchecked = asyncio.run(measure(n, args, authorship=False))
+        print(
+            f"{n:>6} nodes, in-process, no writer check at all: {unchecked['rate']:,.0f}/s; "
+            f"the per-operation authorship check costs "
+            f"{unchecked['rate'] / row['rate']:.2f}x the time of the merge without it",
+            flush=True,
+        )
         gc.collect()
         if not args.broker:
             continue

@@ -45,6 +45,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from edgesched.sync.security import queue_settings
 from edgesched.sync.topics import site_bridge_topic
 from edgesched.sync.wire import TOPIC_ROOT
 
@@ -65,7 +66,7 @@ def broker_config(
     """A ``mosquitto.conf``: anonymous listeners (the harness's lab network), persistence on
     or off, logs to stderr, and optionally a bridge ``(site id, central host, central port)``."""
     lines = [f"listener {port} {host}" for host, port in listeners]
-    lines += ["allow_anonymous true", "log_dest stderr"]
+    lines += ["allow_anonymous true", "log_dest stderr", *queue_settings()]
     if os.geteuid() == 0:
         lines.append("user root")  # the state dirs are root's; don't drop to `mosquitto`
     if persistence_dir is None:

@@ -251,15 +251,26 @@ def _conf_value(value: object, what: str) -> str:
 #: client's queue whatever its messages' size (Mosquitto drops past either limit).
 MAX_QUEUED_MESSAGES = 100_000
 MAX_QUEUED_BYTES = 256 * 2**20
+#: The largest MQTT packet the broker takes or sends (``max_packet_size``, a global
+#: setting): twice a document frame's (:data:`edgesched.sync.wire.DEFAULT_MAX_PACKET`, which
+#: every peer chunks below), so status, telemetry and heartbeats (a few KiB) and every frame
+#: fit, and a client sending a larger packet is disconnected instead of its message reaching
+#: every subscriber (20 MiB did, before issue 13). MQTT 5 clients learn it in the CONNACK.
+MAX_PACKET_SIZE = 2 * wire.DEFAULT_MAX_PACKET
 
 
 def queue_settings(
     max_queued_messages: int = MAX_QUEUED_MESSAGES, max_queued_bytes: int = MAX_QUEUED_BYTES
 ) -> list[str]:
-    """The mosquitto.conf lines of the per-client queue limits (global settings)."""
+    """The mosquitto.conf lines of the per-client queue limits and the packet size limit
+    (:data:`MAX_PACKET_SIZE`), all global settings."""
     if max_queued_messages < 0 or max_queued_bytes < 0:
         raise ValueError("queue limits must be >= 0 (0: unlimited)")
-    return [f"max_queued_messages {max_queued_messages}", f"max_queued_bytes {max_queued_bytes}"]
+    return [
+        f"max_queued_messages {max_queued_messages}",
+        f"max_queued_bytes {max_queued_bytes}",
+        f"max_packet_size {MAX_PACKET_SIZE}",
+    ]
 
 
 def broker_config(

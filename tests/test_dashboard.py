@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import aiomqtt
 import pytest
 from aiohttp import web
 from conftest import (
@@ -291,6 +292,16 @@ async def browser_scenario(
     status, policy = await asyncio.to_thread(central.get, "/v1/policy")
     assert status == 200 and policy["mode"] == "energy"
     await expect(page.locator("#events")).to_contain_text("mode energy")
+
+    # Refused input shows on the header: a status message that is not JSON, on gw-a's topic.
+    await expect(page.locator("#refused")).to_have_text("refused 0")
+    async with aiomqtt.Client("127.0.0.1", proxy.target_port, identifier="prankster") as mqtt:
+        await mqtt.publish("edgesched/v1/node/gw-a/status", b"{not json", qos=1)
+    await expect(page.locator("#refused")).to_have_text("refused 1")
+    await expect(page.locator("#refused")).to_have_attribute("data-bad", "true")
+    await expect(page.locator("#refused")).to_have_attribute(
+        "title", "input central refused since start\nstatus · malformed: 1"
+    )
 
     # Cut gw-b silently: suspect first (offline < failover_after_s), then partitioned.
     proxy.blackhole()

@@ -300,6 +300,34 @@ def test_client_id_of_another_node_is_replaced(pki: Pki, tls_broker: Broker) -> 
         b.close()
 
 
+def test_a_packet_past_max_packet_size_reaches_nobody(pki: Pki, tls_broker: Broker) -> None:
+    """The generated config caps packets at MAX_PACKET_SIZE (20 MiB reached every peer
+    before): the broker drops the sender instead of delivering it; a packet at the cap
+    still goes through (every frame and message of the project is below it)."""
+    assert f"max_packet_size {sec.MAX_PACKET_SIZE}" in tls_broker.conf.read_text()
+    central = node(pki, tls_broker, "central")
+    a = node(pki, tls_broker, "node-a")
+    try:
+        central.subscribe(f"{ROOT}/node/#")
+        topic = f"{ROOT}/node/node-a/telemetry"
+        big = b"x" * (sec.MAX_PACKET_SIZE + 1)
+        a.client.publish(topic, big, qos=1)
+        deadline = time.monotonic() + 5
+        while a.client.is_connected() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not a.client.is_connected()  # the broker closed the connection
+        time.sleep(0.3)
+        assert all(len(p) <= sec.MAX_PACKET_SIZE for _, p in central.drain())
+        a.close()
+        a = node(pki, tls_broker, "node-a")
+        fits = b"y" * (sec.MAX_PACKET_SIZE - len(topic) - 64)
+        a.publish(topic, fits)
+        assert central.wait_for(topic)[-1][1] == fits
+    finally:
+        a.close()
+        central.close()
+
+
 def test_unauthenticated_clients_cannot_connect(pki: Pki, tls_broker: Broker) -> None:
     port = tls_broker.port
     with pytest.raises(ConnectionError):  # TLS without a client certificate

@@ -190,12 +190,31 @@
     }
   }
 
+  // Input central refused since start (GET /v1/status "refused": channel -> reason -> count):
+  // the total on the chip, each non-zero channel and reason in its title.
+  function renderRefused(byChannel) {
+    const lines = [];
+    let total = 0;
+    for (const [channel, reasons] of Object.entries(byChannel)) {
+      for (const [reason, count] of Object.entries(reasons || {})) {
+        if (!count) continue;
+        total += count;
+        lines.push(channel + " · " + reason + ": " + count);
+      }
+    }
+    const chip = $("refused");
+    chip.textContent = "refused " + total;
+    chip.dataset.bad = String(total > 0);
+    chip.title = "input central refused since start" + (lines.length ? "\n" + lines.join("\n") : "");
+  }
+
   function renderHeader(snap) {
     const status = snap.status || {};
     $("central-id").textContent = status.central || dash;
     const broker = $("broker");
     broker.dataset.ok = String(Boolean(status.broker_connected));
     broker.textContent = status.broker_connected ? "broker connected" : "broker disconnected";
+    renderRefused(status.refused || {});
     const counts = { connected: 0, suspect: 0, partitioned: 0, dead: 0 };
     for (const node of snap.nodes || []) {
       if (node.state in counts) counts[node.state] += 1;
