@@ -470,6 +470,23 @@ def certs_issue(
     typer.echo(f"{files.identity}: {files.cert} {files.key}")
 
 
+@certs_app.command("signing-key")
+def certs_signing_key(
+    identity: Annotated[str, typer.Argument(help="Node or central id.")],
+    directory: CertDir,
+    force: bool = typer.Option(False, help="Overwrite."),
+) -> None:
+    """Make an identity's Ed25519 key for signed document messages: DIR/ID.signing.key (0600,
+    its [edge.mqtt] or [central.mqtt] signing_key) and DIR/keys/ID.pub (for peer_keys)."""
+    from edgesched.sync.signing import write_signing_key
+
+    try:
+        key, pub = write_signing_key(directory, identity, force=force)
+    except (FileExistsError, ValueError, OSError) as exc:
+        fail(str(exc).replace("force=True", "--force"))
+    typer.echo(f"{identity}: {key} {pub}")
+
+
 # --- install on a gateway ------------------------------------------------------------------
 
 RoleOption = Annotated[str, typer.Option("--role", help="edge (a node) or central.")]

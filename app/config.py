@@ -36,6 +36,7 @@ from edgesched.core.tidal import (
 
 if TYPE_CHECKING:
     from edgesched.sync.session import Endpoint
+    from edgesched.sync.signing import FrameSigning
 
 T = TypeVar("T")
 E = TypeVar("E", bound=StrEnum)
@@ -158,6 +159,11 @@ class MqttConfig:
     ``"[v6]:port"``), the session's :attr:`~edgesched.sync.session.Endpoint.alternates`: a
     refused or lost connection moves on to the next address at once, round robin from
     ``host``/``port`` (docs/brokers.md); the TLS and plain-remote rules apply to each.
+    ``signing_key``: this peer's Ed25519 key (``edgesched certs signing-key``), and
+    ``peer_keys``: the directory of the peers' public keys (``<identity>.pub``): with both,
+    every document message is signed and every one received must carry a valid signature
+    (``require_signed``; false only while a fleet is being keyed: unsigned messages are then
+    taken, signed ones still checked). See :mod:`edgesched.sync.signing`.
     """
 
     host: str = "127.0.0.1"
@@ -174,10 +180,15 @@ class MqttConfig:
     reconnect_max_s: float = 10.0
     protocol: str = "5"
     hosts: tuple[str, ...] = ()
+    signing_key: str = ""
+    peer_keys: str = ""
+    require_signed: bool = True
 
     def __post_init__(self) -> None:
         if self.protocol not in ("5", "3.1.1"):
             raise ValueError(f"protocol must be '5' or '3.1.1', got {self.protocol!r}")
+        if bool(self.signing_key) != bool(self.peer_keys):
+            raise ValueError("signing_key and peer_keys go together")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         seen = {(self.host, self.port): "host/port"}
@@ -220,6 +231,20 @@ class MqttConfig:
             except ValueError as exc:
                 raise ValueError(f"hosts[{i}]: {exc}") from None
         return tuple(out)
+
+    def frame_signing(self, identifier: str) -> FrameSigning | None:
+        """The signing of peer ``identifier``'s document messages (None: not configured);
+        reads the key now, so a missing or bad one fails at start with its path named
+        (ValueError)."""
+        if not self.signing_key:
+            return None
+        from edgesched.sync.signing import FrameSigning, KeyRing, Signer, load_signing_key
+
+        key = load_signing_key(Path(self.signing_key))
+        keys = Path(self.peer_keys)
+        if not keys.is_dir():
+            raise ValueError(f"peer_keys {self.peer_keys}: not a directory")
+        return FrameSigning(Signer(identifier, key), KeyRing(keys), required=self.require_signed)
 
     def endpoint(self, identifier: str) -> Endpoint:
         """The connection parameters for peer ``identifier``; reads the key files now, so a
@@ -711,6 +736,9 @@ def _parse_mqtt(t: _Table) -> MqttConfig:
             reconnect_max_s=t.number("reconnect_max_s", d.reconnect_max_s, low=0, low_open=True),
             protocol=t.string("protocol", d.protocol),
             hosts=hosts,
+            signing_key=text("signing_key"),
+            peer_keys=text("peer_keys"),
+            require_signed=t.boolean("require_signed", d.require_signed),
         )
     )
 

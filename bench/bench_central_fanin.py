@@ -16,6 +16,8 @@ engine of its own:
   per-operation writer check, apply, change callbacks), and a control step runs after every
   ``--batch`` frames, as its wake-up would; then again with no writer check at all (the
   replicas' ``writers`` unset), the baseline of the per-operation authorship check's cost;
+  and again with every frame signed by its node's Ed25519 key and checked by central
+  (``sync/signing.py``), against the unsigned run;
 * **broker** (``--broker``): Mosquitto on 127.0.0.1 on a free port, configured as the
   project's generated broker config (``sync.security.broker_config``) sets the queues
   (``queue_settings``: 100,000 messages or 256 MiB per client; ``--broker-queue`` sets the
@@ -76,6 +78,7 @@ from unittest import mock
 
 import aiomqtt
 import psutil
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -93,6 +96,7 @@ from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import TaskReport
 from edgesched.sync.security import queue_settings
 from edgesched.sync.session import wait_event
+from edgesched.sync.signing import FrameSigning, KeyRing, Signer
 from edgesched.sync.store import Store
 
 PUBLISHER = Path(__file__).resolve().parent / "fanin_publisher.py"
@@ -226,23 +230,62 @@ def outcome(setup: Setup) -> dict[str, int]:
         # (one frame per update at these sizes: a node short of its exits lacks an update)
         "behind_nodes": sum(1 for n, sent in sent_per_node.items() if exits_of.get(n, 0) < sent),
         "applied": sum(p.stats["updates_in"] for p in peers),
-        "rejected": sum(p.stats["rejected_updates"] + p.stats["rejected_senders"] for p in peers),
+        "rejected": sum(
+            p.stats["rejected_updates"]
+            + p.stats["rejected_senders"]
+            + p.stats["rejected_signatures"]
+            + p.stats["rejected_replays"]
+            for p in peers
+        ),
         "resyncs": sum(p.stats["resync_requests"] for p in peers),
     }
 
 
+def sign_all(setup: Setup) -> None:
+    """Every frame signed by its node's own Ed25519 key (as a keyed node's peer sends it),
+    and every replica peer checking them (:mod:`edgesched.sync.signing`)."""
+    ring = KeyRing(Path("/nonexistent"))
+    signers: dict[str, Signer] = {}
+    signed = []
+    for topic, frame in setup.order:
+        node_id = topic.rsplit("/", 1)[-1]
+        signer = signers.get(node_id)
+        if signer is None:
+            key = Ed25519PrivateKey.generate()
+            signer = signers[node_id] = Signer(node_id, key)
+            ring.add(node_id, key.public_key())
+        message = wire.Reassembler().feed(frame)
+        assert message is not None
+        doc = topic.split("/")[3]
+        sealed = signer.seal(
+            doc, int(message.kind), message.sender, message.epoch, message.msg_id, message.payload
+        )
+        (out,) = wire.encode(
+            message.kind, doc, message.sender, sealed, msg_id=message.msg_id,
+            epoch=message.epoch, signed=True,
+        )  # fmt: skip
+        signed.append((topic, out))
+    setup.order[:] = signed
+    checking = FrameSigning(None, ring)
+    for replica in setup.engine.replicas.replicas.values():
+        replica.peer.signing = checking
+
+
 async def measure(
-    nodes: int, args: argparse.Namespace, *, authorship: bool = True
+    nodes: int, args: argparse.Namespace, *, authorship: bool = True, signed: bool = False
 ) -> dict[str, float]:
     """In-process: the frames straight into the replica channels (no broker).
     ``authorship=False``: the replicas' peers check no writer at all (``writers=None``), the
-    baseline of what the per-operation authorship check costs (issue 13)."""
+    baseline of what the per-operation authorship check costs (issue 13). ``signed``: every
+    frame signed by its node and checked by central (:func:`sign_all`)."""
     with tempfile.TemporaryDirectory() as tmp:
         setup = await prepare(nodes, args, Path(tmp))
         engine, order = setup.engine, setup.order
         if not authorship:
             for replica in engine.replicas.replicas.values():
                 replica.peer.writers = None
+        if signed:
+            sign_all(setup)
         topics = {t: aiomqtt.Topic(t) for t, _ in order}
         if args.cold:
             freeze_all(engine, nodes)
@@ -599,6 +642,16 @@ def main() -> None:
             f"{unchecked['rate'] / row['rate']:.2f}x the time of the merge without it",
             flush=True,
         )
+        gc.collect()
+        signed = asyncio.run(measure(n, args, signed=True))
+        print(
+            f"{n:>6} nodes, in-process, every frame signed (Ed25519) and checked: "
+            f"{signed['rate']:,.0f}/s, {signed['exited']:,} exits in central's index; "
+            f"signatures cost {row['rate'] / signed['rate']:.2f}x the time of the unsigned "
+            f"merge (the authorship check in both)",
+            flush=True,
+        )
+        assert signed["exited"] == signed["frames"], "every signed update must reach the index"
         gc.collect()
         if not args.broker:
             continue

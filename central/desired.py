@@ -33,6 +33,7 @@ from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import AssignmentEntry, PowerOrder, StopOrder
 from edgesched.sync.security import sender_check
 from edgesched.sync.session import MqttSession
+from edgesched.sync.signing import FrameSigning
 from edgesched.sync.store import Store
 
 log = logging.getLogger("edgesched.central.desired")
@@ -53,6 +54,7 @@ class DesiredDocs:
         reads_packed: Callable[[str], bool] = lambda _node: False,
         pacer: ResyncPacer | None = None,
         source: DocJournal | None = None,
+        signing: FrameSigning | None = None,
     ) -> None:
         """``freezer``: watches every desired-state document (frozen while unused);
         ``reads_packed``: whether a node reads packed entries (its registration says), which
@@ -75,6 +77,7 @@ class DesiredDocs:
         self.reads_packed = reads_packed
         self.pacer = pacer
         self.source = source
+        self.signing = signing  # every document's peer signs and checks with it
         #: node -> the source's mark its document's latest projection needs on disk
         self._source_marks: dict[str, int] = {}
         self.docs: dict[str, PolicyDoc] = {}
@@ -99,6 +102,7 @@ class DesiredDocs:
             accept=sender_check(node_id, self.centrals),
             writers=frozenset(client_id_for(c) for c in self.centrals),
             relays=self.centrals,  # the node itself delivers nothing here
+            signing=self.signing,
             subscribe=False,  # central's wildcard subscription carries its messages
             clock=self.clock,
             pacer=self.pacer,

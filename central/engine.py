@@ -187,6 +187,8 @@ class CentralEngine:
         #: logs where the event loop was held, when it is held past 2 s (sync/stall.py)
         self.stall_watch = StallWatch()
         self._endpoint = self.central.mqtt.endpoint(self.central.central_id)  # files read now
+        #: our document messages signed, the peers' checked (None: not configured)
+        self.signing = self.central.mqtt.frame_signing(self.central.central_id)
         self.session = MqttSession(
             self._endpoint,
             backoff_initial_s=min(0.5, self.central.mqtt.reconnect_max_s),
@@ -229,6 +231,7 @@ class CentralEngine:
             clock=clock,
             freezer=cold,
             pacer=self.resync_pacer,
+            signing=self.signing,
         )
         self.session.fallback = self.replicas
         self.session.add(self.heartbeat)
@@ -444,6 +447,7 @@ class CentralEngine:
             before_publish=journal.flushed,
             writers=frozenset(client_id_for(c) for c in centrals),
             relays=centrals,  # a node's step 1 on the policy's topics is heard, its content never
+            signing=self.signing,
             subscribe=False,  # the replicas' wildcard subscription carries it
         )
         self.session.add(peer)
@@ -476,6 +480,7 @@ class CentralEngine:
             reads_packed=self.index.reads_packed,
             pacer=self.resync_pacer,
             source=self._fleet_journal,  # the fleet on disk first, as far as projected
+            signing=self.signing,
         )
         restored = await self.desired.load()
         self.sync_index(project=False)  # the index learns the restored fleet at once

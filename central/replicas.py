@@ -37,6 +37,7 @@ from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import NodeView
 from edgesched.sync.security import sender_check
 from edgesched.sync.session import Listener, MqttSession
+from edgesched.sync.signing import FrameSigning
 from edgesched.sync.store import Store, StoreError
 from edgesched.sync.topics import DOC_SYNC_FILTER
 from edgesched.sync.wire import TOPIC_ROOT
@@ -92,6 +93,7 @@ class NodeReplicas(Listener):
         clock: Callable[[], float] = time.time,
         freezer: Freezer | None = None,
         pacer: ResyncPacer | None = None,
+        signing: FrameSigning | None = None,
     ) -> None:
         """``nodes``: accept only these node ids (empty: any node that speaks for itself).
         ``centrals``: fellow central replicas whose relayed messages are accepted too.
@@ -106,6 +108,7 @@ class NodeReplicas(Listener):
         self.clock = clock
         self.freezer = freezer
         self.pacer = pacer
+        self.signing = signing  # every replica's peer signs and checks with it
         self.replicas: dict[str, Replica] = {}
         self.routes: tuple[str, ...] = (DOC_SYNC_FILTER,)
         self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
@@ -151,6 +154,7 @@ class NodeReplicas(Listener):
             accept=sender_check(node_id, self.centrals),
             writers=frozenset({client_id_for(node_id)}),
             relays=self.centrals,  # another replica answers with the node's operations
+            signing=self.signing,
             subscribe=False,  # the wildcard subscription carries its messages
             clock=self.clock,
             pacer=self.pacer,

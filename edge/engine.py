@@ -149,6 +149,7 @@ class EdgeEngine:
         self.link = CentralLink(self.edge.node_id, self.edge.mqtt)
         self.telemetry = TelemetryPublisher(self.edge.node_id)
         self._endpoint = self.edge.mqtt.endpoint(self.edge.node_id)  # bad key files fail here
+        self._signing = self.edge.mqtt.frame_signing(self.edge.node_id)  # and a bad signing key
         self.mode = Mode.AUTONOMOUS
         self.started_at = clock()
         self._wake = asyncio.Event()
@@ -465,6 +466,7 @@ class EdgeEngine:
             before_publish=_started(self._journal).flushed,  # on disk before it leaves
             writers=frozenset({self.doc.client_id}),  # ours alone, relayed by the centrals
             relays=self.edge.centrals,
+            signing=self._signing,
         )
         centrals = frozenset(client_id_for(c) for c in self.edge.centrals)
         # Read only, and from the centrals only: they author both documents, and hearing
@@ -476,6 +478,7 @@ class EdgeEngine:
                 writers=centrals,
                 relays=self.edge.centrals,
                 listen_to=self.edge.centrals,
+                signing=self._signing,
             )
         for peer in self._peers.values():
             session.add(peer)

@@ -42,6 +42,7 @@ from edgesched.sync import epochs, wire
 from edgesched.sync.doc import UpdateRejected, client_id_for, decode_state_vector
 from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.session import Endpoint, MqttSession, publish
+from edgesched.sync.signing import TRAILER, FrameSigning, SignatureRefused
 from edgesched.sync.yupdate import UpdateDecodeError, decode_update, decoded_violation
 
 log = logging.getLogger("edgesched.sync.peer")
@@ -124,6 +125,7 @@ class DocPeer:
         "resync_interval_s",
         "routes",
         "session_expiry_s",
+        "signing",
         "sole_asker",
         "stats",
         "subscriptions",
@@ -152,6 +154,7 @@ class DocPeer:
         accept: Callable[[str, int], bool] | None = None,
         writers: frozenset[int] | None = None,
         relays: Collection[str] = (),
+        signing: FrameSigning | None = None,
         subscribe: bool = True,
         listen_to: Collection[str] | None = None,
         replies: bool | None = None,
@@ -175,7 +178,10 @@ class DocPeer:
         Every operation of an update, inserted or deleted, is checked
         (:func:`edgesched.sync.yupdate.authorship_violation`); an update with one that is not
         the sender's to deliver is refused whole and counted in
-        ``stats["rejected_authorship"]``. ``subscribe=False`` for a peer whose
+        ``stats["rejected_authorship"]``. ``signing``: sign every message we send and check
+        the signature of every message we receive before anything of it is decoded
+        (:mod:`edgesched.sync.signing`; refusals counted in ``stats["rejected_signatures"]``
+        and ``stats["rejected_replays"]``). ``subscribe=False`` for a peer whose
         messages arrive through a wildcard another channel subscribes. ``listen_to``: hear
         only these peers (their sender topics) instead of every peer of the document: a
         node following central's documents hears the centrals, not every other node's
@@ -200,6 +206,7 @@ class DocPeer:
         self.accept = accept
         self.writers = writers
         self.relays = frozenset(relays)
+        self.signing = signing
         self.sole_asker = sole_asker
         self.clock = clock
         #: sender → when (``clock``) its last y-sync step 2 arrived: a full answer to our
@@ -266,6 +273,8 @@ class DocPeer:
                 "rejected_updates",
                 "rejected_senders",
                 "rejected_authorship",
+                "rejected_signatures",
+                "rejected_replays",
                 "epoch_adopted",
                 "epoch_stale",
                 "epoch_refused",
@@ -368,8 +377,23 @@ class DocPeer:
         ``topic``: an asker's reply topic (default: our sender topic, heard by every peer)."""
         if self.before_publish is not None:
             await self.before_publish()
+        msg_id = wire.new_msg_id()
+        sealed = (
+            None
+            if self.signing is None
+            else self.signing.seal(
+                self.doc.name, int(kind), self.doc.client_id, epoch, msg_id, payload
+            )
+        )
         frames = wire.encode(
-            kind, self.doc.name, self.doc.client_id, payload, self.max_packet, epoch=epoch
+            kind,
+            self.doc.name,
+            self.doc.client_id,
+            payload if sealed is None else sealed,
+            self.max_packet,
+            epoch=epoch,
+            msg_id=msg_id,
+            signed=sealed is not None,
         )
         to = self.topic if topic is None else topic
         urgent = kind is wire.Kind.UPDATE  # a fresh write goes ahead of the sync protocol's
@@ -466,6 +490,14 @@ class DocPeer:
         if message is None:
             return
         self.stats["messages_in"] += 1
+        if message.signed or self.signing is not None:
+            try:
+                message = self._opened(sender, message)
+            except SignatureRefused as exc:
+                key = "rejected_replays" if exc.reason == "replay" else "rejected_signatures"
+                self.stats[key] += 1
+                log.warning("doc %s: refused a message from %s: %s", self.doc.name, sender, exc)
+                return
         self.heard_at[sender] = self.clock()
         if self.accept is not None and not self.accept(topic, message.sender):
             self.stats["rejected_senders"] += 1
@@ -498,6 +530,17 @@ class DocPeer:
             )
             self.stats[key] += 1
             log.warning("doc %s: dropped message from %s: %s", self.doc.name, sender, exc)
+
+    def _opened(self, sender: str, message: wire.Message) -> wire.Message:
+        """``message`` with its signature checked and its trailer removed (with no signing of
+        our own, a signed message's trailer is only removed: a peer not yet keyed reads a
+        keyed peer's messages); SignatureRefused if it fails the check."""
+        if self.signing is None:
+            if len(message.payload) < TRAILER:
+                raise SignatureRefused("signature", f"signed message from {sender} is too short")
+            return message._replace(payload=message.payload[:-TRAILER], signed=False)
+        payload = self.signing.open(self.doc.name, sender, message)
+        return message._replace(payload=payload, signed=False)
 
     def _handle_sync(
         self, sender: str, sync: wire.SyncPayload, *, from_writer: bool = False
@@ -680,6 +723,8 @@ REFUSAL_REASONS: dict[str, str] = {
     "rejected_updates": "update",  # an update or state vector pycrdt or the decoder refused
     "rejected_senders": "sender",  # a header claiming another peer's client id
     "rejected_authorship": "authorship",  # an operation the sender may not deliver
+    "rejected_signatures": "signature",  # unsigned where required, no key, does not verify
+    "rejected_replays": "replay",  # a signed message already taken
     "epoch_refused": "epoch",  # a newer epoch from a peer that is not the writer
 }
 

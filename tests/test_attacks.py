@@ -235,12 +235,5 @@ async def test_one_gateways_credentials_forge_nothing(tmp_path: Path) -> None:
         await until(fleet.converged, 30, "the fleet converged after the attack")
         await until(lambda: running_on(a, "job-a"), 20, "job-a running on gw-a again")
         assert running_on(b, "job-b")
-        assert (await asyncio.to_thread(b.get, "/v1/status"))[1]["refused"]["policy"] == {
-            "frame": 0,
-            "payload": 0,
-            "update": 0,
-            "sender": 0,
-            "authorship": 0,
-            "epoch": 0,
-            "schema": 0,
-        }
+        refused = (await asyncio.to_thread(b.get, "/v1/status"))[1]["refused"]["policy"]
+        assert "authorship" in refused and not any(refused.values()), refused  # gw-b: nothing

@@ -29,6 +29,16 @@ def test_every_node_update_reaches_the_index(cold: bool) -> None:
     assert row["thaws"] == (12 if cold else 0)
 
 
+def test_signed_frames_all_reach_the_index() -> None:
+    """The signed mode: every frame sealed by its node's key and checked by central lands;
+    the unchecked baseline lands too."""
+    args = argparse.Namespace(tasks=20, updates=3, batch=7, cold=False)
+    signed = asyncio.run(bench.measure(12, args, signed=True))
+    assert signed["exited"] == signed["frames"] == 36 and signed["rejected"] == 0
+    unchecked = asyncio.run(bench.measure(12, args, authorship=False))
+    assert unchecked["exited"] == unchecked["frames"] == 36
+
+
 @pytest.mark.parametrize("cold", [False, True], ids=["live", "cold"])
 def test_through_the_broker_every_update_reaches_the_index(cold: bool) -> None:
     args = argparse.Namespace(
