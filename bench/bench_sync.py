@@ -32,7 +32,8 @@ the issue's target and MET/MISSED next to it:
    (tombstones of removed tasks stay), and without removing finished tasks. [target < 1 MB]
 
 Pinned to one core. Mosquitto (``/usr/sbin/mosquitto`` or on PATH) is started on a free port
-for 1 (networked) and 2 and stopped at the end. Default run well under 2 minutes; full sizes
+for 1 (networked: unsigned, then every message signed and checked, the ratio printed) and 2 and
+stopped at the end. Default run well under 2 minutes; full sizes
 are the defaults of 1 and 4; ``--full`` also takes fan-in to 1,000 nodes x 100 updates and the
 networked variant to 20 nodes x 1,000 decisions.
 
@@ -61,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pycrdt import Doc, YSyncMessageType
 
 from edgesched.core.model import Arch, ServerClass
@@ -70,6 +72,7 @@ from edgesched.sync import wire
 from edgesched.sync.doc import LocalUpdate, NodeDoc, client_id_for, decode_state_vector
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.schema import Registration, TaskReport
+from edgesched.sync.signing import FrameSigning, KeyRing, Signer
 
 CENTRAL_ID = client_id_for("central")
 EMPTY = b"\x00\x00"
@@ -278,12 +281,30 @@ def broker() -> Iterator[Broker]:
             b.stop()
 
 
-def make_peer(doc: NodeDoc, peer_id: str, port: int) -> DocPeer:
+def make_peer(
+    doc: NodeDoc, peer_id: str, port: int, signing: FrameSigning | None = None
+) -> DocPeer:
     # Short reconnect backoff: we measure the sync, not how long a peer sleeps before retrying
     # (production: 0.5 s doubling to 30 s, full jitter, which adds up to that to any heal).
     return DocPeer(
-        doc, peer_id, "127.0.0.1", port, keepalive=5, backoff_initial_s=0.05, backoff_max_s=0.2
+        doc,
+        peer_id,
+        "127.0.0.1",
+        port,
+        keepalive=5,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+        signing=signing,
     )
+
+
+def signings(peer_ids: list[str]) -> dict[str, FrameSigning]:
+    """Each peer's signing (its own Ed25519 key), checking every other's."""
+    keys = {p: Ed25519PrivateKey.generate() for p in peer_ids}
+    ring = KeyRing(Path("/nonexistent"))
+    for peer_id, key in keys.items():
+        ring.add(peer_id, key.public_key())
+    return {p: FrameSigning(Signer(p, key), ring) for p, key in keys.items()}
 
 
 async def stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
@@ -297,15 +318,22 @@ async def stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
 # ---------------------------------------------------------------------- 1b. networked
 
 
-async def net_converge(n: int, decisions: int) -> None:
+async def net_converge(n: int, decisions: int, *, signed: bool = False) -> float:
+    """Prints the heal's figures; returns the time until all converged (seconds).
+    ``signed``: every peer signs its messages and checks its peers' (sync/signing.py)."""
     print(
         f"\n1b. convergence after heal through Mosquitto: {n} nodes x {decisions} offline "
         "decisions, node + central DocPeer per node doc (2 MQTT clients each, one process)"
+        + (", every message signed (Ed25519) and checked" if signed else ", unsigned")
     )
     fleet = make_fleet(n, 0, seed=2)
+    names = [d.name.removeprefix("node-") for d in fleet.nodes]
+    keyed = signings([*names, "central"]) if signed else {}
     with broker() as b:
-        peers = [make_peer(d, d.name.removeprefix("node-"), b.port) for d in fleet.nodes]
-        peers += [make_peer(c, "central", b.port) for c in fleet.central]
+        peers = [
+            make_peer(d, p, b.port, keyed.get(p)) for d, p in zip(fleet.nodes, names, strict=True)
+        ]
+        peers += [make_peer(c, "central", b.port, keyed.get("central")) for c in fleet.central]
         tasks = [asyncio.create_task(p.run()) for p in peers]
         try:
             rng = random.Random(3)
@@ -357,6 +385,17 @@ async def net_converge(n: int, decisions: int) -> None:
         f"  all converged {total:5.2f} s | in-process merge of the same docs, sequential: "
         f"{sum(merge):.3f} s (x{total / sum(merge):.0f})  "
         f"[p99 < 1 s: {verdict(pct(vals, 0.99) < 1.0)}]"
+    )
+    return total
+
+
+async def net_converge_both(n: int, decisions: int) -> None:
+    """The networked heal unsigned, then signed: the cost of signatures (issue 13)."""
+    plain = await net_converge(n, decisions)
+    signed = await net_converge(n, decisions, signed=True)
+    print(
+        f"   signed against unsigned, all converged: {signed:.2f} s against {plain:.2f} s "
+        f"(x{signed / plain:.2f}) [within 1.5x: {verdict(signed <= 1.5 * plain)}]"
     )
 
 
@@ -729,7 +768,7 @@ def main() -> None:
     if "converge" in only:
         bench_converge(args.nodes, args.decisions)
     if "net" in only:
-        asyncio.run(net_converge(args.net_nodes, args.net_decisions))
+        asyncio.run(net_converge_both(args.net_nodes, args.net_decisions))
     if "wire" in only:
         asyncio.run(wire_bytes([int(s) for s in args.wire_sizes.split(",")]))
     if "fanin" in only:

@@ -8,19 +8,16 @@ here, >= 100,000 with EDGESCHED_SLOW=1.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pycrdt import Array, Doc, Map, Text, get_state, merge_updates
+from yjsref import run_node, yjs_modules
 
 from edgesched.sync import wire
 from edgesched.sync.doc import decode_state_vector
@@ -396,34 +393,12 @@ process.stdout.write(JSON.stringify(out));
 @pytest.fixture(scope="module")
 def yjs_decode(tmp_path_factory: pytest.TempPathFactory) -> Callable[[list[bytes]], list[Any]]:
     """Decode a batch of updates with the reference Yjs (npm yjs@13 under node)."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node/npm not installed: the Yjs referee needs them (apt-get install npm)")
-    cache = Path(os.environ.get("EDGESCHED_NPM_CACHE", Path.home() / ".cache" / "edgesched-yjs13"))
-    if not (cache / "node_modules" / "yjs" / "package.json").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        try:
-            subprocess.run(
-                ["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund", "yjs@13"],
-                check=True,
-                capture_output=True,
-                timeout=180,
-            )
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"npm could not install yjs@13 (registry unreachable?): {exc}")
+    yjs_modules()  # (skips if it cannot be had)
     script = tmp_path_factory.mktemp("yjs") / "decode.js"
     script.write_text(NODE_SCRIPT)
 
     def run(updates: list[bytes]) -> list[Any]:
-        done = subprocess.run(
-            ["node", str(script)],
-            input=json.dumps([u.hex() for u in updates]),
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=120,
-            env={**os.environ, "NODE_PATH": str(cache / "node_modules")},
-        )
-        result: list[Any] = json.loads(done.stdout)
+        result: list[Any] = run_node(script, [u.hex() for u in updates])
         return result
 
     return run
