@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,7 +126,7 @@ def test_the_reassembler_refuses_only_with_frame_errors(
 def test_the_signed_envelope_opens_nothing_but_what_was_signed(junk: bytes, seed: int) -> None:
     """A signed message with its payload (body, seq, signature) replaced by random bytes, or
     mutated at random, never opens: SignatureRefused and nothing else escapes."""
-    ring = KeyRing(__file__)  # (a file, never read: the key is added)
+    ring = KeyRing(Path(__file__))  # (a file, never read: the key is added)
     ring.add("gw1", KEY.public_key())
     checker = FrameSigning(None, ring)
     good = wire.Reassembler().feed(_frames(PAYLOADS[0], 65536, True)[0])
@@ -149,7 +150,7 @@ def test_a_peer_survives_anything_on_its_topics(
     """central's replica peer fed mutants and random bytes: never raises; its replica holds
     only what the writer wrote (equal to a prefix of the writer's states or empty)."""
     which, max_packet, signed, seed, ops = case
-    ring = KeyRing(__file__)
+    ring = KeyRing(Path(__file__))
     ring.add("gw1", KEY.public_key())
     replica = NodeDoc(DOC, client_id_for("central"))
     peer = DocPeer(
