@@ -117,8 +117,12 @@ async def decisions(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    engine = _engine(request)
+    for channel, reasons in engine.refused_by_channel().items():
+        for reason, count in reasons.items():
+            engine.metrics.refused.labels(channel, reason).set(count)
     return web.Response(
-        body=_engine(request).metrics.render(),
+        body=engine.metrics.render(),
         content_type="text/plain",
         charset="utf-8",
     )

@@ -730,6 +730,16 @@ class EdgeEngine:
         cancelled = await self.store.get_task(task_id)
         return cancelled or record
 
+    def refused_by_channel(self) -> dict[str, dict[str, int]]:
+        """Channel (``node``: our document, ``policy``, ``desired``) → reason → messages
+        refused since start (:data:`~edgesched.sync.peer.REFUSAL_REASONS`, and ``schema``:
+        entries the schema refused)."""
+        return {
+            channel: refusals([peer.stats])
+            | {"schema": sum(self._channel_doc(channel).refusals.by_kind().values())}
+            for channel, peer in self._peers.items()
+        }
+
     def _channel_doc(self, channel: str) -> SyncedDoc:
         return {"node": self.doc, "policy": self.policy, "desired": self.desired}[channel]
 
@@ -771,11 +781,7 @@ class EdgeEngine:
                 "assignments": len(self._desired.assignments()),
                 "refused_entries": self._desired.refusals.by_kind(),
             },
-            "refused": {
-                channel: refusals([peer.stats])
-                | {"schema": sum(self._channel_doc(channel).refusals.by_kind().values())}
-                for channel, peer in self._peers.items()
-            },
+            "refused": self.refused_by_channel(),
             "models": self.active_models.status(),
             "power": {**self.power.state.report().to_entry(), "last_error": self.power.last_error},
             "forecast": {

@@ -57,6 +57,15 @@ class EdgeMetrics:
             registry=r,
         )
 
+        self.refused = Gauge(
+            "edgesched_edge_refused",
+            "Document messages refused since start, by channel (node: our document, policy, "
+            "desired) and reason (frame, payload, update, sender, authorship, signature, "
+            "replay, epoch, schema)",
+            ["channel", "reason"],
+            registry=r,
+        )
+
     def observe(self, sample: Sample) -> None:
         self.cpu.set(sample.cpu_total)
         self.power.labels(sample.power_source).set(sample.power_w)

@@ -209,4 +209,13 @@ async def test_a_forging_broker_gets_nothing_past_signatures(
         assert code == 200 and "evil" not in str(view["content"])
         assert "evil" not in await asyncio.to_thread(a.tasks)
         await until(fleet.converged, 30, "the keyed fleet converged after the attacks")
+        # The same counts on both tiers' /metrics (Prometheus text).
+        for proc, line in (
+            (b, 'edgesched_edge_refused{channel="policy",reason="replay"} '),
+            (fleet.central, 'edgesched_central_refused{channel="node",reason="signature"} '),
+        ):
+            code, text = await asyncio.to_thread(proc.get, "/metrics")
+            assert code == 200
+            values = [ln.removeprefix(line) for ln in str(text).splitlines() if ln.startswith(line)]
+            assert values and float(values[0]) >= 1, (line, str(text)[:2000])
         assert (await asyncio.to_thread(a.tasks))["job-a"]["state"] == "running"
