@@ -749,6 +749,69 @@ fieldtest_app = typer.Typer(
 app.add_typer(fieldtest_app, name="fieldtest")
 
 
+@fieldtest_app.command("attack")
+def fieldtest_attack(
+    config: Annotated[
+        Path, typer.Option("--config", help="The edge config of a gateway you may sacrifice.")
+    ],
+    central: Annotated[str, typer.Option(help="Central's API, http://HOST:PORT.")],
+    token_file: Annotated[Path, typer.Option(help="A file holding central's API token.")],
+    other_node: Annotated[
+        str, typer.Option(help="Another node of the fleet, whose client id a forgery borrows.")
+    ],
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each refusal.")] = 10.0,
+) -> None:
+    """Try, with one gateway's own MQTT credentials, the forgeries a stolen gateway could
+    send (central's policy under central's id, a new root, an assignment of its choosing, a
+    pure delete of central's assignment, another node's operations in its own document) and
+    report whether central refused each for its authorship. Stop that gateway's engine first:
+    the broker lets one connection per identity. Exit 1 if any was not refused."""
+    import asyncio
+
+    import aiomqtt
+
+    from edgesched.fieldtest.attacks import Attacker, run_suite
+    from edgesched.rest.client import ApiClient, ApiTarget, Unreachable
+
+    cfg = _load(config)
+    try:
+        endpoint = cfg.edge.mqtt.endpoint(cfg.edge.node_id)
+        token = token_file.read_text().strip()
+    except (ValueError, OSError) as exc:
+        fail(str(exc))
+    api = ApiClient(ApiTarget(central.rstrip("/"), token))
+
+    async def refused() -> dict[str, dict[str, int]]:
+        resp = await asyncio.to_thread(api.request, "GET", "/v1/status")
+        if resp.status != 200 or not isinstance(resp.body, dict):
+            raise RuntimeError(f"central's /v1/status answered {resp.status}: {resp.body}")
+        counts: dict[str, dict[str, int]] = resp.body.get("refused", {})
+        return counts
+
+    async def attack() -> list[Any]:
+        async with aiomqtt.Client(
+            endpoint.host,
+            endpoint.port,
+            identifier=endpoint.identifier,
+            username=endpoint.username,
+            password=endpoint.password,
+            tls_context=endpoint.tls,
+        ) as client:
+            attacker = Attacker(client, cfg.edge.node_id, cfg.edge.centrals[0])
+            return await run_suite(attacker, refused, other_node=other_node, timeout_s=timeout)
+
+    try:
+        outcomes = asyncio.run(attack())
+    except (aiomqtt.MqttError, RuntimeError, TimeoutError, Unreachable) as exc:
+        fail(f"attack: {exc}")
+    for outcome in outcomes:
+        verdict = "refused    " if outcome.refused else "NOT REFUSED"
+        rose = ", ".join(f"{k} +{n}" for k, n in sorted(outcome.counts.items())) or "nothing"
+        typer.echo(f"{verdict} {outcome.name:<28} on {outcome.channel:<8} (counted: {rose})")
+    if not all(o.refused for o in outcomes):
+        raise typer.Exit(1)
+
+
 @fieldtest_app.command("list")
 def fieldtest_list() -> None:
     """The scenarios, what each does, and which run in the quick matrix."""

@@ -25,15 +25,17 @@ items.
 
 Each is a :class:`Forgery`: where it goes, the frames, and the channel that must refuse it.
 :class:`Attacker` fetches the documents it needs the way a node does (a marked y-sync step 1,
-answered on its reply topic) and publishes the frames. Used by ``tests/test_attacks.py``
-against a real fleet over Mosquitto with the generated ACL.
+answered on its reply topic) and publishes the frames; :func:`run_suite` sends them one by one
+and reads, from central's status, whether each was refused. Used by ``tests/test_attacks.py``
+against a real fleet over Mosquitto with the generated ACL, and by ``edgesched fieldtest
+attack`` against a fleet of yours (with the credentials of a gateway you may sacrifice).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,3 +211,56 @@ class Attacker:
     async def send(self, forgery: Forgery) -> None:
         for frame in forgery.frames:
             await self.client.publish(forgery.topic, frame, qos=1)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One forgery's fate at central: ``refused`` if its channel's ``authorship`` count rose
+    (``counts``: every reason of that channel that rose, and by how much)."""
+
+    name: str
+    channel: str
+    refused: bool
+    counts: dict[str, int]
+
+
+async def run_suite(
+    attacker: Attacker,
+    refused: Callable[[], Awaitable[dict[str, dict[str, int]]]],
+    *,
+    other_node: str,
+    timeout_s: float = 10.0,
+) -> list[Outcome]:
+    """Every forgery of this module that needs no epoch change, sent as ``attacker``'s node,
+    one at a time; after each, ``refused()`` (central's ``GET /v1/status`` ``refused``) is
+    polled until the forgery's channel counts it for its authorship, or ``timeout_s``.
+    ``other_node``: a node of the fleet whose client id the forgery in our own document
+    borrows. The pure delete is sent only if our desired document holds an assignment."""
+    node, central = attacker.node_id, attacker.central_id
+    policy = await attacker.fetch(POLICY)
+    desired = await attacker.fetch(desired_doc_name(node))
+    probe: Doc[Any] = Doc()
+    probe.apply_update(desired)
+    assigned = sorted(probe.get("assignments", type=Map).keys())
+    forgeries = [
+        policy_continuation(policy, central, node, "energy"),
+        policy_new_root(policy, central, node),
+        desired_forged_assignment(desired, central, node, "forged-task", ["true"]),
+        node_doc_other_author(node, other_node, "forged-task"),
+    ]
+    if assigned:
+        forgeries.append(desired_pure_delete(desired, node, assigned[0]))
+    outcomes = []
+    for forgery in forgeries:
+        before = (await refused()).get(forgery.channel, {})
+        await attacker.send(forgery)
+        rose: dict[str, int] = {}
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            after = (await refused()).get(forgery.channel, {})
+            rose = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
+            if "authorship" in rose:
+                break
+            await asyncio.sleep(0.1)
+        outcomes.append(Outcome(forgery.name, forgery.channel, "authorship" in rose, rose))
+    return outcomes

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import aiomqtt
 from conftest import (
     Broker,
     EdgeNode,
+    edgesched_binary,
     free_port,
     kill_task_processes,
     until,
@@ -156,6 +158,30 @@ async def test_one_gateways_credentials_forge_nothing(tmp_path: Path) -> None:
 
         # The gateway is opened: its software stops, its credentials are the attacker's.
         await asyncio.to_thread(a.kill, 15)
+        # The same forgeries as an operator runs them against a fleet of theirs: the command.
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [
+                edgesched_binary(),
+                "fieldtest",
+                "attack",
+                "--config",
+                str(a.config),
+                "--central",
+                fleet.central.url(""),
+                "--token-file",
+                str(fleet.central.state / "api-token"),
+                "--other-node",
+                "gw-b",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = done.stdout.splitlines()
+        assert len(lines) == 5 and all(line.startswith("refused ") for line in lines), lines
+
         async with aiomqtt.Client(
             "127.0.0.1",
             fleet.broker.port,
