@@ -86,6 +86,7 @@ from edgesched.sync.schema import (
     TidalEntry,
 )
 from edgesched.sync.session import MqttSession, wait_event
+from edgesched.sync.signing import VerifyThread
 from edgesched.sync.stall import StallWatch
 from edgesched.sync.store import Store, StoreError
 from edgesched.sync.topics import node_of_topic
@@ -187,8 +188,11 @@ class CentralEngine:
         #: logs where the event loop was held, when it is held past 2 s (sync/stall.py)
         self.stall_watch = StallWatch()
         self._endpoint = self.central.mqtt.endpoint(self.central.central_id)  # files read now
-        #: our document messages signed, the peers' checked (None: not configured)
+        #: our document messages signed, the peers' checked (None: not configured); the
+        #: checks on a thread of their own, so on another core than the loop's
         self.signing = self.central.mqtt.frame_signing(self.central.central_id)
+        if self.signing is not None:
+            self.signing.verifier = VerifyThread()
         self.session = MqttSession(
             self._endpoint,
             backoff_initial_s=min(0.5, self.central.mqtt.reconnect_max_s),
@@ -323,6 +327,8 @@ class CentralEngine:
                 await self._serve()
             await self.replicas.persist_changed()
         finally:
+            if self.signing is not None and self.signing.verifier is not None:
+                self.signing.verifier.close()
             await self.store.close()
             log.info("central %s stopped", self.central.central_id)
 

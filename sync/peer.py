@@ -29,6 +29,7 @@ is dropped and counted in :attr:`DocPeer.stats`; the peer keeps going.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
@@ -42,7 +43,7 @@ from edgesched.sync import epochs, wire
 from edgesched.sync.doc import UpdateRejected, client_id_for, decode_state_vector
 from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.session import Endpoint, MqttSession, publish
-from edgesched.sync.signing import TRAILER, FrameSigning, SignatureRefused
+from edgesched.sync.signing import TRAILER, FrameSigning, Sealed, SignatureRefused
 from edgesched.sync.yupdate import UpdateDecodeError, decode_update, decoded_violation
 
 log = logging.getLogger("edgesched.sync.peer")
@@ -490,14 +491,50 @@ class DocPeer:
         if message is None:
             return
         self.stats["messages_in"] += 1
-        if message.signed or self.signing is not None:
+        signing = self.signing
+        if message.signed or signing is not None:
             try:
-                message = self._opened(sender, message)
+                if signing is not None and signing.verifier is not None and message.signed:
+                    sealed = signing.prepare(self.doc.name, sender, message)
+                    if isinstance(sealed, Sealed):  # checked on the verifier's thread
+                        then = functools.partial(self._verified, topic, sender, message, sealed)
+                        signing.verifier.submit(sealed, sender, then)
+                        return
+                    message = message._replace(payload=sealed, signed=False)
+                else:
+                    message = self._opened(sender, message)
             except SignatureRefused as exc:
-                key = "rejected_replays" if exc.reason == "replay" else "rejected_signatures"
-                self.stats[key] += 1
-                log.warning("doc %s: refused a message from %s: %s", self.doc.name, sender, exc)
+                self._refused(sender, exc)
                 return
+        self._process(topic, sender, message)
+
+    def _refused(self, sender: str, exc: SignatureRefused) -> None:
+        key = "rejected_replays" if exc.reason == "replay" else "rejected_signatures"
+        self.stats[key] += 1
+        log.warning("doc %s: refused a message from %s: %s", self.doc.name, sender, exc)
+
+    def _verified(
+        self,
+        topic: str,
+        sender: str,
+        message: wire.Message,
+        sealed: Sealed,
+        refused: SignatureRefused | None,
+    ) -> None:
+        """A signature checked on the verifier's thread: the rest of :meth:`handle`, on the
+        loop, in the order the messages came."""
+        assert self.signing is not None
+        try:
+            if refused is not None:
+                raise refused
+            body = self.signing.admit(self.doc.name, sender, sealed)
+        except SignatureRefused as exc:
+            self._refused(sender, exc)
+            return
+        self._process(topic, sender, message._replace(payload=body, signed=False))
+
+    def _process(self, topic: str, sender: str, message: wire.Message) -> None:
+        """A whole message, its signature checked (or none needed): the sync protocol."""
         self.heard_at[sender] = self.clock()
         if self.accept is not None and not self.accept(topic, message.sender):
             self.stats["rejected_senders"] += 1

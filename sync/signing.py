@@ -34,11 +34,13 @@ central holds every node's and the other centrals', a node the centrals'. Config
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -56,9 +58,11 @@ __all__ = [
     "FrameSigning",
     "KeyRing",
     "ReplayWindow",
+    "Sealed",
     "SeqClock",
     "SignatureRefused",
     "Signer",
+    "VerifyThread",
     "load_signing_key",
     "write_signing_key",
 ]
@@ -192,16 +196,30 @@ def _read_public_key(directory: Path, identity: str) -> Ed25519PublicKey | None:
     return key if isinstance(key, Ed25519PublicKey) else None
 
 
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A signed message's parts, its sender's key found: what :meth:`FrameSigning.verify`
+    checks (on any thread) and :meth:`FrameSigning.admit` then takes (on the loop's)."""
+
+    body: bytes
+    seq: int
+    signed: bytes  # what the signature covers, ahead of the body
+    signature: bytes
+    key: Ed25519PublicKey
+
+
 @dataclass
 class FrameSigning:
     """A peer's signing: its :class:`Signer` (None: it sends unsigned), the keys it verifies
     with, and whether an unsigned message is refused. Shared by the peers of one process;
-    holds the replay windows, per (document, sender)."""
+    holds the replay windows, per (document, sender). ``verifier``: where signatures are
+    checked off the event loop (:class:`VerifyThread`; None: inline)."""
 
     signer: Signer | None
     keys: KeyRing | None
     required: bool = True
     windows: dict[tuple[str, str], ReplayWindow] = field(default_factory=dict)
+    verifier: VerifyThread | None = None
 
     def seal(
         self, doc: str, kind: int, client_id: int, epoch: int, msg_id: int, payload: bytes
@@ -214,6 +232,16 @@ class FrameSigning:
     def open(self, doc: str, sender: str, message: wire.Message) -> bytes:
         """The payload of ``message`` from ``sender`` (the topic's last level) on ``doc``,
         its signature checked and its trailer removed; :class:`SignatureRefused` if not."""
+        sealed = self.prepare(doc, sender, message)
+        if isinstance(sealed, bytes):
+            return sealed
+        self.verify(sealed, sender)
+        return self.admit(doc, sender, sealed)
+
+    def prepare(self, doc: str, sender: str, message: wire.Message) -> bytes | Sealed:
+        """The first step of :meth:`open`, on the loop: the payload itself when there is no
+        signature to check (an unsigned message we may take; a signed one and no keys to
+        check it with, unless required), else its :class:`Sealed` parts."""
         if not message.signed:
             if self.required:
                 raise SignatureRefused("unsigned", f"unsigned message from {sender}")
@@ -230,18 +258,100 @@ class FrameSigning:
         signed = _signed_bytes(
             doc, sender, int(message.kind), message.sender, message.epoch, message.msg_id, seq
         )
+        return Sealed(body, _SEQ.unpack(seq)[0], signed, signature, key)
+
+    @staticmethod
+    def verify(sealed: Sealed, sender: str) -> None:
+        """The signature check (the costly step; thread-safe, and the GIL is released)."""
         try:
-            key.verify(signature, signed + body)
+            sealed.key.verify(sealed.signature, sealed.signed + sealed.body)
         except InvalidSignature:
             raise SignatureRefused(
                 "signature", f"message from {sender} does not verify with its key"
             ) from None
+
+    def admit(self, doc: str, sender: str, sealed: Sealed) -> bytes:
+        """The last step, on the loop, in the order the messages came: the replay window."""
         window = self.windows.get((doc, sender))
         if window is None:
             window = self.windows[doc, sender] = ReplayWindow()
-        if not window.take(_SEQ.unpack(seq)[0]):
+        if not window.take(sealed.seq):
             raise SignatureRefused("replay", f"message from {sender} replayed (seq taken)")
-        return body
+        return sealed.body
+
+
+class VerifyThread:
+    """Signature checks on a thread of their own, so that they use another core than the
+    event loop's (``Ed25519PublicKey.verify`` releases the GIL). Checks submitted in one loop
+    turn go as one batch; a single worker runs the batches in order, and each check's
+    continuation runs on the loop in the order the checks were submitted, so a peer's
+    messages are still handled in the order they came."""
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="edgesched-verify")
+        self._batch: list[tuple[Sealed, str, Callable[[SignatureRefused | None], None]]] = []
+        self._in_flight = 0
+        self._idle: asyncio.Event | None = None
+
+    def submit(
+        self, sealed: Sealed, sender: str, then: Callable[[SignatureRefused | None], None]
+    ) -> None:
+        """Check ``sealed`` off the loop; ``then(None)`` or ``then(refusal)`` on it after."""
+        if not self._batch:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._batch.append((sealed, sender, then))
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        self._in_flight += 1
+        if self._idle is not None:
+            self._idle.clear()
+        loop = asyncio.get_running_loop()
+        done = loop.run_in_executor(self._executor, _verify_all, [(s, n) for s, n, _ in batch])
+        done.add_done_callback(lambda f: self._deliver(batch, f))
+
+    def _deliver(
+        self,
+        batch: list[tuple[Sealed, str, Callable[[SignatureRefused | None], None]]],
+        done: asyncio.Future[list[SignatureRefused | None]],
+    ) -> None:
+        try:
+            outcomes = (
+                [SignatureRefused("signature", "the check failed")] * len(batch)
+                if done.cancelled() or done.exception() is not None
+                else done.result()
+            )
+            for (_, _, then), outcome in zip(batch, outcomes, strict=True):
+                then(outcome)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0 and not self._batch and self._idle is not None:
+                self._idle.set()
+
+    async def drain(self) -> None:
+        """Until every check submitted so far has run its continuation."""
+        while self._batch or self._in_flight:
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            self._idle.clear()
+            await self._idle.wait()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _verify_all(items: list[tuple[Sealed, str]]) -> list[SignatureRefused | None]:
+    out: list[SignatureRefused | None] = []
+    for sealed, sender in items:
+        try:
+            FrameSigning.verify(sealed, sender)
+        except SignatureRefused as exc:
+            out.append(exc)
+        else:
+            out.append(None)
+    return out
 
 
 def load_signing_key(path: Path) -> Ed25519PrivateKey:

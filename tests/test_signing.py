@@ -3,6 +3,7 @@ why, the replay window, the key files, and a peer signing and checking (issue 13
 
 from __future__ import annotations
 
+import asyncio
 import stat
 from pathlib import Path
 from typing import Any
@@ -270,3 +271,59 @@ def test_a_peer_signs_what_it_sends_and_checks_what_it_receives(
     for frame in signed:
         plain.handle(topic, frame)
     assert unkeyed.task("t1") is not None and plain.stats["rejected_signatures"] == 0
+
+
+async def test_checks_on_the_verifier_thread_keep_each_senders_order(
+    keys: dict[str, Any], tmp_path: Path
+) -> None:
+    """With a VerifyThread (central's), signatures are checked off the loop and the messages
+    then handled on it in the order they came: every update of the writer applied in order,
+    a replay and a forged one refused and counted, nothing handled before its check."""
+    from edgesched.sync.signing import VerifyThread
+
+    writer = NodeDoc(DOC, client_id_for("gw1"))
+    updates: list[bytes] = []
+    writer.on_local_update(updates.append)
+    for i in range(60):
+        writer.put_task(f"t{i}", _report())
+    sender = signing_for("gw1", keys, tmp_path)
+    checking = signing_for("central", keys, tmp_path)
+    checking.verifier = VerifyThread()
+    replica = NodeDoc(DOC, client_id_for("central"))
+    order: list[int] = []
+
+    class Recording(DocPeer):
+        def _process(self, topic: str, sender: str, message: wire.Message) -> None:
+            order.append(message.msg_id)
+            super()._process(topic, sender, message)
+
+    peer = Recording(replica, "central", writers=frozenset({writer.client_id}), signing=checking)
+    topic = wire.sync_topic(DOC, "gw1")
+    sent: list[int] = []
+    frames: list[bytes] = []
+    for update in updates:
+        payload = wire.update_payload(update, writer.state_vector())
+        msg_id = wire.new_msg_id()
+        sealed = sender.seal(DOC, int(wire.Kind.UPDATE), writer.client_id, 0, msg_id, payload)
+        assert sealed is not None
+        sent.append(msg_id)
+        frames += wire.encode(wire.Kind.UPDATE, DOC, writer.client_id, sealed, msg_id=msg_id,
+                              signed=True)  # fmt: skip
+    forged = FrameSigning(Signer("gw1", Ed25519PrivateKey.generate()), None)
+    try:
+        for i, frame in enumerate(frames):
+            peer.handle(topic, frame)
+            if i % 7 == 0:
+                await asyncio.sleep(0)  # the loop turns now and then, as central's does
+        assert not checking.verifier._executor._shutdown  # (still running)
+        peer.handle(topic, frames[3])  # a replay
+        (bad,) = wire.encode(wire.Kind.UPDATE, DOC, writer.client_id,
+                             forged.seal(DOC, 2, writer.client_id, 0, 1, b"x") or b"",
+                             msg_id=1, signed=True)  # fmt: skip
+        peer.handle(topic, bad)
+        await checking.verifier.drain()
+    finally:
+        checking.verifier.close()
+    assert order == sent  # each handled once, in the order sent
+    assert replica.content_hash() == writer.content_hash()
+    assert peer.stats["rejected_replays"] == 1 and peer.stats["rejected_signatures"] == 1
