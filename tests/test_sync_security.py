@@ -195,6 +195,8 @@ def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: Broke
             a.publish(t, b"own")
         b.publish(f"{ROOT}/doc/node-node-b/sync/node-b", b"private-b")
         b.publish(f"{ROOT}/node/node-b/status", b"status-b")
+        # node-b's step 1 of the policy: central hears it, no other node does (issue 13)
+        b.publish(f"{ROOT}/doc/policy/sync/node-b", b"policy-step1-b")
         central.publish(f"{ROOT}/central/heartbeat", b'{"central": "central"}')
         central.publish(f"{ROOT}/doc/policy/sync/central", b"policy")
         central.publish(f"{ROOT}/doc/node-node-b/sync/central", b"to-b")
@@ -211,6 +213,7 @@ def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: Broke
         assert not [t for t in topics(got_central) if t.startswith(f"{ROOT}/doc/node-b/")]
         assert set(own) <= topics(got_central)
         assert f"{ROOT}/doc/node-node-b/sync/node-b" in topics(got_central)
+        assert (f"{ROOT}/doc/policy/sync/node-b", b"policy-step1-b") in got_central
 
         got_a = a.drain()
         # node-a hears central's heartbeat and policy, and its own doc/status (echo)...
@@ -219,8 +222,8 @@ def test_node_cannot_publish_or_read_as_another_node(pki: Pki, tls_broker: Broke
         assert (f"{ROOT}/doc/desired-node-a/sync/central", b"desired-a") in got_a
         assert not [t for t in topics(got_a) if "/doc/fleet/" in t], got_a
         assert f"{ROOT}/node/node-a/status" in topics(got_a)
-        # ...but nothing of node-b: neither its private doc nor its status, nor central's
-        # traffic to it.
+        # ...but nothing of node-b: neither its private doc nor its status, nor its step 1
+        # of the policy, nor central's traffic to it.
         assert not [t for t in topics(got_a) if "node-b" in t], got_a
         assert f"{ROOT}/node/end" not in topics(got_a)
     finally:
