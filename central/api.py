@@ -29,6 +29,7 @@ naming what is wrong.
 
 from __future__ import annotations
 
+import bisect
 import hmac
 from typing import Any
 
@@ -37,6 +38,7 @@ from aiohttp import web
 from edgesched.central import dashboard, extender
 from edgesched.central.engine import CentralEngine, TaskRefused
 from edgesched.central.openapi import serve_central
+from edgesched.core.lifecycle import Phase
 from edgesched.core.task import SpecError, TaskSpec
 from edgesched.policies.models import KINDS, MAX_MODEL_BYTES
 from edgesched.rest.server import (
@@ -125,23 +127,65 @@ async def node_telemetry(request: web.Request) -> web.Response:
     return web.json_response({"node": node_id, "samples": [s.to_json() for s in samples]})
 
 
+#: The most tasks one page of ``GET /v1/tasks`` holds (``limit``; 1,000 by default).
+MAX_TASKS_PAGE = 10_000
+_ORIGINS = ("central", "node")
+
+
 async def list_tasks(request: web.Request) -> web.Response:
+    """Every task central knows, placed by it or decided by a node, in id order, a page at a
+    time: ``limit`` (1-10,000, default 1,000), ``after`` (the last id of the page before: the
+    answer's ``next``), filtered by ``phase``, ``node`` and ``origin``."""
     engine = _central(request)
     if engine.fleet is not None:
         engine.sync_index()
-    assignments = engine.index.assignments
-    return web.json_response(
-        {"tasks": [engine.task_view(t, e) for t, e in sorted(assignments.items())]}
-    )
+    query = request.query
+    try:
+        limit = int(query.get("limit", "1000"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_TASKS_PAGE:
+        return problem(400, "Bad query", f"must be an integer in 1..{MAX_TASKS_PAGE}", "limit")
+    phase = query.get("phase")
+    if phase is not None and phase not in {p.value for p in Phase}:
+        return problem(400, "Bad query", "one of " + ", ".join(p.value for p in Phase), "phase")
+    origin = query.get("origin")
+    if origin is not None and origin not in _ORIGINS:
+        return problem(400, "Bad query", "central or node", "origin")
+    node = query.get("node")
+    ids = engine.task_ids()
+    after = query.get("after")
+    start = bisect.bisect_right(ids, after) if after else 0
+    tasks: list[dict[str, Any]] = []
+    next_after = None
+    for task_id in ids[start:]:
+        if len(tasks) == limit:
+            next_after = tasks[-1]["id"]
+            break
+        view = engine.any_task_view(task_id)
+        if view is None:
+            continue
+        if phase is not None and view["phase"] != phase:
+            continue
+        if origin is not None and view["origin"] != origin:
+            continue
+        if node is not None and view["node"] != node and node not in view["copies"]:
+            continue
+        tasks.append(view)
+    return web.json_response({"tasks": tasks, "next": next_after})
 
 
 async def get_task(request: web.Request) -> web.Response:
     engine = _central(request)
     task_id = request.match_info["id"]
     entry = None if engine.fleet is None else engine.fleet.assignment(task_id)
-    if entry is None:
+    if entry is not None:
+        return web.json_response(engine.task_view(task_id, entry))
+    engine.sync_index()
+    view = engine.any_task_view(task_id)
+    if view is None:
         return problem(404, "Not Found", f"no task {task_id!r}", "id")
-    return web.json_response(engine.task_view(task_id, entry))
+    return web.json_response(view)
 
 
 async def submit(request: web.Request) -> web.Response:

@@ -55,6 +55,7 @@ from edgesched.central.replicas import NODE_DOC_PREFIX, NodeReplicas
 from edgesched.central.telemetry import TelemetryCollector
 from edgesched.config import EdgeschedConfig, builtin_profiles
 from edgesched.core.classdemand import ClassDemand
+from edgesched.core.lifecycle import Assigned, Copy, Lifecycle, Phase, Reach, lifecycle
 from edgesched.core.model import Node, Placement
 from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.core.scheduler import ClusterView
@@ -785,7 +786,22 @@ class CentralEngine:
         async with self._lock:
             entry = fleet.assignment(task_id)
             if entry is None:
+                self.sync_index()
+                if task_id in self.index.holders:
+                    life = self.lifecycle_of(task_id, None)
+                    raise TaskRefused(
+                        409,
+                        "id",
+                        f"{task_id} was decided by node {life.node}, not placed by central: "
+                        "cancel it at that node (DELETE /v1/tasks/{id} on its API)",
+                    )
                 raise TaskRefused(404, "id", f"no task {task_id!r}")
+            life = self.lifecycle_of(task_id, entry)
+            if life.phase in (Phase.EXITED, Phase.FAILED):
+                code = "" if life.exit_code is None else f", exit code {life.exit_code}"
+                raise TaskRefused(
+                    409, "id", f"{task_id} has already finished ({life.phase.value}{code})"
+                )
             if entry.state is not AssignmentState.CANCELLED:
                 fleet.assign(
                     task_id, replace(entry, state=AssignmentState.CANCELLED, at=self.clock())
@@ -797,8 +813,86 @@ class CentralEngine:
         assert entry is not None
         return self.task_view(task_id, entry)
 
+    def reach(self, node_id: str) -> Reach:
+        """A node's link as the lifecycle reads it (:func:`edgesched.core.lifecycle.lifecycle`)."""
+        status = self.liveness.nodes.get(node_id)
+        return Reach(self.node_state(node_id), None if status is None else status.since)
+
+    def lifecycle_of(self, task_id: str, entry: AssignmentEntry | None) -> Lifecycle:
+        """The task's one record, from central's assignment (None: a node decided it) and
+        every node's copy."""
+        assigned = (
+            None
+            if entry is None
+            else Assigned(
+                node=entry.node or None,
+                epoch=entry.epoch,
+                cancelled=entry.state is AssignmentState.CANCELLED,
+                at=entry.at,
+                decided_by=entry.central,
+                reason=entry.reason,
+            )
+        )
+        copies = [
+            Copy(
+                node=node_id,
+                state=report.state,
+                updated_at=report.updated_at,
+                epoch=None if report.assignment is None else report.assignment.epoch,
+                exit_code=report.exit_code,
+                restarts=report.restarts,
+                decided_by=report.decided_by,
+                accepted_at=report.accepted_at,
+                started_at=report.started_at,
+            )
+            for node_id, report in self.index.copies_of(task_id).items()
+            if (report.assignment is None) == (entry is None)
+        ]
+        return lifecycle(assigned, copies, self.reach)
+
+    def task_ids(self) -> list[str]:
+        """Every task central knows, in id order: those it placed and those the nodes decided."""
+        return sorted(self.index.assignments.keys() | self.index.holders.keys())
+
+    def any_task_view(self, task_id: str) -> dict[str, Any] | None:
+        """:meth:`task_view` of a task central placed, :meth:`local_task_view` of one a node
+        decided, or None if central knows no such task."""
+        entry = self.index.assignments.get(task_id)
+        if entry is not None:
+            return self.task_view(task_id, entry)
+        if task_id in self.index.holders:
+            return self.local_task_view(task_id)
+        return None
+
+    def local_task_view(self, task_id: str) -> dict[str, Any]:
+        """A task a node decided (submitted at its API, or placed by it while cut off): its
+        lifecycle and its copies; no assignment of central's."""
+        copies = self.index.copies_of(task_id)
+        life = self.lifecycle_of(task_id, None)
+        return {
+            "id": task_id,
+            "state": None,
+            "node": life.node,
+            "epoch": None,
+            "replacement": None,
+            "score": None,
+            "reason": None,
+            "decided_by": life.decided_by,  # edge-connected or edge-autonomous
+            "lease": None,
+            "at": None,
+            "spec": None,  # (central holds no spec of a task a node decided)
+            **_lifecycle_fields(life),
+            "copies": {
+                n: {"state": c.state.value, "epoch": None, "updated_at": c.updated_at}
+                for n, c in copies.items()
+                if c.assignment is None
+            },
+            "running_on": sorted(n for n, c in copies.items() if c.assignment is None and c.active),
+        }
+
     def task_view(self, task_id: str, entry: AssignmentEntry) -> dict[str, Any]:
-        """An assignment with what the nodes report of it (the copies, by node)."""
+        """An assignment with what the nodes report of it (the copies, by node), and the
+        task's lifecycle (``phase`` and the rest: :func:`lifecycle`)."""
         copies: dict[str, TaskReport] = {
             node_id: held
             for node_id, held in self.index.copies_of(task_id).items()
@@ -807,6 +901,7 @@ class CentralEngine:
         return {
             "id": task_id,
             "state": entry.state.value,
+            **_lifecycle_fields(self.lifecycle_of(task_id, entry)),
             "node": entry.node or None,
             "epoch": entry.epoch,
             "replacement": entry.replacement,
@@ -1430,6 +1525,20 @@ class CentralEngine:
         for channel, reasons in status["refused"].items():
             for reason, count in reasons.items():
                 self.metrics.refused.labels(channel, reason).set(count)
+
+
+def _lifecycle_fields(life: Lifecycle) -> dict[str, Any]:
+    """A task view's lifecycle fields (``phase`` is the task's state, fleet-wide)."""
+    return {
+        "phase": life.phase.value,
+        "exit_code": life.exit_code,
+        "restarts": life.restarts,
+        "submitted_at": life.submitted_at,
+        "started_at": life.started_at,
+        "finished_at": life.finished_at,
+        "origin": life.origin,
+        "unknown_since": life.unknown_since,
+    }
 
 
 class _Tasks(Mapping[str, TaskReport]):

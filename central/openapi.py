@@ -16,6 +16,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from edgesched.config import builtin_profiles
+from edgesched.core.lifecycle import Phase
 from edgesched.core.model import ServerClass
 from edgesched.core.policy import PolicyMode
 from edgesched.rest import openapi as oa
@@ -170,17 +171,46 @@ def _central_schemas() -> dict[str, Schema]:
             {
                 "id": oa.STR,
                 "state": {
-                    "type": "string",
-                    "enum": ["pending", "active", "cancelled"],
-                    "description": "pending: no node can take it yet",
+                    "type": ["string", "null"],
+                    "enum": ["pending", "active", "cancelled", None],
+                    "description": "central's assignment: pending (no node can take it yet), "
+                    "active (placed), cancelled; null for a task a node decided. The task's "
+                    "own state is phase",
                 },
+                "phase": {
+                    "type": "string",
+                    "enum": [p.value for p in Phase],
+                    "description": "the task's state, fleet-wide: pending, placed, running, "
+                    "exited, failed, cancelled, lost (its node is dead)",
+                },
+                "exit_code": oa.nullable(oa.INT),
+                "restarts": oa.INT,
+                "submitted_at": oa.nullable(oa.NUMBER),
+                "started_at": oa.nullable(oa.NUMBER),
+                "finished_at": oa.nullable(oa.NUMBER),
+                "origin": {
+                    "type": "string",
+                    "enum": ["central", "node"],
+                    "description": "central: central placed it; node: submitted at a node's "
+                    "API or decided by a node while cut off",
+                },
+                "unknown_since": oa.nullable(
+                    {
+                        "type": "number",
+                        "description": "its node is cut off: the state is as of before this",
+                    }
+                ),
                 "node": oa.nullable(oa.STR),
                 "epoch": oa.nullable(oa.INT),
                 "replacement": oa.nullable(oa.BOOL),
                 "score": oa.nullable(oa.NUMBER),
                 "reason": oa.nullable(oa.STR),
                 "decided_by": oa.nullable(
-                    {"type": "string", "description": "the central replica that decided it"}
+                    {
+                        "type": "string",
+                        "description": "the central replica that decided it, or for a task a "
+                        "node decided edge-connected or edge-autonomous",
+                    }
                 ),
                 "lease": oa.nullable(
                     {
@@ -194,9 +224,17 @@ def _central_schemas() -> dict[str, Schema]:
                 "copies": oa.map_of(copy_, "what each node reports of it, by node id"),
                 "running_on": {"type": "array", "items": oa.STR},
             },
-            description="A task submitted at central: its assignment and the copies nodes report",
+            description="A task: central's assignment (if central placed it), its lifecycle "
+            "fleet-wide, and the copies nodes report",
         ),
-        "TaskList": oa.obj({"tasks": {"type": "array", "items": oa.ref("TaskView")}}),
+        "TaskList": oa.obj(
+            {
+                "tasks": {"type": "array", "items": oa.ref("TaskView")},
+                "next": oa.nullable(
+                    {"type": "string", "description": "the next page's after, if any"}
+                ),
+            }
+        ),
         "Event": oa.obj(
             {
                 "at": oa.NUMBER,
@@ -508,10 +546,21 @@ def _central_paths() -> dict[str, Schema]:
         "/v1/tasks": {
             "get": oa.op(
                 "listTasks",
-                "Tasks submitted at central",
+                "Every task: placed by central or decided by a node, a page at a time",
                 tasks_tag,
-                {"200": oa.content(oa.ref("TaskList"), "by id"), **oa.problems(401)},
+                {"200": oa.content(oa.ref("TaskList"), "by id"), **oa.problems(400, 401)},
                 description=read,
+                params=[
+                    oa.query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": 10_000},
+                        "tasks per page (default 1000)",
+                    ),
+                    oa.query("after", oa.STR, "the id the page starts after (next)"),
+                    oa.query("phase", {"type": "string", "enum": [p.value for p in Phase]}, "only"),
+                    oa.query("node", oa.STR, "only those on (or with a copy on) this node"),
+                    oa.query("origin", {"type": "string", "enum": ["central", "node"]}, "only"),
+                ],
             ),
             "post": oa.op(
                 "submitTask",
@@ -529,7 +578,7 @@ def _central_paths() -> dict[str, Schema]:
         "/v1/tasks/{id}": {
             "get": oa.op(
                 "getTask",
-                "One task submitted at central",
+                "One task (placed by central or decided by a node)",
                 tasks_tag,
                 {"200": oa.content(oa.ref("TaskView"), "the task"), **oa.problems(401, 404)},
                 description=read,
@@ -541,9 +590,10 @@ def _central_paths() -> dict[str, Schema]:
                 tasks_tag,
                 {
                     "200": oa.content(oa.ref("TaskView"), "cancelled (idempotent)"),
-                    **oa.problems(401, 403, 404, 503),
+                    **oa.problems(401, 403, 404, 409, 503),
                 },
-                description=admin,
+                description=admin + " 409: the task has already finished, or a node "
+                "decided it (cancel it at that node).",
                 params=[oa.path_id("task id")],
             ),
         },
