@@ -707,7 +707,9 @@ async def _final_state(harness: Harness) -> FinalState:
         if code == 200:
             replica_hashes[node] = detail["document"]["content_hash"]
             replica_tasks[node] = detail["content"].get("tasks", {})
-    tasks = (await asyncio.to_thread(central.http, "GET", "/v1/tasks"))[1]["tasks"]
+    # (central placed these; the ones nodes decided are in node_tasks)
+    url = "/v1/tasks?origin=central&limit=10000"
+    tasks = (await asyncio.to_thread(central.http, "GET", url))[1]["tasks"]
     return FinalState(
         node_hashes, replica_hashes, node_tasks, replica_tasks, {t["id"]: t for t in tasks}
     )
