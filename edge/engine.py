@@ -437,6 +437,24 @@ class EdgeEngine:
             log.error("assignment of %s ignored: a local task has that id", task_id)
         elif record.assignment.epoch < assignment.epoch and not record.state.terminal:
             await self._put(replace(record, assignment=assignment))  # kept by a reconcile
+        elif record.assignment.epoch < assignment.epoch:
+            # A newer epoch for a copy that finished here (a failover or a migration back to
+            # us): central wants it run again. Ignoring it left the task running nowhere, with
+            # central waiting for a copy of the new epoch that never came (issue 14).
+            await self._put(
+                TaskRecord(
+                    spec=spec,
+                    state=TaskState.ACCEPTED,
+                    submitted_at=now,
+                    updated_at=now,
+                    decided_by="central",
+                    node_id=self.edge.node_id,
+                    reason=f"assigned again by {assignment.central} (epoch {assignment.epoch}; "
+                    f"our copy of epoch {record.assignment.epoch} had {record.state.value})",
+                    assignment=assignment,
+                )
+            )
+            self.metrics.submissions.inc()
         return False
 
     async def _cancel_record(self, record: TaskRecord, reason: str) -> bool:
