@@ -28,7 +28,7 @@ from edgesched.core.model import DecisionKind, Node, Placement, Resources, Task
 from edgesched.core.nodetable import NodeTable
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.scheduler import ClusterView, schedule
-from edgesched.core.task import RestartPolicy, TaskSpec
+from edgesched.core.task import RestartPolicy, TaskSpec, TaskState
 from edgesched.sync.reconcile import Claim, ReconcilePolicy, losers, winner
 from edgesched.sync.schema import (
     AssignmentEntry,
@@ -284,6 +284,11 @@ def forget_at(
     return due
 
 
+#: A copy in these states runs, or can at once (placed: its process is about to start); a
+#: queued (accepted) or preempted one does not, and never wins a reconcile over one that does.
+_RUNS = frozenset({TaskState.RUNNING, TaskState.PLACED})
+
+
 def claims_of(task_id: str, node_docs: NodeViews) -> list[Claim]:
     """Every node's active copy of a central task, as a :class:`Claim`: what the nodes report
     in their documents, not what central intended."""
@@ -313,6 +318,7 @@ def claims_from(task_id: str, copies: Mapping[str, TaskReport]) -> list[Claim]:
                 else report.updated_at,
                 score=a.score,
                 replacement=a.replacement,
+                running=report.state in _RUNS,
             )
         )  # fmt: skip
     return claims

@@ -5,7 +5,10 @@ node may have kept running it. After the heal every peer sees both placements (b
 :class:`Claim`\\ s). :func:`winner` is a pure, deterministic function of the claims, so every peer
 picks the same one without talking; the :func:`losers` stop their copies.
 
-The policy decides first (the Nomad ``disconnect.reconcile`` choices), then the final
+A copy that runs (or can run at once: placed, its process about to start) always wins over
+one that does not (queued, or preempted by local work): keeping a copy that is not running and
+stopping the one that is left a service running nowhere (issue 14). Among copies alike in
+that, the policy decides (the Nomad ``disconnect.reconcile`` choices), then the final
 tie-breaks give a total order: higher lease epoch, then the decider's rank (central over an
 edge node), then the smaller node id, then the remaining fields. Input order never matters.
 
@@ -47,6 +50,7 @@ class Claim:
     started_at: float
     score: float
     replacement: bool  # True if this placement failed the task over from another node
+    running: bool = True  # the copy runs or can at once (not queued, not preempted)
 
     def __post_init__(self) -> None:
         if not self.task_id or not self.node_id:
@@ -77,6 +81,7 @@ def _policy_key(claim: Claim, policy: ReconcilePolicy) -> float:
 def _rank(claim: Claim, policy: ReconcilePolicy) -> tuple[object, ...]:
     """A total order key (smaller wins) over distinct claims."""
     return (
+        0 if claim.running else 1,
         _policy_key(claim, policy),
         -claim.epoch,
         0 if claim.by_central else 1,

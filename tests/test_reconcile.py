@@ -27,6 +27,7 @@ CLAIMS = st.builds(
     started_at=st.sampled_from([0.0, 10.0, 20.0]),
     score=st.sampled_from([0.1, 0.5]),
     replacement=st.booleans(),
+    running=st.booleans(),
 )
 
 
@@ -67,6 +68,25 @@ def test_each_policy_on_a_failover(policy: ReconcilePolicy, expected: Claim) -> 
     assert winner([REPLACEMENT, ORIGINAL], policy) == expected
     (loser,) = losers([ORIGINAL, REPLACEMENT], policy)
     assert loser != expected
+
+
+@pytest.mark.parametrize("policy", list(ReconcilePolicy))
+def test_a_copy_that_runs_wins_over_one_that_does_not_whatever_the_policy(
+    policy: ReconcilePolicy,
+) -> None:
+    """The original preempted on its cut-off node by local work, the replacement running:
+    keep-original kept the preempted copy and stopped the running one, and the service ran
+    nowhere (issue 14). A copy that runs always wins over one that does not."""
+    from dataclasses import replace
+
+    preempted_original = replace(ORIGINAL, running=False)
+    assert winner([preempted_original, REPLACEMENT], policy) == REPLACEMENT
+    assert losers([REPLACEMENT, preempted_original], policy) == [preempted_original]
+
+
+@given(claims=st.lists(CLAIMS, min_size=1, max_size=6), policy=st.sampled_from(ReconcilePolicy))
+def test_the_winner_runs_if_any_copy_does(claims: list[Claim], policy: ReconcilePolicy) -> None:
+    assert winner(claims, policy).running == any(c.running for c in claims)
 
 
 def test_default_policy_keeps_the_original() -> None:
