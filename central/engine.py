@@ -59,7 +59,7 @@ from edgesched.core.lifecycle import Assigned, Copy, Lifecycle, Phase, Reach, li
 from edgesched.core.model import Node, Placement
 from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.core.scheduler import ClusterView
-from edgesched.core.task import TaskSpec
+from edgesched.core.task import TaskSpec, TaskState
 from edgesched.policies.models import ActiveModels, ModelBlob
 from edgesched.policies.ortsession import ModelLoadError
 from edgesched.rest.server import ApiStarter
@@ -214,6 +214,9 @@ class CentralEngine:
         self._fleet_peer: DocPeer | None = None
         #: the policy's and the fleet document's peers, by document name
         self._central_peers: dict[str, DocPeer] = {}
+        #: task -> a migration whose target has not run it yet (in memory: after a restart
+        #: the reconcile rule settles the two copies)
+        self._migrations: dict[str, _Migration] = {}
         self.liveness = Liveness(
             clock, site_of=self._site_of, silent_after_s=self.central.silent_after_s
         )
@@ -739,9 +742,11 @@ class CentralEngine:
         _need(self.fleet).assign(spec.id, entry)
 
     async def migrate(self, task_id: str, target: str) -> dict[str, Any]:
-        """Move an active task to ``target``: a new placement epoch there, and a stop order
-        for the copy where it runs now (the node stops it when it hears; a cut-off node on
-        heal). The target must be online and able to take it."""
+        """Move an active task to ``target``: a new placement epoch there now, and, once the
+        target runs it, a stop order for the copy where it ran (make before break: the node
+        stops it when it hears; a cut-off node on heal). If the target cannot run it, the task
+        is placed back where it runs, with the reason. The target must be online and able to
+        take it."""
         fleet = _need(self.fleet)
         async with self._lock:
             entry = fleet.assignment(task_id)
@@ -768,12 +773,8 @@ class CentralEngine:
                     lease=self._lease_of(task_id),
                 ),
             )  # fmt: skip
-            fleet.order_stop(
-                task_id,
-                source,
-                StopOrder(epoch=epoch, winner=target, at=now, reason=f"migrated to {target}",
-                          lease=self._lease_of(task_id)),
-            )  # fmt: skip
+            if source:  # (stopped there once the target runs it: see _finish_migrations)
+                self._migrations[task_id] = _Migration(source, epoch, target, epoch + 1)
             self._event("migrated", f"{task_id}: {source} -> {target}", node=target, task=task_id)
             self.sync_index()  # projected now (see submit)
         await _need(self._fleet_journal).flushed()  # the assignment on disk
@@ -965,6 +966,9 @@ class CentralEngine:
         now = self.clock()
         self._place_waiting(now, mine)
         self.sync_index()
+        if self._migrations:
+            self._finish_migrations(now)
+            self.sync_index()
         self._reconcile(now, mine)
         self.sync_index()
         if mine is None or mine.fleet_wide:
@@ -975,6 +979,52 @@ class CentralEngine:
         self._prune(now, mine)
         self.sync_index()
         self.index.sum_footprints()  # O(changed nodes); moved rows wait for a placement
+
+    def _finish_migrations(self, now: float) -> None:
+        """Migrations whose target has answered: the source's copy ordered stopped once the
+        target's runs; the task placed back on the source if the target's failed (it kept
+        running there all along); waiting otherwise."""
+        fleet = _need(self.fleet)
+        for task_id, move in list(self._migrations.items()):
+            entry = self.index.assignments.get(task_id)
+            if (
+                entry is None
+                or not entry.active
+                or (entry.node, entry.epoch)
+                != (
+                    move.target,
+                    move.epoch,
+                )
+            ):
+                del self._migrations[task_id]  # cancelled, failed over, moved again
+                continue
+            copy = self.index.copies_of(task_id).get(move.target)
+            if copy is None or copy.assignment is None or copy.assignment.epoch != move.epoch:
+                continue  # not taken up yet
+            if copy.state is TaskState.RUNNING:
+                fleet.order_stop(
+                    task_id,
+                    move.source,
+                    StopOrder(epoch=move.source_epoch, winner=move.target, at=now,
+                              reason=f"migrated to {move.target}",
+                              lease=self._lease_of(task_id)),
+                )  # fmt: skip
+                del self._migrations[task_id]
+            elif copy.state.terminal:
+                spec = entry.task_spec
+                fleet.assign(
+                    task_id,
+                    assignment_entry(
+                        spec, move.source, central=self.central.central_id,
+                        epoch=move.epoch + 1, replacement=False, score=entry.score, at=now,
+                        reason=f"migration to {move.target} failed ({copy.state.value}): "
+                        f"kept on {move.source}",
+                        lease=self._lease_of(task_id),
+                    ),
+                )  # fmt: skip
+                self._event("migration-failed", f"{task_id}: stays on {move.source}",
+                            node=move.source, task=task_id)  # fmt: skip
+                del self._migrations[task_id]
 
     def _leases_changed(self, owned: Mapping[int, int]) -> None:
         """What the leases allow changed (a shard gained or lost, the local deadline passed,
@@ -1525,6 +1575,14 @@ class CentralEngine:
         for channel, reasons in status["refused"].items():
             for reason, count in reasons.items():
                 self.metrics.refused.labels(channel, reason).set(count)
+
+
+@dataclass(frozen=True, slots=True)
+class _Migration:
+    source: str
+    source_epoch: int
+    target: str
+    epoch: int
 
 
 def _lifecycle_fields(life: Lifecycle) -> dict[str, Any]:

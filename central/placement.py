@@ -374,9 +374,22 @@ def settle(
     policy: ReconcilePolicy,
 ) -> Settlement | None:
     """One task's settlement from its fresh claims: None unless it runs on two nodes or more
-    and some loser has no stop order out yet."""
+    and some loser has no stop order out yet.
+
+    A copy already ordered stopped (a stop order for its node at its epoch) competes no more.
+    While central's own copy (its assignment's node and epoch) does not run yet and another
+    does, nothing is settled: stopping either would leave the task running nowhere for a
+    while, or undo central's own placement (a migration waiting for its target to start)."""
+    claims = [
+        c
+        for c in claims
+        if (stop := stops.get(f"{task_id}@{c.node_id}")) is None or stop.epoch != c.epoch
+    ]
     if len({c.node_id for c in claims}) < 2:
         return None
+    mine = [c for c in claims if c.node_id == entry.node and c.epoch == entry.epoch]
+    if mine and not any(c.running for c in mine) and any(c.running for c in claims):
+        return None  # central's copy is about to run: settle once it does
     rule = task_policy(entry, policy)
     best = winner(claims, rule)
     lost = tuple(c for c in losers(claims, rule) if f"{task_id}@{c.node_id}" not in stops)

@@ -297,7 +297,7 @@ async def test_failover_during_a_partition_then_one_copy_after_the_heal(
             view = await asyncio.to_thread(central_task, f, "svc")
             assert view["running_on"] == ["gw-c"]
 
-            # The operator moves it: placed on gw-b, stopped on gw-c.
+            # The operator moves it: placed on gw-b, then stopped on gw-c once gw-b runs it.
             status, moved = await asyncio.to_thread(
                 f.central.request, "POST", "/v1/tasks/svc/migrate", {"node": "gw-b"}
             )
@@ -310,6 +310,11 @@ async def test_failover_during_a_partition_then_one_copy_after_the_heal(
 
             await until(migrated, 20, "svc moved from gw-c to gw-b")
             assert "migrated to gw-b" in (await asyncio.to_thread(c.tasks))["svc"]["reason"]
+            # Make before break: gw-c stopped its copy only after gw-b's ran (one machine's
+            # clock for both), so the service never ran nowhere.
+            on_b = (await asyncio.to_thread(f.nodes["gw-b"].tasks))["svc"]
+            on_c = (await asyncio.to_thread(c.tasks))["svc"]
+            assert on_c["updated_at"] >= on_b["updated_at"], (on_b, on_c)
             status, _ = await asyncio.to_thread(
                 f.central.request, "POST", "/v1/tasks/svc/migrate", {"node": "gw-b"}
             )
