@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from edgesched.config import ConfigError, EdgeschedConfig, default_config_toml, load_config
+from edgesched.fleetcli import register as register_fleet_commands
 from edgesched.version import __version__
 
 if TYPE_CHECKING:
@@ -427,6 +428,9 @@ def central_nodes(config: CentralConfigOption) -> None:
             f"{n['id']:<24} {n['status']:<8} epoch {doc['epoch']:<3} "
             f"{doc['content_hash'][:12]}  {tasks}"
         )
+
+
+register_fleet_commands(app)  # run, tasks, task, cancel, nodes: against central's API
 
 
 certs_app = typer.Typer(

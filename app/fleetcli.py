@@ -1,0 +1,227 @@
+"""The operator's commands against central's API (issue 14): ``edgesched run``, ``tasks``,
+``task``, ``cancel``, ``nodes``, in the style of ``nomad job run`` / ``kubectl``.
+
+Where central is and its token come from ``--addr`` / ``EDGESCHED_ADDR`` (default
+``http://127.0.0.1:7300``) and ``--token`` / ``EDGESCHED_TOKEN``, or a file holding it
+(``--token-file`` / ``EDGESCHED_TOKEN_FILE``, default central's own
+``/var/lib/edgesched-central/api-token`` when readable). Every command prints a table, or the
+API's JSON with ``--json``; an unreachable central is one line naming the address, an API
+refusal one line naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from edgesched.rest.client import ApiClient, ApiError, ApiTarget, Unreachable
+
+DEFAULT_ADDR = "http://127.0.0.1:7300"
+DEFAULT_TOKEN_FILE = Path("/var/lib/edgesched-central/api-token")
+
+AddrOption = Annotated[
+    str | None,
+    typer.Option(
+        "--addr", envvar="EDGESCHED_ADDR", help=f"Central's API (default {DEFAULT_ADDR})."
+    ),
+]
+TokenOption = Annotated[
+    str | None, typer.Option("--token", envvar="EDGESCHED_TOKEN", help="Central's API token.")
+]
+TokenFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        envvar="EDGESCHED_TOKEN_FILE",
+        help=f"A file holding the token (default {DEFAULT_TOKEN_FILE} if readable).",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
+
+
+def _fail(message: str) -> NoReturn:
+    typer.secho(f"error: {message}", err=True, fg="red")
+    raise typer.Exit(2)
+
+
+def client(addr: str | None, token: str | None, token_file: Path | None) -> ApiClient:
+    """The API client of central at ``addr`` with the token from the options or files."""
+    if token is None:
+        path = token_file or (DEFAULT_TOKEN_FILE if DEFAULT_TOKEN_FILE.exists() else None)
+        if path is not None:
+            try:
+                token = path.read_text().strip()
+            except OSError as exc:
+                _fail(f"token file {path}: {exc.strerror}")
+    return ApiClient(ApiTarget((addr or DEFAULT_ADDR).rstrip("/"), token or ""))
+
+
+def call(api: ApiClient, method: str, path: str, body: Any = None) -> Any:
+    try:
+        return api.call(method, path, body)
+    except Unreachable as exc:
+        _fail(f"cannot reach central at {api.target.base_url}: {exc}")
+    except ApiError as exc:
+        _fail(str(exc))
+
+
+def _table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _s(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def pages(api: ApiClient, query: dict[str, str], limit: int) -> Iterator[dict[str, Any]]:
+    """Up to ``limit`` tasks of ``GET /v1/tasks``, following its pages."""
+    after: str | None = None
+    left = limit
+    while left > 0:
+        params = {**query, "limit": str(min(left, 1000))} | ({"after": after} if after else {})
+        page = call(api, "GET", "/v1/tasks?" + "&".join(f"{k}={v}" for k, v in params.items()))
+        yield from page["tasks"]
+        left -= len(page["tasks"])
+        after = page.get("next")
+        if after is None:
+            return
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator's commands to ``app``."""
+
+    @app.command("tasks")
+    def tasks(
+        addr: AddrOption = None,
+        token: TokenOption = None,
+        token_file: TokenFileOption = None,
+        phase: Annotated[str | None, typer.Option(help="pending, placed, running, ...")] = None,
+        node: Annotated[str | None, typer.Option(help="Only those on this node.")] = None,
+        origin: Annotated[str | None, typer.Option(help="central or node.")] = None,
+        limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 200,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Every task central knows (placed by it or decided by a node), by id."""
+        api = client(addr, token, token_file)
+        query = {k: v for k, v in (("phase", phase), ("node", node), ("origin", origin)) if v}
+        found = list(pages(api, query, limit))
+        if as_json:
+            typer.echo(json.dumps(found, indent=2))
+            return
+        rows = [
+            [t["id"], t["phase"], _s(t["node"]), _s(t["exit_code"]), t["origin"],
+             _s(t["decided_by"]), "cut off" if t["unknown_since"] else ""]
+            for t in found
+        ]  # fmt: skip
+        _table(rows, ["ID", "PHASE", "NODE", "EXIT", "ORIGIN", "DECIDED BY", ""])
+
+    @app.command("task")
+    def task(
+        task_id: Annotated[str, typer.Argument(help="Task id.")],
+        addr: AddrOption = None,
+        token: TokenOption = None,
+        token_file: TokenFileOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """One task: its lifecycle, central's assignment and every node's copy."""
+        view = call(client(addr, token, token_file), "GET", f"/v1/tasks/{task_id}")
+        if as_json:
+            typer.echo(json.dumps(view, indent=2))
+            return
+        for key in ("id", "phase", "node", "exit_code", "restarts", "origin", "decided_by",
+                    "reason", "submitted_at", "started_at", "finished_at", "unknown_since",
+                    "state", "epoch"):  # fmt: skip
+            typer.echo(f"{key:<14} {_s(view.get(key))}")
+        for node_id, held in sorted(view["copies"].items()):
+            typer.echo(f"copy on {node_id}: {held['state']} (epoch {_s(held['epoch'])})")
+
+    @app.command("run")
+    def run(
+        task_id: Annotated[str, typer.Argument(help="Task id (unique in the fleet).")],
+        command: Annotated[
+            list[str] | None, typer.Argument(help="Command and arguments (after --).")
+        ] = None,
+        file: Annotated[
+            Path | None, typer.Option("--file", "-f", help="A TOML or JSON task spec.")
+        ] = None,
+        cpu: Annotated[float | None, typer.Option(help="CPU cores.")] = None,
+        mem_gib: Annotated[float | None, typer.Option(help="Memory, GiB.")] = None,
+        priority: Annotated[int | None, typer.Option(help="0-999, higher wins.")] = None,
+        workload: Annotated[str | None, typer.Option(help="Workload class.")] = None,
+        restart: Annotated[
+            str | None, typer.Option(help="never, on-failure or always (a service).")
+        ] = None,
+        node: Annotated[str | None, typer.Option(help="Pin it to this node.")] = None,
+        addr: AddrOption = None,
+        token: TokenOption = None,
+        token_file: TokenFileOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Submit a task (or a service: --restart always) to central, from flags or a file."""
+        body: dict[str, Any] = {}
+        if file is not None:
+            try:
+                text = file.read_text()
+                body = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
+            except (OSError, ValueError) as exc:
+                _fail(f"{file}: {exc}")
+            if not isinstance(body, dict):
+                _fail(f"{file}: not an object")
+        body["id"] = task_id
+        if command:
+            body["command"] = command
+        flags = {"cpu": cpu, "mem_gib": mem_gib, "priority": priority, "workload": workload,
+                 "restart": restart, "node": node}  # fmt: skip
+        for key, value in flags.items():
+            if value is not None:
+                body[key] = value
+        if "command" not in body:
+            _fail("no command: give it after -- or in --file")
+        view = call(client(addr, token, token_file), "POST", "/v1/tasks", body)
+        if as_json:
+            typer.echo(json.dumps(view, indent=2))
+            return
+        where = view["node"] or "no node yet"
+        typer.echo(f"{view['id']}: {view['phase']} on {where} ({_s(view.get('reason'))})")
+
+    @app.command("cancel")
+    def cancel(
+        task_id: Annotated[str, typer.Argument(help="Task id.")],
+        addr: AddrOption = None,
+        token: TokenOption = None,
+        token_file: TokenFileOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Cancel a task central placed (its node stops it when it hears)."""
+        view = call(client(addr, token, token_file), "DELETE", f"/v1/tasks/{task_id}")
+        if as_json:
+            typer.echo(json.dumps(view, indent=2))
+            return
+        typer.echo(f"{view['id']}: {view['phase']}")
+
+    @app.command("nodes")
+    def nodes(
+        addr: AddrOption = None,
+        token: TokenOption = None,
+        token_file: TokenFileOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Every node, as central names its state (connected, suspect, partitioned, dead)."""
+        found = call(client(addr, token, token_file), "GET", "/v1/nodes")["nodes"]
+        if as_json:
+            typer.echo(json.dumps(found, indent=2))
+            return
+        rows = []
+        for n in found:
+            reg = n.get("registration") or {}
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(n["tasks"].items())) or "-"
+            rows.append([n["id"], n["state"], _s(reg.get("arch")), _s(reg.get("server_class")),
+                         counts])  # fmt: skip
+        _table(rows, ["ID", "STATE", "ARCH", "CLASS", "TASKS"])
