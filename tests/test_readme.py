@@ -52,26 +52,19 @@ COVERED: dict[str, tuple[str, ...]] = {
     "edgesched edge run": (
         "tests/test_central_sync.py::test_partitioned_node_decides_alone_and_merges_at_central",
     ),
-    "TOKEN=$(cat state/central/api-token)": (
-        "tests/test_central_api.py::test_tokens_read_only_and_admin",
-    ),
-    "curl -s -X POST http://127.0.0.1:7300/v1/tasks": (
-        "tests/test_central_api.py::test_a_task_waits_for_a_node_and_can_be_cancelled",
-        "tests/test_central_sync.py::test_failover_during_a_partition_then_one_copy_after_the_heal",
-    ),
-    "curl -s http://127.0.0.1:7300/v1/nodes": (
-        "tests/test_central_sync.py::test_partitioned_node_decides_alone_and_merges_at_central",
+    "export EDGESCHED_ADDR=": ("tests/test_fleetcli.py::test_the_operators_commands",),
+    "edgesched run ": ("tests/test_fleetcli.py::test_the_operators_commands",),
+    "edgesched tasks": (
+        "tests/test_fleetcli.py::test_the_operators_commands",
+        "tests/test_task_lifecycle_fleet.py::test_every_task_shows_at_central_with_its_end",
     ),
     "edgesched edge submit": (
-        "tests/test_bundle.py::test_bundle_installs_offline_and_the_node_runs",
-    ),
-    "edgesched edge tasks": (
         "tests/test_bundle.py::test_bundle_installs_offline_and_the_node_runs",
     ),
     "edgesched edge status": (
         "tests/test_bundle.py::test_bundle_installs_offline_and_the_node_runs",
     ),
-    "echo http://127.0.0.1:7300/dashboard/#token=": (
+    "echo http://127.0.0.1:7300/dashboard/#token=$(cat state/central/api-token)": (
         "tests/test_dashboard.py::test_dashboard_in_chromium",
     ),
     # the broker stopped under a node that keeps deciding, then started again
