@@ -1,5 +1,5 @@
 """The operator's commands against central's API (issue 14): ``edgesched run``, ``tasks``,
-``task``, ``cancel``, ``nodes``, in the style of ``nomad job run`` / ``kubectl``.
+``task``, ``history``, ``cancel``, ``nodes``, in the style of ``nomad job run`` / ``kubectl``.
 
 Where central is and its token come from ``--addr`` / ``EDGESCHED_ADDR`` (default
 ``http://127.0.0.1:7300``) and ``--token`` / ``EDGESCHED_TOKEN``, or a file holding it
@@ -12,6 +12,7 @@ refusal one line naming the field.
 from __future__ import annotations
 
 import json
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,6 +122,35 @@ def register(app: typer.Typer) -> None:
             for t in found
         ]  # fmt: skip
         _table(rows, ["ID", "PHASE", "NODE", "EXIT", "ORIGIN", "DECIDED BY", ""])
+
+    @app.command("history")
+    def history(
+        addr: AddrOption = None,
+        token: TokenOption = None,
+        token_file: TokenFileOption = None,
+        phase: Annotated[str | None, typer.Option(help="exited, failed or cancelled.")] = None,
+        node: Annotated[str | None, typer.Option(help="Only those that ran on this node.")] = None,
+        workload: Annotated[str | None, typer.Option(help="Only this workload class.")] = None,
+        limit: Annotated[int, typer.Option(min=1, max=1000, help="The newest this many.")] = 50,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Finished tasks from central's history, newest first."""
+        query = {k: v for k, v in (("phase", phase), ("node", node), ("workload", workload)) if v}
+        query["limit"] = str(limit)
+        page = call(
+            client(addr, token, token_file),
+            "GET",
+            "/v1/history?" + "&".join(f"{k}={v}" for k, v in query.items()),
+        )
+        if as_json:
+            typer.echo(json.dumps(page["tasks"], indent=2))
+            return
+        rows = [
+            [t["id"], t["phase"], _s(t.get("node")), _s(t.get("exit_code")), t["origin"],
+             t["workload"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t["finished_at"]))]
+            for t in page["tasks"]
+        ]  # fmt: skip
+        _table(rows, ["ID", "PHASE", "NODE", "EXIT", "ORIGIN", "WORKLOAD", "FINISHED"])
 
     @app.command("task")
     def task(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import hmac
+import math
 from typing import Any
 
 from aiohttp import web
@@ -175,6 +176,54 @@ async def list_tasks(request: web.Request) -> web.Response:
     return web.json_response({"tasks": tasks, "next": next_after})
 
 
+async def history(request: web.Request) -> web.Response:
+    """Finished tasks from central's SQLite history, newest first, a page at a time
+    (``limit`` 1-1,000, default 100; ``before_at`` and ``before_id``: the answer's ``next``),
+    filtered by ``phase``, ``node``, ``origin``, ``workload`` and ``since``/``until`` (unix
+    seconds, on when they finished)."""
+    query = request.query
+    numbers: dict[str, float | None] = {}
+    for name in ("since", "until", "before_at"):
+        raw = query.get(name)
+        try:
+            value = None if raw is None else float(raw)
+        except ValueError:
+            value = math.nan
+        if value is not None and not math.isfinite(value):
+            return problem(400, "Bad query", "must be a number (unix seconds)", name)
+        numbers[name] = value
+    try:
+        limit = int(query.get("limit", "100"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 1000:
+        return problem(400, "Bad query", "must be an integer in 1..1000", "limit")
+    phase = query.get("phase")
+    if phase is not None and phase not in ("exited", "failed", "cancelled"):
+        return problem(400, "Bad query", "exited, failed or cancelled", "phase")
+    origin = query.get("origin")
+    if origin is not None and origin not in _ORIGINS:
+        return problem(400, "Bad query", "central or node", "origin")
+    before_at = numbers["before_at"]  # (before_id only orders the rows finished at it)
+    engine = _central(request)
+    await engine.record_history()  # what finished since the last pass, first
+    rows = await engine.store.finished_tasks(
+        phase=phase,
+        node=query.get("node"),
+        origin=origin,
+        workload=query.get("workload"),
+        since=numbers["since"],
+        until=numbers["until"],
+        before=None if before_at is None else (before_at, query.get("before_id", "")),
+        limit=limit,
+    )
+    last = rows[-1] if len(rows) == limit else None
+    next_page = (
+        None if last is None else {"before_at": last["finished_at"], "before_id": last["id"]}
+    )
+    return web.json_response({"tasks": rows, "next": next_page})
+
+
 async def get_task(request: web.Request) -> web.Response:
     engine = _central(request)
     task_id = request.match_info["id"]
@@ -303,6 +352,7 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app.router.add_get("/v1/tasks", list_tasks)
     app.router.add_post("/v1/tasks", submit)
     app.router.add_get("/v1/tasks/{id}", get_task)
+    app.router.add_get("/v1/history", history)
     app.router.add_delete("/v1/tasks/{id}", cancel)
     app.router.add_post("/v1/tasks/{id}/migrate", migrate)
     app.router.add_get("/v1/events", events)

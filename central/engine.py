@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import logging
 import math
@@ -217,6 +218,8 @@ class CentralEngine:
         #: task -> a migration whose target has not run it yet (in memory: after a restart
         #: the reconcile rule settles the two copies)
         self._migrations: dict[str, _Migration] = {}
+        #: tasks changed since the history last looked (record_history)
+        self._history_due: set[str] = set()
         self.liveness = Liveness(
             clock, site_of=self._site_of, silent_after_s=self.central.silent_after_s
         )
@@ -386,6 +389,36 @@ class CentralEngine:
             written = await self.replicas.persist_changed()
             if written:
                 self.metrics.snapshots.inc(written)
+            await self.record_history()
+
+    async def record_history(self) -> int:
+        """Store in central's history (SQLite ``finished_tasks``) every task that changed
+        since the last call and whose lifecycle is final: kept past the documents' retention,
+        queryable at ``GET /v1/history``. Returns how many were written."""
+        if self.fleet is None:
+            return 0
+        self.sync_index()
+        due = self._history_due
+        if len(due) > HISTORY_PER_PASS:  # (a start: every task due at once; a slice a pass)
+            batch = sorted(itertools.islice(due, HISTORY_PER_PASS))
+            due.difference_update(batch)
+        else:
+            batch, self._history_due = sorted(due), set()
+        rows = []
+        for task_id in batch:
+            view = self.any_task_view(task_id)
+            if view is None or view["phase"] not in _FINAL or view["finished_at"] is None:
+                continue
+            copies = self.index.copies_of(task_id)
+            held = copies.get(view["node"]) if view["node"] else None
+            spec = view.get("spec")
+            view["workload"] = (
+                spec["workload"] if spec else held.workload if held is not None else "default"
+            )
+            rows.append(view)
+        if rows:
+            await self.store.record_finished(rows)
+        return len(rows)
 
     async def _cold_loop(self) -> None:
         """Freeze the documents unused since the last sweep: every ``cold_after_s`` all of
@@ -610,6 +643,7 @@ class CentralEngine:
             for key, entry in _changed(keys, every, fleet.assignment, index.assignments):
                 old = index.assignments.get(key)
                 if entry != old:
+                    self._history_due.add(key)
                     index.set_assignment(key, entry)
                     if desired is not None:
                         desired.assignment(key, old, entry)
@@ -649,6 +683,7 @@ class CentralEngine:
             self.index.update_node(
                 node_id, NodeView(doc.registration(), tasks, doc.power_report()), changed
             )
+            self._history_due.update(tasks.keys() if changed is None else changed)
         self.index.set_fresh(node_id, self.is_fresh(node_id))
 
     async def submit(self, spec: TaskSpec, pin: str | None = None) -> dict[str, Any]:
@@ -1575,6 +1610,13 @@ class CentralEngine:
         for channel, reasons in status["refused"].items():
             for reason, count in reasons.items():
                 self.metrics.refused.labels(channel, reason).set(count)
+
+
+#: How many changed tasks one pass of :meth:`CentralEngine.record_history` looks at (the
+#: rest wait for the next pass, one snapshot interval later): at a start every task is due.
+HISTORY_PER_PASS = 5_000
+#: Final phases: a task in one of them goes into central's history.
+_FINAL = frozenset({Phase.EXITED.value, Phase.FAILED.value, Phase.CANCELLED.value})
 
 
 @dataclass(frozen=True, slots=True)

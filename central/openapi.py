@@ -235,6 +235,30 @@ def _central_schemas() -> dict[str, Schema]:
                 ),
             }
         ),
+        "History": oa.obj(
+            {
+                "tasks": {
+                    "type": "array",
+                    "items": oa.obj(
+                        {
+                            "id": oa.STR,
+                            "phase": {"type": "string", "enum": ["exited", "failed", "cancelled"]},
+                            "finished_at": oa.NUMBER,
+                            "workload": oa.STR,
+                        },
+                        closed=False,
+                        description="a task view (TaskView) as it was when it finished, and "
+                        "its workload class",
+                    ),
+                },
+                "next": oa.nullable(
+                    oa.obj(
+                        {"before_at": oa.NUMBER, "before_id": oa.STR},
+                        description="the next page's before_at and before_id",
+                    )
+                ),
+            }
+        ),
         "Event": oa.obj(
             {
                 "at": oa.NUMBER,
@@ -596,6 +620,35 @@ def _central_paths() -> dict[str, Schema]:
                 "decided it (cancel it at that node).",
                 params=[oa.path_id("task id")],
             ),
+        },
+        "/v1/history": {
+            "get": oa.op(
+                "listHistory",
+                "Finished tasks from central's history (SQLite), newest first",
+                tasks_tag,
+                {"200": oa.content(oa.ref("History"), "a page"), **oa.problems(400, 401)},
+                description=read + " Every task central placed or a node decided, once it "
+                "exited, failed or was cancelled; kept past the documents' retention.",
+                params=[
+                    oa.query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": 1000},
+                        "rows per page (default 100)",
+                    ),
+                    oa.query("before_at", oa.NUMBER, "the page starts after (next.before_at)"),
+                    oa.query("before_id", oa.STR, "with before_at (next.before_id)"),
+                    oa.query(
+                        "phase",
+                        {"type": "string", "enum": ["exited", "failed", "cancelled"]},
+                        "only",
+                    ),
+                    oa.query("node", oa.STR, "only those that ran on this node"),
+                    oa.query("origin", {"type": "string", "enum": ["central", "node"]}, "only"),
+                    oa.query("workload", oa.STR, "only this workload class"),
+                    oa.query("since", oa.NUMBER, "finished at or after (unix seconds)"),
+                    oa.query("until", oa.NUMBER, "finished before (unix seconds)"),
+                ],
+            )
         },
         "/v1/tasks/{id}/migrate": {
             "post": oa.op(

@@ -181,6 +181,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             UPDATE task_state_counts SET n = n - 1 WHERE state = OLD.state;
         END""",
     ),
+    # 6: central's history of finished tasks (issue 14): one row per task once its
+    # lifecycle is final (core/lifecycle.py), kept past the documents' retention
+    (
+        """CREATE TABLE finished_tasks (
+            id TEXT PRIMARY KEY,
+            phase TEXT NOT NULL,
+            node TEXT NOT NULL,
+            origin TEXT NOT NULL,
+            workload TEXT NOT NULL,
+            finished_at REAL NOT NULL,
+            body TEXT NOT NULL
+        )""",
+        "CREATE INDEX finished_by_at ON finished_tasks (finished_at, id)",
+        "CREATE INDEX finished_by_node ON finished_tasks (node, finished_at)",
+    ),
 )
 #: The schema version this code writes.
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -434,6 +449,76 @@ class Store:
         return await self._read("cannot read decisions", body)
 
     # ------------------------------------------------------------------ history
+
+    async def record_finished(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Central's history: each row (a task view with ``id``, ``phase``, ``node``,
+        ``origin``, ``workload`` and ``finished_at``) stored, replacing the task's earlier
+        row (a task that ran again finishes again). One transaction."""
+        data = [
+            (
+                str(r["id"]),
+                str(r["phase"]),
+                str(r.get("node") or ""),
+                str(r["origin"]),
+                str(r.get("workload") or "default"),
+                float(r["finished_at"]),
+                json.dumps(r, sort_keys=True, separators=(",", ":"), allow_nan=False),
+            )
+            for r in rows
+        ]
+        if not data:
+            return
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT OR REPLACE INTO finished_tasks "
+                "(id, phase, node, origin, workload, finished_at, body) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                data,
+            )
+
+        await self._write("cannot record finished tasks", body)
+
+    async def finished_tasks(
+        self,
+        *,
+        phase: str | None = None,
+        node: str | None = None,
+        origin: str | None = None,
+        workload: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        before: tuple[float, str] | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """Finished tasks, newest first (by ``finished_at``, then id), filtered; ``before``:
+        the ``(finished_at, id)`` of the last row of the page before."""
+        where: list[str] = []
+        params: list[object] = []
+        for column, value in (("phase", phase), ("node", node), ("origin", origin),
+                              ("workload", workload)):  # fmt: skip
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if since is not None:
+            where.append("finished_at >= ?")
+            params.append(since)
+        if until is not None:
+            where.append("finished_at < ?")
+            params.append(until)
+        if before is not None:
+            where.append("(finished_at < ? OR (finished_at = ? AND id > ?))")
+            params += [before[0], before[0], before[1]]
+        sql = "SELECT body FROM finished_tasks"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY finished_at DESC, id LIMIT ?"
+        params.append(limit)
+
+        def body(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            return [json.loads(text) for (text,) in conn.execute(sql, params).fetchall()]
+
+        return await self._read("cannot read finished tasks", body)
 
     async def task_counts(self) -> dict[TaskState, int]:
         """Tasks in the hot table per state (kept by triggers: no scan of the tasks)."""

@@ -72,6 +72,10 @@ async def test_the_operators_commands(broker: Broker, tmp_path: Path) -> None:
         assert refused.returncode == 2 and "already finished (failed, exit code 7)" in (
             refused.stderr
         )
+        history = await asyncio.to_thread(cli, central, "history", "--phase", "failed")
+        assert history.stdout.splitlines()[1].split()[:6] == [
+            "job", "failed", "gw-a", "7", "central", "default"
+        ], history.stdout  # fmt: skip
         missing = await asyncio.to_thread(cli, central, "task", "nope")
         assert missing.returncode == 2 and "no task 'nope'" in missing.stderr
         wrong = await asyncio.to_thread(cli, central, "tasks", token="not-the-token")

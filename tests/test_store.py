@@ -1051,3 +1051,38 @@ async def test_a_long_hold_of_the_store_is_logged_with_what_held_it(
     (line,) = [r.getMessage() for r in caplog.records if "SQLite held" in r.getMessage()]
     assert line.startswith("SQLite held 0.1") and "by a transaction of task " in line
     assert "it waited 0.0" in line
+
+
+async def test_central_history_of_finished_tasks_filters_and_pages(tmp_path: Path) -> None:
+    """``finished_tasks``: one row per task (a task finished again replaces its row), newest
+    first, filtered by phase, node, origin, workload and time, a page after another."""
+    store = await Store.open(tmp_path / "central.db")
+    try:
+        rows = [
+            {"id": f"t{i:02d}", "phase": ("exited", "failed", "cancelled")[i % 3],
+             "node": f"gw-{i % 2}", "origin": ("central", "node")[i % 2],
+             "workload": ("web", "batch")[i % 2], "finished_at": 1000.0 + i // 2,
+             "exit_code": i % 3}
+            for i in range(20)
+        ]  # fmt: skip
+        await store.record_finished(rows)
+        await store.record_finished([{**rows[0], "phase": "failed", "finished_at": 2000.0}])
+        newest = await store.finished_tasks(limit=3)
+        assert [r["id"] for r in newest] == ["t00", "t18", "t19"]  # t00 ran again, last
+        assert newest[0]["phase"] == "failed"
+        seen: list[str] = []
+        before = None
+        while True:
+            page = await store.finished_tasks(limit=6, before=before)
+            seen += [r["id"] for r in page]
+            if len(page) < 6:
+                break
+            before = (page[-1]["finished_at"], page[-1]["id"])
+        assert sorted(seen) == sorted(r["id"] for r in rows) and len(seen) == 20
+        failed = await store.finished_tasks(phase="failed", node="gw-1", limit=100)
+        assert {r["id"] for r in failed} == {f"t{i:02d}" for i in range(20)
+                                            if i % 3 == 1 and i % 2 == 1}  # fmt: skip
+        window = await store.finished_tasks(since=1002.0, until=1004.0, workload="web", limit=100)
+        assert {r["id"] for r in window} == {"t04", "t06"}
+    finally:
+        await store.close()

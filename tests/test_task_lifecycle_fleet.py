@@ -140,3 +140,29 @@ async def test_every_task_shows_at_central_with_its_end(broker: Broker, tmp_path
             )
             code, bad = await asyncio.to_thread(central.get, "/v1/tasks?phase=done")
             assert code == 400 and bad["field"] == "phase"
+
+            # Central's history (SQLite): every finished task, newest first, page by page.
+            finished = {t for t, (phase, *_rest) in EXPECTED.items() if phase != "running"}
+            pages: list[dict[str, Any]] = []
+            query = "/v1/history?limit=3"
+            while True:
+                code, page = await asyncio.to_thread(central.get, query)
+                assert code == 200, page
+                pages += page["tasks"]
+                if page["next"] is None:
+                    break
+                nxt = page["next"]
+                query = (
+                    f"/v1/history?limit=3&before_at={nxt['before_at']}&before_id={nxt['before_id']}"
+                )
+            assert sorted(r["id"] for r in pages) == sorted(finished)  # each once
+            assert [r["finished_at"] for r in pages] == sorted(
+                (r["finished_at"] for r in pages), reverse=True
+            )
+            by_id = {r["id"]: r for r in pages}
+            assert all(by_id[t]["phase"] == EXPECTED[t][0] for t in finished)
+            assert by_id["cut-fail"]["exit_code"] == 5 and by_id["c-fail"]["workload"] == "default"
+            code, failed = await asyncio.to_thread(central.get, "/v1/history?phase=failed")
+            assert {r["id"] for r in failed["tasks"]} == {"c-fail", "n-fail", "cut-fail"}
+            code, on_b = await asyncio.to_thread(central.get, "/v1/history?node=gw-b&origin=node")
+            assert {r["id"] for r in on_b["tasks"]} == {"cut-short", "cut-fail"}
