@@ -164,5 +164,7 @@ async def test_every_task_shows_at_central_with_its_end(broker: Broker, tmp_path
             assert by_id["cut-fail"]["exit_code"] == 5 and by_id["c-fail"]["workload"] == "default"
             code, failed = await asyncio.to_thread(central.get, "/v1/history?phase=failed")
             assert {r["id"] for r in failed["tasks"]} == {"c-fail", "n-fail", "cut-fail"}
-            code, on_b = await asyncio.to_thread(central.get, "/v1/history?node=gw-b&origin=node")
-            assert {r["id"] for r in on_b["tasks"]} == {"cut-short", "cut-fail"}
+            code, ran_on_b = await asyncio.to_thread(
+                central.get, "/v1/history?node=gw-b&origin=node"
+            )
+            assert {r["id"] for r in ran_on_b["tasks"]} == {"cut-short", "cut-fail"}
