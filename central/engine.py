@@ -406,9 +406,17 @@ class CentralEngine:
             batch, self._history_due = sorted(due), set()
         rows = []
         for task_id in batch:
-            view = self.any_task_view(task_id)
-            if view is None or view["phase"] not in _FINAL or view["finished_at"] is None:
+            entry = self.index.assignments.get(task_id)
+            if entry is None and task_id not in self.index.holders:
                 continue
+            life = self.lifecycle_of(task_id, entry)  # (cheap: the whole view only if final)
+            if life.phase.value not in _FINAL or life.finished_at is None:
+                continue
+            view = (
+                self.task_view(task_id, entry)
+                if entry is not None
+                else self.local_task_view(task_id)
+            )
             copies = self.index.copies_of(task_id)
             held = copies.get(view["node"]) if view["node"] else None
             spec = view.get("spec")

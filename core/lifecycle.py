@@ -187,7 +187,13 @@ def lifecycle(
             or None
         ),
         started_at=current.started_at if current is not None else None,
-        finished_at=current.updated_at if finished and current is not None else None,
+        finished_at=(
+            current.updated_at
+            if finished and current is not None
+            else assigned.at
+            if phase is Phase.CANCELLED and assigned is not None
+            else None
+        ),
         decided_by=(
             current.decided_by
             if current is not None and current.decided_by
