@@ -409,6 +409,11 @@ class CentralEngine:
             entry = self.index.assignments.get(task_id)
             if entry is None and task_id not in self.index.holders:
                 continue
+            cancelled = entry is not None and entry.state is AssignmentState.CANCELLED
+            if not cancelled and not any(
+                c.state.terminal for c in self.index.copies_of(task_id).values()
+            ):
+                continue  # (most are: running; nothing of theirs can be final)
             life = self.lifecycle_of(task_id, entry)  # (cheap: the whole view only if final)
             if life.phase.value not in _FINAL or life.finished_at is None:
                 continue
