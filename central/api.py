@@ -159,7 +159,8 @@ async def list_tasks(request: web.Request) -> web.Response:
     start = bisect.bisect_right(ids, after) if after else 0
     tasks: list[dict[str, Any]] = []
     next_after = None
-    for task_id in ids[start:]:
+    for i in range(start, len(ids)):  # (positions: a SortedList indexes in O(log n))
+        task_id = ids[i]
         if len(tasks) == limit:
             next_after = tasks[-1]["id"]
             break

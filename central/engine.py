@@ -38,7 +38,7 @@ import math
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -899,9 +899,10 @@ class CentralEngine:
         ]
         return lifecycle(assigned, copies, self.reach)
 
-    def task_ids(self) -> list[str]:
-        """Every task central knows, in id order: those it placed and those the nodes decided."""
-        return sorted(self.index.assignments.keys() | self.index.holders.keys())
+    def task_ids(self) -> Sequence[str]:
+        """Every task central knows, in id order: those it placed and those the nodes decided
+        (the index keeps them sorted)."""
+        return self.index.task_ids
 
     def any_task_view(self, task_id: str) -> dict[str, Any] | None:
         """:meth:`task_view` of a task central placed, :meth:`local_task_view` of one a node

@@ -253,6 +253,9 @@ def check(world: World, index: FleetIndex) -> None:
         for t, e in world.assignments.items()
         if e.active and not (views.get(e.node) is not None and t in views[e.node].tasks)
     ]
+    # every task id central knows (placed by it or reported by a node), kept sorted
+    reporting = {t for v in views.values() for t in v.tasks}
+    assert list(index.task_ids) == sorted(world.assignments.keys() | reporting)
     want = NodeTable.build(view.nodes, placements)
     got = index.table()
     assert table_facts(got) == table_facts(want)
