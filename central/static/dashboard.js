@@ -508,11 +508,16 @@
         .sort()
         .map(([node, c]) => node + " (" + (c.state || "?") + ", e" + (c.epoch ?? "?") + ")");
       const running = (task.running_on || []).join(", ");
+      // the task's own state fleet-wide (its lifecycle), not central's assignment
+      const phase = task.phase || task.state;
+      const shown = task.exit_code != null && phase === "failed"
+        ? phase + " (" + task.exit_code + ")"
+        : task.unknown_since != null ? phase + " (cut off)" : phase;
       const row = el(
         "tr",
-        { "data-task": task.id, "data-state": task.state || "" },
+        { "data-task": task.id, "data-state": phase || "" },
         cell("task", task.id, "mono"),
-        cell("state", task.state, "tstate-" + task.state),
+        cell("state", shown, "tstate-" + phase),
         cell("node", task.node),
         el(
           "td",
