@@ -284,7 +284,9 @@ async def browser_scenario(
     await expect(page.locator("#count-connected")).to_have_text("2")
     await expect(page.locator('tr[data-task="svc"]')).to_contain_text("gw-b")
     # the task's own state (its lifecycle), not central's "active"
-    await expect(page.locator('tr[data-task="svc"]')).to_have_attribute("data-state", "running")
+    await expect(page.locator('tr[data-task="svc"]')).to_have_attribute(
+        "data-state", "running", timeout=WAIT_MS
+    )
     await expect(page.locator("#events")).to_contain_text("placed")
 
     # The mode switch: the header and the API both say energy.
