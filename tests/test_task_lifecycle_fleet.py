@@ -76,9 +76,11 @@ async def test_every_task_shows_at_central_with_its_end(broker: Broker, tmp_path
 
             def connected() -> bool:
                 nodes = central.get("/v1/nodes")[1]["nodes"]
-                return len(nodes) == 2 and all(n["state"] == "connected" for n in nodes)
+                # (and each node heard central: a node starts autonomous until it does)
+                heard = all(n.get("/v1/status")[1]["mode"] == "connected" for n in (a, b))
+                return heard and len(nodes) == 2 and all(n["state"] == "connected" for n in nodes)
 
-            await until(connected, 30, "both nodes connected")
+            await until(connected, 30, "both nodes connected, and hearing central")
             # At central, pinned to gw-a; at gw-a's own API.
             for payload in (
                 body("c-short", "true", node="gw-a"),
@@ -122,7 +124,7 @@ async def test_every_task_shows_at_central_with_its_end(broker: Broker, tmp_path
             at_b = await asyncio.to_thread(b.tasks)
             for task_id in ("cut-short", "cut-fail", "cut-long"):  # as the node has it
                 assert tasks[task_id]["decided_by"] == at_b[task_id]["decided_by"]
-                assert tasks[task_id]["decided_by"].startswith("edge-")
+                assert tasks[task_id]["decided_by"] == "edge-autonomous"  # past the lease
             assert tasks["c-short"]["finished_at"] is not None
             running = await asyncio.to_thread(central_tasks, central, phase="running")
             assert set(running) == {"c-long", "cut-long"}
