@@ -425,6 +425,10 @@ class CentralConfig:
     #: 1,000/s: 20,000 documents (10,000 nodes) resync within 20 s of a connect, inside
     #: ``silent_after_s`` (the nodes' answers are signs of life too)
     resync_per_s: float = 1000.0
+    #: An assignment its node has not taken up this long after it was made, while the node is
+    #: connected and its document fresh, is placed again (a node that ignored it: a task of
+    #: its own with that id). 0: never.
+    take_up_s: float = 30.0
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
@@ -698,6 +702,7 @@ def _parse_central(t: _Table) -> CentralConfig:
             shards=t.integer("shards", d.shards, low=1),
             lease_ttl_s=t.number("lease_ttl_s", d.lease_ttl_s, low=2),
             silent_after_s=t.number("silent_after_s", d.silent_after_s, low=0),
+            take_up_s=t.number("take_up_s", d.take_up_s, low=0),
             cold_after_s=t.number("cold_after_s", d.cold_after_s, low=0),
             replica_cold_after_s=t.number("replica_cold_after_s", d.replica_cold_after_s, low=0),
             resync_per_s=t.number("resync_per_s", d.resync_per_s, low=0, low_open=True),

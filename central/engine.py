@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import heapq
 import itertools
 import json
 import logging
@@ -220,6 +221,8 @@ class CentralEngine:
         self._migrations: dict[str, _Migration] = {}
         #: tasks changed since the history last looked (record_history)
         self._history_due: set[str] = set()
+        #: (when, task, node, epoch): placements to check were taken up (a heap)
+        self._take_up: list[tuple[float, str, str, int]] = []
         self.liveness = Liveness(
             clock, site_of=self._site_of, silent_after_s=self.central.silent_after_s
         )
@@ -771,7 +774,40 @@ class CentralEngine:
         )  # fmt: skip
         self._event("placed", f"{spec.id} on {choice.node_id}: {choice.reason}",
                     node=choice.node_id, task=spec.id)  # fmt: skip
+        self._await_take_up(spec.id, choice.node_id, epoch, now)
         return choice.node_id
+
+    def _await_take_up(self, task_id: str, node_id: str, epoch: int, now: float) -> None:
+        """Look, ``take_up_s`` after, whether ``node_id`` took up the task at ``epoch``."""
+        if self.central.take_up_s > 0:
+            heapq.heappush(self._take_up, (now + self.central.take_up_s, task_id, node_id, epoch))
+
+    def _check_take_up(self, now: float, mine: Shards | None) -> None:
+        """Assignments due a look (:meth:`_await_take_up`): one its node, connected and
+        fresh, has not taken up (no copy of its epoch there) is placed again, at the next
+        epoch, with the reason; one whose node is away is left to the failover; one whose
+        node is still resyncing is looked at again later."""
+        due = self._take_up
+        while due and due[0][0] <= now:
+            _, task_id, node_id, epoch = heapq.heappop(due)
+            entry = self.index.assignments.get(task_id)
+            if entry is None or not entry.active or (entry.node, entry.epoch) != (node_id, epoch):
+                continue  # moved, cancelled, finished and forgotten
+            if mine is not None and not mine(task_id):
+                continue
+            copy = self.index.copies_of(task_id).get(node_id)
+            if copy is not None and copy.assignment is not None and copy.assignment.epoch >= epoch:
+                continue  # taken up
+            if self.node_state(node_id) != "connected":
+                continue  # away: the failover's to handle
+            if not self.is_fresh(node_id):
+                self._await_take_up(task_id, node_id, epoch, now)  # resyncing: later
+                continue
+            reason = (
+                f"{node_id} did not take it up within {self.central.take_up_s:g} s (epoch {epoch})"
+            )
+            self._pending(entry.task_spec, entry.pin or None, epoch + 1, reason)
+            self._event("not-taken-up", f"{task_id}: {reason}", node=node_id, task=task_id)
 
     def _pending(self, spec: TaskSpec, pin: str | None, epoch: int, reason: str) -> None:
         current = _need(self.fleet).assignment(spec.id)
@@ -823,6 +859,7 @@ class CentralEngine:
             )  # fmt: skip
             if source:  # (stopped there once the target runs it: see _finish_migrations)
                 self._migrations[task_id] = _Migration(source, epoch, target, epoch + 1)
+            self._await_take_up(task_id, target, epoch + 1, now)
             self._event("migrated", f"{task_id}: {source} -> {target}", node=target, task=task_id)
             self.sync_index()  # projected now (see submit)
         await _need(self._fleet_journal).flushed()  # the assignment on disk
@@ -1017,6 +1054,9 @@ class CentralEngine:
         self.sync_index()
         if self._migrations:
             self._finish_migrations(now)
+            self.sync_index()
+        if self._take_up and self._take_up[0][0] <= now:
+            self._check_take_up(now, mine)
             self.sync_index()
         self._reconcile(now, mine)
         self.sync_index()
@@ -1217,6 +1257,7 @@ class CentralEngine:
             )  # fmt: skip
             self._event("failover", f"{spec.id}: {old} -> {choice.node_id} (epoch {epoch})",
                         node=choice.node_id, task=spec.id)  # fmt: skip
+            self._await_take_up(spec.id, choice.node_id, epoch, now)
 
     def _prune(self, now: float, mine: Shards | None = None) -> None:
         """Forget assignments finished (or cancelled) longer than the retention ago."""

@@ -170,3 +170,34 @@ async def test_every_task_shows_at_central_with_its_end(broker: Broker, tmp_path
                 central.get, "/v1/history?node=gw-b&origin=node"
             )
             assert {r["id"] for r in ran_on_b["tasks"]} == {"cut-short", "cut-fail"}
+
+
+async def test_an_assignment_a_node_does_not_take_up_is_placed_again(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """gw-a holds a task of its own named ``clash`` and so ignores central's assignment of
+    that id: central notices within ``take_up_s`` (the node connected and fresh, no copy of
+    the epoch there) and places it again, at the next epoch, saying why (issue 14)."""
+    async with central_and_nodes(
+        tmp_path,
+        broker.port,
+        {"gw-a": broker.port},
+        central={"take_up_s": 1.5},
+        edge=lambda _n, _d: {"centrals": ["central"]},
+    ) as (central, nodes):
+        a = nodes["gw-a"]
+        await until(
+            lambda: [n["state"] for n in central.get("/v1/nodes")[1]["nodes"]] == ["connected"],
+            30,
+            "gw-a connected",
+        )
+        await asyncio.to_thread(post, a, body("clash", "sleep", "300"))
+        await asyncio.to_thread(post, central, body("clash", "sleep", "300", node="gw-a"))
+
+        def noticed() -> list[str]:
+            events = central.get("/v1/events")[1]["events"]
+            return [e["detail"] for e in events if e["kind"] == "not-taken-up"]
+
+        details = await until(noticed, 30, "central noticing gw-a did not take it up")
+        assert "gw-a did not take it up within 1.5 s (epoch 1)" in details[0], details
+        await until(lambda: central.get("/v1/tasks/clash")[1]["epoch"] >= 2, 10, "placed again")
