@@ -70,6 +70,22 @@ def _frames(
     return tuple(wire.encode(wire.Kind.UPDATE, doc, client_id_for(node_id), payload, epoch=epoch))
 
 
+def _forgery(
+    name: str,
+    doc_name: str,
+    node_id: str,
+    doc: Doc[Any],
+    before: bytes | None,
+    channel: str,
+    epoch: int = 0,
+) -> Forgery:
+    """What ``doc`` changed since ``before`` (None: all of it), as ``node_id`` publishes it
+    on its own topic of ``doc_name`` (at ``epoch``)."""
+    update = doc.get_update() if before is None else doc.get_update(before)
+    frames = _frames(doc_name, node_id, update, doc.get_state(), epoch=epoch)
+    return Forgery(name, doc_name, wire.sync_topic(doc_name, node_id), frames, channel)
+
+
 def _continued(state: bytes, client_id: int) -> tuple[Doc[Any], bytes]:
     """A pycrdt document holding ``state`` whose own client id is ``client_id``: its next
     local change continues that client's clocks. Returns it and its state vector before."""
@@ -82,28 +98,14 @@ def policy_continuation(state: bytes, central_id: str, node_id: str, mode: str) 
     """``mode`` written into the policy under ``central_id``'s client id, after its clocks."""
     doc, before = _continued(state, client_id_for(central_id))
     doc.get("policy", type=Map)["mode"] = mode
-    update = doc.get_update(before)
-    return Forgery(
-        "policy-continuation",
-        POLICY,
-        wire.sync_topic(POLICY, node_id),
-        _frames(POLICY, node_id, update, doc.get_state()),
-        "policy",
-    )
+    return _forgery("policy-continuation", POLICY, node_id, doc, before, "policy")
 
 
 def policy_new_root(state: bytes, central_id: str, node_id: str) -> Forgery:
     """A root no schema reads, added under ``central_id``'s client id."""
     doc, before = _continued(state, client_id_for(central_id))
     doc.get("hidden", type=Map)["payload"] = "x" * 64
-    update = doc.get_update(before)
-    return Forgery(
-        "policy-new-root",
-        POLICY,
-        wire.sync_topic(POLICY, node_id),
-        _frames(POLICY, node_id, update, doc.get_state()),
-        "policy",
-    )
+    return _forgery("policy-new-root", POLICY, node_id, doc, before, "policy")
 
 
 def desired_pure_delete(state: bytes, node_id: str, task_id: str) -> Forgery:
@@ -115,14 +117,7 @@ def desired_pure_delete(state: bytes, node_id: str, task_id: str) -> Forgery:
     if task_id not in assignments:
         raise ValueError(f"{name} holds no assignment of {task_id!r}")
     del assignments[task_id]
-    update = doc.get_update(before)
-    return Forgery(
-        "desired-pure-delete",
-        name,
-        wire.sync_topic(name, node_id),
-        _frames(name, node_id, update, doc.get_state()),
-        "desired",
-    )
+    return _forgery("desired-pure-delete", name, node_id, doc, before, "desired")
 
 
 def desired_forged_assignment(
@@ -137,14 +132,7 @@ def desired_forged_assignment(
         "spec": {"id": task_id, "command": list(command), "cpu": 0.05, "mem_gib": 0.05},
     }
     doc.get("assignments", type=Map)[task_id] = json.dumps(entry)
-    update = doc.get_update(before)
-    return Forgery(
-        "desired-forged-assignment",
-        name,
-        wire.sync_topic(name, node_id),
-        _frames(name, node_id, update, doc.get_state()),
-        "desired",
-    )
+    return _forgery("desired-forged-assignment", name, node_id, doc, before, "desired")
 
 
 def node_doc_other_author(node_id: str, other_id: str, task_id: str) -> Forgery:
@@ -152,14 +140,7 @@ def node_doc_other_author(node_id: str, other_id: str, task_id: str) -> Forgery:
     name = f"node-{node_id}"
     doc: Doc[Any] = Doc(client_id=client_id_for(other_id))
     doc.get("tasks", type=Map)[task_id] = json.dumps({"state": "running", "node": other_id})
-    update = doc.get_update()
-    return Forgery(
-        "node-doc-other-author",
-        name,
-        wire.sync_topic(name, node_id),
-        _frames(name, node_id, update, doc.get_state()),
-        "node",
-    )
+    return _forgery("node-doc-other-author", name, node_id, doc, None, "node")
 
 
 def epoch_jump(node_id: str, epoch: int = wire.MAX_EPOCH) -> Forgery:
@@ -167,14 +148,7 @@ def epoch_jump(node_id: str, epoch: int = wire.MAX_EPOCH) -> Forgery:
     name = f"node-{node_id}"
     doc: Doc[Any] = Doc(client_id=client_id_for(node_id))
     doc.get("tasks", type=Map)["decoy"] = json.dumps({"state": "running"})
-    update = doc.get_update()
-    return Forgery(
-        "epoch-jump",
-        name,
-        wire.sync_topic(name, node_id),
-        _frames(name, node_id, update, doc.get_state(), epoch=epoch),
-        "node",
-    )
+    return _forgery("epoch-jump", name, node_id, doc, None, "node", epoch=epoch)
 
 
 class Attacker:
