@@ -1314,6 +1314,10 @@ class CentralEngine:
         for settled in index.settlements(self.reconcile_policy, limit=RECHECK_PER_STEP):
             if mine is not None and not mine(settled.task_id):
                 continue
+            if settled.task_id in self._migrations:
+                # the operator's move: its target's copy is not running yet; once it is, the
+                # source is ordered stopped (_finish_migrations) and there is nothing to settle
+                continue
             best = settled.winner
             entry = index.assignments[settled.task_id]
             if entry.node != best.node_id:

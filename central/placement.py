@@ -377,9 +377,7 @@ def settle(
     and some loser has no stop order out yet.
 
     A copy already ordered stopped (a stop order for its node at its epoch) competes no more.
-    While central's own copy (its assignment's node and epoch) does not run yet and another
-    does, nothing is settled: stopping either would leave the task running nowhere for a
-    while, or undo central's own placement (a migration waiting for its target to start)."""
+    (A migration waiting for its target to run is not settled at all: the engine skips it.)"""
     claims = [
         c
         for c in claims
@@ -387,9 +385,6 @@ def settle(
     ]
     if len({c.node_id for c in claims}) < 2:
         return None
-    mine = [c for c in claims if c.node_id == entry.node and c.epoch == entry.epoch]
-    if mine and not any(c.running for c in mine) and any(c.running for c in claims):
-        return None  # central's copy is about to run: settle once it does
     rule = task_policy(entry, policy)
     best = winner(claims, rule)
     lost = tuple(c for c in losers(claims, rule) if f"{task_id}@{c.node_id}" not in stops)

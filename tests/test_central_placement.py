@@ -151,19 +151,20 @@ def test_reconcile_keeps_the_original_and_ignores_stale_replicas() -> None:
 
 
 def test_reconcile_never_leaves_a_service_running_nowhere() -> None:
-    """Issue 14: a copy preempted on its cut-off node never wins over a running one; central's
-    own copy waiting to start (a migration's target) is not settled against, nor stopped;
-    a copy already ordered stopped competes no more."""
+    """Issue 14: a copy preempted on its cut-off node never wins over a running one, whatever
+    the policy; a copy already ordered stopped competes no more."""
     fresh = {"a", "b"}
     rule = ReconcilePolicy.KEEP_ORIGINAL
     # the original (a, epoch 1) preempted by local work, the replacement (b, 2) running
     docs = {"a": doc({"svc": copy(1, False, "preempted")}), "b": doc({"svc": copy(2, True)})}
     (settled,) = reconcile({"svc": assigned("b", epoch=2)}, docs, {}, rule, fresh)
     assert settled.winner.node_id == "b" and [c.node_id for c in settled.losers] == ["a"]
-    # migrated to b (epoch 2), b's copy queued, a's still running: wait
-    docs = {"a": doc({"svc": copy(1, False)}), "b": doc({"svc": copy(2, False, "accepted")})}
-    assert reconcile({"svc": assigned("b", epoch=2)}, docs, {}, rule, fresh) == []
-    # once b runs it, a's copy (ordered stopped by the migration) is no competitor
+    # failed over to b (epoch 2), b's copy still queued there: a's, running, keeps it
+    docs = {"a": doc({"svc": copy(1, False)}), "b": doc({"svc": copy(2, True, "accepted")})}
+    for policy in ReconcilePolicy:
+        (settled,) = reconcile({"svc": assigned("b", epoch=2)}, docs, {}, policy, fresh)
+        assert settled.winner.node_id == "a", policy
+    # migrated to b, b runs it, a's copy ordered stopped by the migration: no competitor
     docs["b"] = doc({"svc": copy(2, False)})
     stops = {"svc@a": StopOrder(epoch=1, winner="b", at=0.0)}
     assert reconcile({"svc": assigned("b", epoch=2)}, docs, stops, rule, fresh) == []
