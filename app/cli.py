@@ -330,6 +330,42 @@ def edge_cancel(
     typer.echo(f"{record['id']}: {record['state']}")
 
 
+@edge_app.command("logs")
+def edge_logs(
+    config: ConfigOption,
+    task_id: Annotated[str, typer.Argument(help="Task id.")],
+    tail: Annotated[int, typer.Option(min=0, max=10_000, help="The last this many lines.")] = 100,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Then what it writes, until it finishes.")
+    ] = False,
+) -> None:
+    """A task's output (stdout and stderr, as the node keeps them, rotated)."""
+    import urllib.error
+    import urllib.request
+
+    from edgesched.rest.client import ApiError
+
+    client = _api_client(config, "edge")
+    path = f"/v1/tasks/{task_id}/logs?tail={tail}" + ("&follow=1" if follow else "")
+    request = urllib.request.Request(client.target.base_url + path, headers=client.target.headers())
+    try:
+        with urllib.request.urlopen(request, timeout=None if follow else 30) as answer:
+            while chunk := answer.read1(65536) if follow else answer.read():
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+                if not follow:
+                    break
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        try:
+            detail: object = json.loads(body)
+        except ValueError:
+            detail = body.decode("utf-8", "replace")
+        fail(str(ApiError(exc.code, detail, client.target.base_url + path)))
+    except (urllib.error.URLError, OSError) as exc:
+        fail(f"cannot reach the edge: {exc}")
+
+
 @node_app.command("qualify")
 def node_qualify(
     workdir: Annotated[Path, typer.Option(help="Directory for the storage probe.")] = Path("."),

@@ -11,12 +11,17 @@ problem details (``application/problem+json``) naming the field; a bad body is a
     GET    /v1/tasks/{id}
     POST   /v1/tasks               submit (TaskSpec JSON); 201 once committed to SQLite
     DELETE /v1/tasks/{id}          cancel
+    GET    /v1/tasks/{id}/logs     its output: the last ?tail=N lines, ?follow=1 then more
     GET    /v1/decisions[?task=..] recent decisions with their reasons
     GET    /metrics                Prometheus text format
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -107,6 +112,86 @@ async def cancel(request: web.Request) -> web.Response:
     return web.json_response(record_json(record))
 
 
+#: The most lines ``GET /v1/tasks/{id}/logs`` answers, and the bytes it reads for them.
+MAX_LOG_LINES = 10_000
+MAX_LOG_READ = 4 << 20
+#: How long a followed log stays open at most, and how often it looks for more.
+FOLLOW_MAX_S = 3600.0
+FOLLOW_POLL_S = 0.25
+
+
+def tail_lines(path: Path, lines: int) -> tuple[bytes, int]:
+    """The last ``lines`` lines of ``path`` (at most :data:`MAX_LOG_READ` bytes of them) and
+    the file's size then (where a follower goes on from); no file reads as empty."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - MAX_LOG_READ)
+            f.seek(start)
+            data = f.read(size - start)
+    except FileNotFoundError:
+        return b"", 0
+    parts = data.split(b"\n")
+    if parts and parts[-1] == b"":
+        parts.pop()  # (the newline ending the last line)
+    if start > 0 and parts:
+        parts = parts[1:]  # (the first may be a line cut short by the read)
+    kept = parts[-lines:] if lines else []
+    return b"".join(line + b"\n" for line in kept), size
+
+
+async def task_logs(request: web.Request) -> web.StreamResponse:
+    """A task's output (stdout and stderr), the last ``tail`` lines (100 by default, at most
+    10,000); ``follow=1``: then what it writes, as it writes it (chunked), until it has
+    finished and written nothing more, or an hour."""
+    engine = _engine(request)
+    task_id = request.match_info["id"]
+    record = await engine.store.get_task(task_id)
+    if record is None:
+        return problem(404, "Not found", f"no task {task_id!r}", "id")
+    try:
+        lines = int(request.query.get("tail", "100"))
+    except ValueError:
+        lines = -1
+    if not 0 <= lines <= MAX_LOG_LINES:
+        return problem(400, "Bad query", f"must be an integer in 0..{MAX_LOG_LINES}", "tail")
+    follow = request.query.get("follow", "0") in ("1", "true")
+    path = engine.executor.log_path(task_id)
+    head, offset = await asyncio.to_thread(tail_lines, path, lines)
+    if not follow:
+        return web.Response(body=head, content_type="text/plain", charset="utf-8")
+    response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+    await response.prepare(request)
+    await response.write(head)
+    deadline = time.monotonic() + FOLLOW_MAX_S
+    while time.monotonic() < deadline:
+        more, offset = await asyncio.to_thread(_read_from, path, offset)
+        if more:
+            await response.write(more)
+            continue
+        record = await engine.store.get_task(task_id)
+        if record is None or record.state.terminal:
+            break
+        await asyncio.sleep(FOLLOW_POLL_S)
+    await response.write_eof()
+    return response
+
+
+def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
+    """What ``path`` holds past ``offset`` (from its start again if it was rotated, i.e.
+    truncated below it), and the new offset."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < offset:
+                offset = 0
+            f.seek(offset)
+            data = f.read(min(size - offset, MAX_LOG_READ))
+    except FileNotFoundError:
+        return b"", offset
+    return data, offset + len(data)
+
+
 async def decisions(request: web.Request) -> web.Response:
     try:
         limit = min(max(int(request.query.get("limit", "100")), 1), 1000)
@@ -139,6 +224,7 @@ def build_app(engine: EdgeEngine, token: str) -> web.Application:
     app.router.add_post("/v1/tasks", submit)
     app.router.add_get("/v1/tasks/{id}", get_task)
     app.router.add_delete("/v1/tasks/{id}", cancel)
+    app.router.add_get("/v1/tasks/{id}/logs", task_logs)
     app.router.add_get("/v1/decisions", decisions)
     app.router.add_get("/metrics", metrics)
     return app

@@ -438,6 +438,10 @@ class Executor:
                 log.warning("rotating %s failed: %s", path, exc)
         return rotated
 
+    def log_path(self, task_id: str) -> Path:
+        """Where ``task_id``'s stdout and stderr go (rotated by :meth:`rotate_logs`)."""
+        return self._path(task_id, ".log")
+
     def forget(self, task_id: str) -> None:
         """Drop a finished task's exit and identity records once the engine has committed its
         outcome (its log stays). A no-op for a running task."""

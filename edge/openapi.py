@@ -229,6 +229,30 @@ def _edge_paths() -> dict[str, Schema]:
                 params=[task_id],
             ),
         },
+        "/v1/tasks/{id}/logs": {
+            "get": oa.op(
+                "getTaskLogs",
+                "A task's output (stdout and stderr), its last lines; then more with follow",
+                tag,
+                {
+                    "200": oa.content({"type": "string"}, "the lines", media="text/plain"),
+                    **oa.problems(400, 401, 404, 503),
+                },
+                params=[
+                    task_id,
+                    oa.query(
+                        "tail",
+                        {"type": "integer", "minimum": 0, "maximum": 10_000},
+                        "how many of the last lines (default 100)",
+                    ),
+                    oa.query(
+                        "follow",
+                        {"type": "string", "enum": ["0", "1", "true"]},
+                        "1: go on with what it writes until it has finished (chunked)",
+                    ),
+                ],
+            ),
+        },
         "/v1/decisions": {
             "get": oa.op(
                 "listDecisions",
