@@ -17,11 +17,11 @@ Run: ``.venv/bin/python bench/bench_signing.py``.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench_yupdate import _per_call_us
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgesched.core.task import TaskState
@@ -33,23 +33,9 @@ from edgesched.sync.signing import FrameSigning, KeyRing, Signer
 DOC = "node-gw-00001"
 
 
-def _per_second(fn: Callable[[], object], budget_s: float = 0.4, rounds: int = 5) -> float:
-    """Median over ``rounds`` of calls per second."""
-    n = 1
-    while True:  # calibrate: enough calls for ~budget/rounds seconds
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        if time.perf_counter() - start > budget_s / rounds / 4:
-            break
-        n *= 2
-    rates = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        rates.append(n / (time.perf_counter() - start))
-    return statistics.median(rates)
+def _per_second(fn: Callable[[], object]) -> float:
+    """Calls per second: the median over rounds, as ``bench_yupdate`` times a call."""
+    return 1e6 / _per_call_us(fn, budget_s=0.4)
 
 
 def payload_of(entries: int) -> bytes:

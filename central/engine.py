@@ -413,11 +413,10 @@ class CentralEngine:
             if entry is None and task_id not in self.index.holders:
                 continue
             cancelled = entry is not None and entry.state is AssignmentState.CANCELLED
-            if not cancelled and not any(
-                c.state.terminal for c in self.index.copies_of(task_id).values()
-            ):
+            reports = self.index.copies_of(task_id)
+            if not cancelled and not any(c.state.terminal for c in reports.values()):
                 continue  # (most are: running; nothing of theirs can be final)
-            life = self.lifecycle_of(task_id, entry)  # (cheap: the whole view only if final)
+            life = self.lifecycle_of(task_id, entry, reports)  # (the view only if final)
             if life.phase.value not in _FINAL or life.finished_at is None:
                 continue
             view = (
@@ -904,9 +903,14 @@ class CentralEngine:
         status = self.liveness.nodes.get(node_id)
         return Reach(self.node_state(node_id), None if status is None else status.since)
 
-    def lifecycle_of(self, task_id: str, entry: AssignmentEntry | None) -> Lifecycle:
+    def lifecycle_of(
+        self,
+        task_id: str,
+        entry: AssignmentEntry | None,
+        reports: Mapping[str, TaskReport] | None = None,
+    ) -> Lifecycle:
         """The task's one record, from central's assignment (None: a node decided it) and
-        every node's copy."""
+        every node's copy (``reports``: the index's, when the caller has read them)."""
         assigned = (
             None
             if entry is None
@@ -931,7 +935,9 @@ class CentralEngine:
                 accepted_at=report.accepted_at,
                 started_at=report.started_at,
             )
-            for node_id, report in self.index.copies_of(task_id).items()
+            for node_id, report in (
+                self.index.copies_of(task_id) if reports is None else reports
+            ).items()
             if (report.assignment is None) == (entry is None)
         ]
         return lifecycle(assigned, copies, self.reach)
@@ -955,7 +961,7 @@ class CentralEngine:
         """A task a node decided (submitted at its API, or placed by it while cut off): its
         lifecycle and its copies; no assignment of central's."""
         copies = self.index.copies_of(task_id)
-        life = self.lifecycle_of(task_id, None)
+        life = self.lifecycle_of(task_id, None, copies)
         return {
             "id": task_id,
             "state": None,
@@ -988,7 +994,7 @@ class CentralEngine:
         return {
             "id": task_id,
             "state": entry.state.value,
-            **_lifecycle_fields(self.lifecycle_of(task_id, entry)),
+            **_lifecycle_fields(self.lifecycle_of(task_id, entry, copies)),
             "node": entry.node or None,
             "epoch": entry.epoch,
             "replacement": entry.replacement,
