@@ -236,7 +236,9 @@ def write_edge_config(
     return config, state
 
 
-def write_central_config(tmp_path: Path, mqtt_port: int, **central: Any) -> tuple[Path, Path]:
+def write_central_config(
+    tmp_path: Path, mqtt_port: int, *, mqtt: Mapping[str, Any] | None = None, **central: Any
+) -> tuple[Path, Path]:
     state = tmp_path / "central-state"
     settings = {
         "central_id": "central",
@@ -248,6 +250,7 @@ def write_central_config(tmp_path: Path, mqtt_port: int, **central: Any) -> tupl
     }
     lines = ["[central]"] + [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
     lines += ["[central.mqtt]", f"port = {mqtt_port}", "keepalive_s = 2"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in (mqtt or {}).items()]
     config = tmp_path / "central.toml"
     config.write_text("\n".join(lines) + "\n")
     return config, state
@@ -281,12 +284,17 @@ async def central_and_nodes(
     central: Mapping[str, Any] | None = None,
     policy: Mapping[str, Any] | None = None,
     edge: Callable[[str, Path], Mapping[str, Any]] | None = None,
+    central_mqtt: Mapping[str, Any] | None = None,
+    edge_mqtt: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> AsyncIterator[tuple[EdgeNode, dict[str, EdgeNode]]]:
-    """Central (MQTT on ``central_port``, ``[central]`` extras, an optional ``[policy]``)
-    and one edge node per ``node_ports`` entry (node ``n`` talks MQTT on ``node_ports[n]``,
-    lease 2 s, ``edge(n, its dir)`` extras) as processes; all stopped and their tasks killed
+    """Central (MQTT on ``central_port``, ``[central]`` extras, an optional ``[policy]``,
+    ``[central.mqtt]`` extras) and one edge node per ``node_ports`` entry (node ``n`` talks
+    MQTT on ``node_ports[n]``, lease 2 s, ``edge(n, its dir)`` extras and
+    ``edge_mqtt(n)`` ``[edge.mqtt]`` extras) as processes; all stopped and their tasks killed
     after."""
-    config, state = write_central_config(tmp_path, central_port, **(central or {}))
+    config, state = write_central_config(
+        tmp_path, central_port, mqtt=central_mqtt, **(central or {})
+    )
     if policy:
         with config.open("a") as out:
             out.write("[policy]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in policy.items()))
@@ -298,9 +306,8 @@ async def central_and_nodes(
             d = tmp_path / node_id
             d.mkdir()
             extra = dict(edge(node_id, d)) if edge is not None else {}
-            cfg, st = write_edge_config(
-                d, port, node_id=node_id, lease_s=2.0, mqtt={"reconnect_max_s": 1.0}, **extra
-            )
+            mqtt = {"reconnect_max_s": 1.0, **(edge_mqtt(node_id) if edge_mqtt else {})}
+            cfg, st = write_edge_config(d, port, node_id=node_id, lease_s=2.0, mqtt=mqtt, **extra)
             nodes[node_id] = EdgeNode(cfg, st, d / "edge.log")
             await asyncio.to_thread(nodes[node_id].start)
         yield main, nodes

@@ -23,12 +23,10 @@ import aiomqtt
 from conftest import (
     Broker,
     EdgeNode,
+    central_and_nodes,
     edgesched_binary,
     free_port,
-    kill_task_processes,
     until,
-    write_central_config,
-    write_edge_config,
 )
 
 from edgesched.fieldtest import attacks
@@ -101,32 +99,17 @@ async def secured_fleet(tmp_path: Path) -> AsyncIterator[SecuredFleet]:
         secrets[name] = tmp_path / f"{name}.password"
         secrets[name].write_text(password + "\n")
         secrets[name].chmod(0o600)
-    config, state = write_central_config(tmp_path, port)
-    with config.open("a") as out:  # ([central.mqtt] is the file's last table)
-        out.write(f'password_file = "{secrets["central"]}"\n')
-    central = EdgeNode(config, state, tmp_path / "central.log", tier="central")
-    nodes: dict[str, EdgeNode] = {}
     try:
-        await asyncio.to_thread(central.start)
-        for node_id in NODES:
-            d = tmp_path / node_id
-            d.mkdir()
-            cfg, st = write_edge_config(
-                d,
-                port,
-                node_id=node_id,
-                centrals=["central"],
-                mqtt={"reconnect_max_s": 1.0, "password_file": str(secrets[node_id])},
-            )
-            nodes[node_id] = EdgeNode(cfg, st, d / "edge.log")
-            await asyncio.to_thread(nodes[node_id].start)
-        yield SecuredFleet(broker, central, nodes, passwords)
+        async with central_and_nodes(
+            tmp_path,
+            port,
+            dict.fromkeys(NODES, port),
+            central_mqtt={"password_file": str(secrets["central"])},
+            edge=lambda _n, _d: {"centrals": ["central"]},
+            edge_mqtt=lambda n: {"password_file": str(secrets[n])},
+        ) as (central, nodes):
+            yield SecuredFleet(broker, central, nodes, passwords)
     finally:
-        for proc in [central, *nodes.values()]:
-            if proc.proc is not None and proc.proc.poll() is None:
-                await asyncio.to_thread(proc.kill, 15)
-        for node in nodes.values():
-            kill_task_processes(node.state)
         broker.stop()
 
 

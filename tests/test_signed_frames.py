@@ -23,10 +23,8 @@ import aiomqtt
 from conftest import (
     Broker,
     EdgeNode,
-    kill_task_processes,
+    central_and_nodes,
     until,
-    write_central_config,
-    write_edge_config,
 )
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pycrdt import Doc, Map
@@ -77,32 +75,15 @@ async def keyed_fleet(broker: Broker, tmp_path: Path) -> AsyncIterator[KeyedFlee
     for name in ("central", *NODES):
         keys[name], _ = write_signing_key(tmp_path / "keys", name)
     peer_keys = str(tmp_path / "keys" / "keys")
-    config, state = write_central_config(tmp_path, broker.port)
-    with config.open("a") as out:  # ([central.mqtt] is the file's last table)
-        out.write(f'signing_key = "{keys["central"]}"\npeer_keys = "{peer_keys}"\n')
-    central = EdgeNode(config, state, tmp_path / "central.log", tier="central")
-    nodes: dict[str, EdgeNode] = {}
-    try:
-        await asyncio.to_thread(central.start)
-        for node_id in NODES:
-            d = tmp_path / node_id
-            d.mkdir()
-            mqtt = {
-                "reconnect_max_s": 1.0,
-                "signing_key": str(keys[node_id]),
-                "peer_keys": peer_keys,
-            }
-            cfg, st = write_edge_config(d, broker.port, node_id=node_id, centrals=["central"],
-                                        mqtt=mqtt)  # fmt: skip
-            nodes[node_id] = EdgeNode(cfg, st, d / "edge.log")
-            await asyncio.to_thread(nodes[node_id].start)
+    async with central_and_nodes(
+        tmp_path,
+        broker.port,
+        dict.fromkeys(NODES, broker.port),
+        central_mqtt={"signing_key": str(keys["central"]), "peer_keys": peer_keys},
+        edge=lambda _n, _d: {"centrals": ["central"]},
+        edge_mqtt=lambda n: {"signing_key": str(keys[n]), "peer_keys": peer_keys},
+    ) as (central, nodes):
         yield KeyedFleet(central, nodes, keys)
-    finally:
-        for proc in [central, *nodes.values()]:
-            if proc.proc is not None and proc.proc.poll() is None:
-                await asyncio.to_thread(proc.kill, 15)
-        for node in nodes.values():
-            kill_task_processes(node.state)
 
 
 def submit(fleet: KeyedFleet, task_id: str, node_id: str) -> None:
