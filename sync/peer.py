@@ -44,7 +44,13 @@ from edgesched.sync.doc import UpdateRejected, client_id_for, decode_state_vecto
 from edgesched.sync.pacer import ResyncPacer
 from edgesched.sync.session import Endpoint, MqttSession, publish
 from edgesched.sync.signing import TRAILER, FrameSigning, Sealed, SignatureRefused
-from edgesched.sync.yupdate import UpdateDecodeError, decode_update, decoded_violation
+from edgesched.sync.yupdate import (
+    DecodedUpdate,
+    UpdateDecodeError,
+    brings_nothing,
+    decode_update,
+    decoded_violation,
+)
 
 log = logging.getLogger("edgesched.sync.peer")
 
@@ -274,6 +280,7 @@ class DocPeer:
                 "rejected_updates",
                 "rejected_senders",
                 "rejected_authorship",
+                "echoes_dropped",
                 "rejected_signatures",
                 "rejected_replays",
                 "epoch_adopted",
@@ -607,9 +614,9 @@ class DocPeer:
             self._wake_up()
             return
         self.stats["step2_in" if sync.step == YSyncMessageType.SYNC_STEP2 else "updates_in"] += 1
-        if sync.data != b"\x00\x00":
-            if self.writers is not None:
-                self._check_writers(sender, sync.data)
+        if sync.data != b"\x00\x00" and not (
+            self.writers is not None and self._echo_refused(sender, sync.data)
+        ):
             step2 = sync.step == YSyncMessageType.SYNC_STEP2
             self.doc.apply_remote(
                 sync.data,
@@ -733,24 +740,47 @@ class DocPeer:
         own = client_id_for(sender)
         return frozenset((own,)) if own in self.writers else frozenset()
 
-    def _check_writers(self, sender: str, update: bytes) -> None:
-        """AuthorshipRefused unless every operation in ``update``, each inserted item and
-        each deletion, is one ``sender`` may deliver (:meth:`authors_of`)."""
+    def _echo_refused(self, sender: str, update: bytes) -> bool:
+        """Check ``update`` against what ``sender`` may deliver (:meth:`authors_of`): False if
+        it may be applied; True if it is an echo to drop (operations it may not deliver, but
+        all of them ones we already hold: a reader's answer to a step 1 of ours that crossed
+        our own newer update on the way, say); AuthorshipRefused if it brings anything new
+        it may not deliver, each inserted item and each deletion checked."""
         authors = self.authors_of(sender)
         if authors is None:
-            return
-        if not authors:
-            raise AuthorshipRefused(
-                f"update from {sender}, which writes nothing in {self.doc.name}: "
-                "only a writer's own operations are accepted"
-            )
+            return False
         try:
             decoded = decode_update(update)
         except UpdateDecodeError as exc:
             raise UpdateRejected(f"update from {sender} is not decodable: {exc}") from None
-        violation = decoded_violation(decoded, authors)
-        if violation is not None:
+        if authors:
+            violation = decoded_violation(decoded, authors)
+        else:
+            violation = (
+                f"writes nothing in {self.doc.name}: only a writer's own operations are accepted"
+            )
+        if violation is None:
+            return False
+        if self._holds_all(decoded):
+            self.stats["echoes_dropped"] += 1
+            return True
+        if authors:
             raise AuthorshipRefused(f"update from {sender} {violation} of {self.doc.name}")
+        raise AuthorshipRefused(f"update from {sender}, which {violation}")
+
+    def _holds_all(self, decoded: DecodedUpdate) -> bool:
+        """Whether we hold every operation of ``decoded`` (:func:`brings_nothing`). Only asked
+        of an update we would otherwise refuse; reading our delete set costs a diff."""
+        ours = self.doc.state_vector()
+        state = decode_state_vector(ours)
+        if decoded.delete_set:
+            try:
+                deleted = decode_update(self.doc.diff(ours)).delete_set
+            except UpdateDecodeError:  # our own encoding: never, but refuse rather than guess
+                return False
+        else:
+            deleted = ()
+        return brings_nothing(decoded, state, deleted)
 
 
 #: A peer's refusal counters (:attr:`DocPeer.stats` keys) and the reason each counts.

@@ -34,6 +34,8 @@ that fill it, so decoding is linear in the input.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -397,6 +399,48 @@ def authorship_violation(update: bytes, writers: frozenset[int]) -> str | None:
     except UpdateDecodeError as exc:
         return f"not a decodable update: {exc}"
     return decoded_violation(decoded, writers)
+
+
+def brings_nothing(
+    decoded: DecodedUpdate, state_vector: Mapping[int, int], deleted: Iterable[DeleteRange]
+) -> bool:
+    """Whether ``decoded`` holds nothing a document with ``state_vector`` (client → next
+    clock) and the delete set ``deleted`` lacks: every struct below that client's clock and
+    every delete range inside a deleted one. Applying such an update changes nothing; a
+    peer may drop it whoever sent it (an echo of operations it already holds)."""
+    for struct in decoded.structs:
+        if struct.kind != "skip" and struct.clock + struct.length > state_vector.get(
+            struct.client, 0
+        ):
+            return False
+    if not decoded.delete_set:
+        return True
+    held: dict[int, list[tuple[int, int]]] = {}
+    for r in deleted:
+        held.setdefault(r.client, []).append((r.clock, r.clock + r.length))
+    merged = {client: _merged(spans) for client, spans in held.items()}
+    for r in decoded.delete_set:
+        if r.length and not _covered(merged.get(r.client, []), r.clock, r.clock + r.length):
+            return False
+    return True
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` (start, end) sorted and joined where they touch or overlap."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
+def _covered(spans: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether [start, end) lies inside one of the sorted, joined ``spans``."""
+    i = bisect.bisect_right(spans, (start, _U32)) - 1
+    return i >= 0 and spans[i][0] <= start and end <= spans[i][1]
 
 
 def decoded_violation(decoded: DecodedUpdate, writers: frozenset[int]) -> str | None:

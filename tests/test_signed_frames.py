@@ -180,6 +180,10 @@ async def test_a_forging_broker_gets_nothing_past_signatures(
             gw_b = FrameSigning(Signer("gw-b", load_signing_key(fleet.keys["gw-b"])), None)
             assert gw_b.signer is not None
             gw_b_cid = client_id_for("gw-b")  # (its own id in the header, as its peer sends)
+            # (past gw-a's own clocks: at clocks gw-a already holds it would be an echo,
+            # dropped as bringing nothing rather than refused)
+            for k in range(5_000):
+                evil.get("tasks", type=Map)["evil"] = json.dumps({"state": "running", "k": k})
             frames = signed_update(gw_b.signer, "node-gw-a", gw_b_cid, evil.get_update(), b"\x00")
             await refused_more("gw-a", "node", "authorship",
                                sent(wire.sync_topic("node-gw-a", "gw-b"), frames))  # fmt: skip

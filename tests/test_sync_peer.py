@@ -599,3 +599,43 @@ def test_a_pure_delete_of_a_writers_item_from_a_non_writer_is_refused() -> None:
     )
     assert peer.stats["rejected_authorship"] == 1
     assert "t1" in replica.root("assignments")
+
+
+def test_a_readers_echo_of_what_the_writer_holds_is_dropped_not_refused() -> None:
+    """The crossing: central asks a node for what it lacks (a step 1 naming its state then),
+    writes again, and the node, having heard the new write first, answers with it (and
+    every deletion it holds). Central holds all of that: the answer is an echo, dropped
+    and counted, not an authorship refusal. One operation in it that central lacks (a
+    deletion of central's item by the node) makes it a refusal again."""
+    from pycrdt import Doc, Map
+
+    from edgesched.sync.doc import PolicyDoc, client_id_for
+
+    central = PolicyDoc("desired-gw1", client_id_for("central"))
+    central.root("assignments")["t0"] = "{}"
+    central.root("assignments")["t1"] = "{}"
+    del central.root("assignments")["t0"]  # a deletion in the delete set
+    peer = DocPeer(
+        central, "central", writers=frozenset({client_id_for("central")}), relays=("central",)
+    )
+    node: Doc[Any] = Doc(client_id=client_id_for("gw1"))
+    node.apply_update(central.diff())
+    asked = central.state_vector()  # central's step 1, on its way
+    central.root("assignments")["t2"] = "{}"  # central writes again
+    node.apply_update(central.diff(asked))  # the node hears the write first
+    answer = node.get_update(asked)  # ... then answers the step 1
+    before = central.content_hash()
+    topic = wire.sync_topic("desired-gw1", "gw1")
+    payload = wire.step2_payload(answer)
+    (frame,) = wire.encode(wire.Kind.SYNC, "desired-gw1", client_id_for("gw1"), payload, 65536)
+    peer.handle(topic, frame)
+    assert peer.stats["echoes_dropped"] == 1 and peer.stats["rejected_authorship"] == 0
+    assert central.content_hash() == before
+
+    del node.get("assignments", type=Map)["t1"]  # now something central lacks
+    answer = node.get_update(asked)
+    payload = wire.step2_payload(answer)
+    (frame,) = wire.encode(wire.Kind.SYNC, "desired-gw1", client_id_for("gw1"), payload, 65536)
+    peer.handle(topic, frame)
+    assert peer.stats["echoes_dropped"] == 1 and peer.stats["rejected_authorship"] == 1
+    assert central.root("assignments").get("t1") == "{}"

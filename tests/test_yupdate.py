@@ -27,6 +27,7 @@ from edgesched.sync.yupdate import (
     Id,
     UpdateDecodeError,
     authorship_violation,
+    brings_nothing,
     decode_update,
 )
 
@@ -192,6 +193,70 @@ def test_round_trip_against_pycrdt(script: list[tuple[Any, ...]]) -> None:
     made = {p for u in sc.updates for p in _points(decode_update(u).delete_set)}
     for doc in sc.docs:
         assert _points(decode_update(doc.get_update()).delete_set) == made
+
+
+def _held(doc: Doc[Any]) -> tuple[bytes, set[tuple[int, int]]]:
+    """What a document holds: its state vector and every deleted (client, clock)."""
+    return doc.get_state(), _points(decode_update(doc.get_update()).delete_set)
+
+
+@settings(max_examples=60 if not SLOW else 600, deadline=None)
+@given(st.lists(ops, max_size=25), docs_ix)
+def test_brings_nothing_iff_applying_changes_nothing(script: list[tuple[Any, ...]], i: int) -> None:
+    """brings_nothing says exactly whether an update would change the receiving document,
+    judged by the receiver's state vector and deletions before and after pycrdt applies it:
+    for every document's full state and its diff against the receiver (each applicable
+    whole), both ways; for every single transaction (which may wait on a missing
+    dependency, a change pycrdt keeps pending), that nothing it called an echo changed
+    anything."""
+    sc = Scenario()
+    for op in script:
+        sc.apply(op)
+    receiver = sc.docs[i]
+
+    def judged(update: bytes) -> tuple[bool, bool]:
+        probe: Doc[Any] = Doc(client_id=999)
+        probe.apply_update(receiver.get_update())
+        before = _held(probe)
+        own_deletes = decode_update(probe.get_update(probe.get_state())).delete_set
+        claimed = brings_nothing(decode_update(update), decode_state_vector(before[0]), own_deletes)
+        probe.apply_update(update)
+        return claimed, _held(probe) == before
+
+    for doc in sc.docs:
+        for update in (doc.get_update(), doc.get_update(receiver.get_state())):
+            claimed, unchanged = judged(update)
+            assert claimed == unchanged
+    for update in sc.updates:
+        claimed, unchanged = judged(update)
+        assert unchanged or not claimed
+
+
+def test_a_deletion_alone_is_news_until_it_is_held() -> None:
+    """A deletion takes no clock: an update made of a delete set only brings something
+    exactly while the receiver still holds the item undeleted (the case a state-vector
+    comparison alone would call an echo)."""
+    a: Doc[Any] = Doc(client_id=1)
+    b: Doc[Any] = Doc(client_id=2)
+    a.get("t", type=Text).insert(0, "abcdef")
+    a.get("m", type=Map)["k"] = 1
+    b.apply_update(a.get_update())
+    del b.get("t", type=Text)[1:3]
+    del b.get("m", type=Map)["k"]
+    news = decode_update(b.get_update(a.get_state()))
+    assert news.structs == () and news.delete_set
+    held = decode_state_vector(a.get_state())
+
+    def a_deleted() -> tuple[Any, ...]:
+        return decode_update(a.get_update(a.get_state())).delete_set
+
+    assert not brings_nothing(news, held, a_deleted())
+    a.apply_update(b.get_update(a.get_state()))
+    assert brings_nothing(news, held, a_deleted())
+    # part of it held is not all of it held
+    del b.get("t", type=Text)[0:1]
+    more = decode_update(b.get_update(a.get_state()))
+    assert not brings_nothing(more, held, a_deleted())
 
 
 def test_every_deletion_reaches_the_full_state() -> None:
