@@ -19,6 +19,8 @@ naming what is wrong.
     DELETE /v1/tasks/{id}   cancel (the node stops it when it hears)
     POST   /v1/tasks/{id}/migrate   move it ({"node": target}): placed there, stopped here
     GET    /v1/events       the fleet's timeline: nodes on/offline, placements, failovers, merges
+    GET    /v1/fleet        the day, a point a minute: utilization, power, energy, demand,
+                            the forecast, the tidal window and each class's share
     GET    /v1/policy       the fleet policy: mode and tidal profile
     POST   /v1/policy       switch them ({"mode": ..., "tidal_profile": ...}); nodes follow
     GET    /v1/models       the ONNX models: central's, the published ones, each node's
@@ -29,14 +31,13 @@ naming what is wrong.
 
 from __future__ import annotations
 
-import bisect
 import hmac
 import math
 from typing import Any
 
 from aiohttp import web
 
-from edgesched.central import dashboard, extender
+from edgesched.central import dashboard, extender, tasklist
 from edgesched.central.engine import CentralEngine, TaskRefused
 from edgesched.central.openapi import serve_central
 from edgesched.core.lifecycle import Phase
@@ -56,7 +57,7 @@ MAX_REQUEST_BYTES = 4 << 20
 CENTRAL_KEY = web.AppKey("central", CentralEngine)
 TOKENS_KEY = web.AppKey("tokens", tuple[str, str])  # (admin, read-only)
 PUBLIC_PREFIXES = ("/dashboard", "/v1/k8s/")
-PUBLIC_PATHS = frozenset({"/", "/v1/health", "/v1/openapi.json"})
+PUBLIC_PATHS = frozenset({"/", "/favicon.ico", "/v1/health", "/v1/openapi.json"})
 
 
 def _token_of(request: web.Request) -> str:
@@ -136,7 +137,8 @@ _ORIGINS = ("central", "node")
 async def list_tasks(request: web.Request) -> web.Response:
     """Every task central knows, placed by it or decided by a node, in id order, a page at a
     time: ``limit`` (1-10,000, default 1,000), ``after`` (the last id of the page before: the
-    answer's ``next``), filtered by ``phase``, ``node`` and ``origin``."""
+    answer's ``next``), filtered by ``phase``, ``node``, ``origin`` and id ``prefix``; a
+    filtered page may hold fewer than ``limit`` while ``next`` is set (:mod:`tasklist`)."""
     engine = _central(request)
     if engine.fleet is not None:
         engine.sync_index()
@@ -153,28 +155,23 @@ async def list_tasks(request: web.Request) -> web.Response:
     origin = query.get("origin")
     if origin is not None and origin not in _ORIGINS:
         return problem(400, "Bad query", "central or node", "origin")
-    node = query.get("node")
     ids = engine.task_ids()
-    after = query.get("after")
-    start = bisect.bisect_right(ids, after) if after else 0
-    tasks: list[dict[str, Any]] = []
-    next_after = None
-    for i in range(start, len(ids)):  # (positions: a SortedList indexes in O(log n))
-        task_id = ids[i]
-        if len(tasks) == limit:
-            next_after = tasks[-1]["id"]
-            break
-        view = engine.any_task_view(task_id)
-        if view is None:
-            continue
-        if phase is not None and view["phase"] != phase:
-            continue
-        if origin is not None and view["origin"] != origin:
-            continue
-        if node is not None and view["node"] != node and node not in view["copies"]:
-            continue
-        tasks.append(view)
-    return web.json_response({"tasks": tasks, "next": next_after})
+    found = tasklist.page(
+        ids,
+        tasklist.TaskQuery(
+            limit=limit,
+            after=query.get("after") or None,
+            phase=phase,
+            origin=origin,
+            node=query.get("node") or None,
+            prefix=query.get("prefix") or None,
+        ),
+        engine.any_task_view,
+        engine.node_task_ids,
+    )
+    return web.json_response(
+        {"tasks": found.tasks, "next": found.next, "scanned": found.scanned, "total": len(ids)}
+    )
 
 
 async def history(request: web.Request) -> web.Response:
@@ -282,9 +279,49 @@ async def cancel(request: web.Request) -> web.Response:
     return web.json_response(view)
 
 
-async def events(request: web.Request) -> web.Response:
+async def fleet(request: web.Request) -> web.Response:
+    """The fleet over the day: a point a minute (``since``: unix seconds) and now."""
     engine = _central(request)
-    return web.json_response({"events": [e.to_json() for e in engine.events]})
+    try:
+        since = float(request.query.get("since", "0"))
+    except ValueError:
+        since = math.nan
+    if not math.isfinite(since):
+        return problem(400, "Bad query", "must be a number (unix seconds)", "since")
+    series = engine.fleet_series
+    return web.json_response(
+        {
+            "now": series.now(),
+            "series": series.series(since),
+            "point_s": series.point_s,
+            "policy": engine.policy_view(),
+        }
+    )
+
+
+#: The most events one ``GET /v1/events`` returns (``limit``).
+MAX_EVENTS_PAGE = 2_000
+
+
+async def events(request: web.Request) -> web.Response:
+    """The fleet's timeline, oldest first: the last ``limit`` (default 1,000) events, of the
+    comma-separated ``kind`` if given; ``notable=1``: only those kept apart from the
+    routine placements (:data:`~edgesched.central.engine.ROUTINE_EVENTS`)."""
+    engine = _central(request)
+    query = request.query
+    try:
+        limit = int(query.get("limit", "1000"))
+    except ValueError:
+        limit = -1
+    if not 1 <= limit <= MAX_EVENTS_PAGE:
+        return problem(400, "Bad query", f"must be an integer in 1..{MAX_EVENTS_PAGE}", "limit")
+    raw = query.get("kind")
+    kinds = None if not raw else frozenset(k for k in raw.split(",") if k)
+    notable = query.get("notable", "0")
+    if notable not in ("0", "1", "true", "false"):
+        return problem(400, "Bad query", "0 or 1", "notable")
+    found = engine.recent_events(limit, kinds, notable=notable in ("1", "true"))
+    return web.json_response({"events": [e.to_json() for e in found]})
 
 
 async def get_policy(request: web.Request) -> web.Response:
@@ -357,6 +394,7 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app.router.add_delete("/v1/tasks/{id}", cancel)
     app.router.add_post("/v1/tasks/{id}/migrate", migrate)
     app.router.add_get("/v1/events", events)
+    app.router.add_get("/v1/fleet", fleet)
     app.router.add_get("/v1/policy", get_policy)
     app.router.add_post("/v1/policy", set_policy)
     app.router.add_get("/v1/models", get_models)

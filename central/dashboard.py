@@ -10,9 +10,14 @@
                             or the server shuts down
 
 A snapshot is one JSON object: ``status``, ``policy``, ``nodes`` (as ``GET /v1/nodes``),
-``tasks`` (as ``GET /v1/tasks``, each with ``decided_by`` per reporting node), ``node_tasks``
-(the most recently updated tasks that nodes decided on their own, not submitted at central)
-and ``events`` (the last 100). It is built at most once per interval for all clients.
+``tasks_total`` (how many tasks central knows), ``fleet`` (the latest fleet sample, as
+``GET /v1/fleet``'s ``now``) and ``events`` (the last 100, and the last 50 notable ones that a
+burst of placements may have pushed out of those). It is built at most once per interval for
+all clients, and holds no task: at 100,000 tasks building every view took seconds of central's
+loop each second. The page reads the tasks a page at a time (``GET /v1/tasks``), the day's
+series from ``GET /v1/fleet`` and a task's detail from ``GET /v1/tasks/{id}``.
+
+    GET /favicon.ico        the page's icon (public, as the page)
 
 The stream handler creates no task: it sleeps on the app's shutdown event with a timeout, so
 ``runner.cleanup()`` ends every stream at once instead of waiting out aiohttp's shutdown
@@ -58,7 +63,8 @@ KEEPALIVE_S = 15.0
 #: stalled reader cannot hold a handler in ``write()`` past shutdown.
 WRITE_TIMEOUT_S = 10.0
 EVENTS_IN_SNAPSHOT = 100
-NODE_TASKS_IN_SNAPSHOT = 200
+#: Notable events (not routine placements) sent besides the last 100 of every kind.
+NOTABLE_IN_SNAPSHOT = 50
 
 
 @dataclass
@@ -101,52 +107,20 @@ def _engine(request: web.Request) -> CentralEngine:
 
 
 def snapshot(engine: CentralEngine) -> dict[str, Any]:
-    """What the page shows, in one object (see the module docstring)."""
+    """What the page shows live, in one object (see the module docstring). Its cost grows
+    with the nodes, not with the tasks: the task table pages ``GET /v1/tasks`` itself."""
     if engine.fleet is not None:
         engine.sync_index()
-    assignments = engine.index.assignments
-    replicas = engine.replicas.replicas
-    members = engine.index.members
-    # the index's copy of each node's reports (reading the documents would thaw every
-    # frozen replica at each refresh of the page)
-    docs_tasks = {
-        node_id: members[node_id].reports if node_id in members else replicas[node_id].doc.tasks()
-        for node_id in sorted(replicas)
-    }
-    tasks = []
-    for task_id, entry in sorted(assignments.items()):
-        view = engine.task_view(task_id, entry)
-        # the task's copies from the index: not a lookup in every node's reports per task
-        copies = engine.index.copies_of(task_id)
-        view["decided_by"] = {
-            node_id: docs_tasks[node_id][task_id].decided_by
-            for node_id in sorted(copies)
-            if node_id in docs_tasks and task_id in docs_tasks[node_id]
-        }
-        tasks.append(view)
-    own = []
-    for node_id, node_tasks in docs_tasks.items():
-        for task_id, reported in node_tasks.items():
-            if task_id in assignments or reported.assignment is not None:
-                continue
-            own.append(
-                {
-                    "id": task_id,
-                    "node": node_id,
-                    "state": reported.state.value,
-                    "decided_by": reported.decided_by,
-                    "workload": reported.workload,
-                    "updated_at": reported.updated_at,
-                }
-            )
-    own.sort(key=lambda t: (-float(t["updated_at"]), t["node"], t["id"]))
+    recent = engine.recent_events(EVENTS_IN_SNAPSHOT)
+    notable = engine.recent_events(NOTABLE_IN_SNAPSHOT, notable=True)
+    events = {id(e): e for e in (*notable, *recent)}
     return {
         "status": engine.status(),
         "policy": engine.policy_view(),
         "nodes": engine.node_summaries(),
-        "tasks": tasks,
-        "node_tasks": own[:NODE_TASKS_IN_SNAPSHOT],
-        "events": [e.to_json() for e in list(engine.events)[-EVENTS_IN_SNAPSHOT:]],
+        "tasks_total": len(engine.task_ids()),
+        "fleet": engine.fleet_series.now(),
+        "events": [e.to_json() for e in sorted(events.values(), key=lambda e: e.at)],
         "at": engine.clock(),
     }
 
@@ -218,6 +192,18 @@ async def redirect_root(request: web.Request) -> web.StreamResponse:
     raise web.HTTPFound("/dashboard/")
 
 
+async def favicon(request: web.Request) -> web.Response:
+    """Browsers ask for /favicon.ico whatever the page says: the shipped SVG icon."""
+    found = request.app[DASHBOARD_KEY].assets.get("favicon.svg")
+    if found is None:
+        return problem(404, "Not Found", "no icon shipped")
+    return web.Response(
+        body=found[0],
+        content_type="image/svg+xml",
+        headers={"Cache-Control": "max-age=86400", "X-Content-Type-Options": "nosniff"},
+    )
+
+
 async def asset(request: web.Request) -> web.Response:
     """One of the shipped files, by exact name: nothing outside static/ can be named."""
     name = request.match_info.get("file") or "index.html"
@@ -243,6 +229,7 @@ def add_routes(app: web.Application, engine: CentralEngine) -> None:
     app.on_shutdown.append(_close_streams)
     app.router.add_get("/", redirect_root)
     app.router.add_get("/dashboard", redirect_root)
+    app.router.add_get("/favicon.ico", favicon)
     app.router.add_get("/dashboard/", asset)
     app.router.add_get("/dashboard/{file}", asset)
     app.router.add_get("/v1/stream", stream)

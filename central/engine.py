@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 
 from edgesched.central.desired import DesiredDocs
 from edgesched.central.fleetindex import FleetIndex
+from edgesched.central.fleetseries import FleetSample, FleetSeries
 from edgesched.central.heartbeat import CentralPeers, Heartbeat
 from edgesched.central.leases import ShardLeases, shard_of
 from edgesched.central.liveness import Hearing, Liveness, NodeStatus
@@ -98,8 +99,14 @@ POLICY_DOC = "policy"
 FLEET_DOC = "fleet"
 _E = TypeVar("_E")
 MAX_EVENTS = 1000
+#: Events that come by the thousand on a busy fleet: kept only in the ring of every event.
+#: The rest (failovers, reconciles, nodes going away, tasks not taken up, policy...) are
+#: also kept in a ring of their own, so routine ones never push them out.
+ROUTINE_EVENTS = frozenset({"placed", "pruned"})
 #: How often central samples what each workload class asks of the fleet (5-minute bins).
 DEMAND_SAMPLE_S = 5.0
+#: A node's telemetry older than this does not count in the fleet's utilization and power.
+TELEMETRY_FRESH_S = 60.0
 #: How often the power stage runs when nothing changed (idle timers must still come due).
 POWER_EVERY_S = 5.0
 #: Every this many freezer sweeps, one full garbage collection (see settle_heap).
@@ -263,6 +270,7 @@ class CentralEngine:
         self._fleet_journal: DocJournal | None = None
         self._tidal_name = "config"  # the [policy] tidal of the config file until switched
         self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
+        self.notable: deque[Event] = deque(maxlen=MAX_EVENTS)  # not ROUTINE_EVENTS
         self.api_port: int | None = None
         self.started_at = clock()
         self._journal: DocJournal | None = None
@@ -283,6 +291,7 @@ class CentralEngine:
         self.models: ActiveModels | None = None  # loaded in run(): onnxruntime is slow to import
         self.demand = ClassDemand()  # what each workload class asks of the fleet, 5-min bins
         self.forecast_cpu: float | None = None
+        self.fleet_series = FleetSeries()  # the day, a point a minute (GET /v1/fleet)
 
     @property
     def store(self) -> Store:
@@ -579,6 +588,8 @@ class CentralEngine:
     ) -> None:
         event = Event(self.clock(), kind, detail, node, task)
         self.events.append(event)
+        if kind not in ROUTINE_EVENTS:
+            self.notable.append(event)
         self.metrics.events.labels(kind).inc()
         log.info("%s: %s", kind, detail)
 
@@ -946,6 +957,35 @@ class CentralEngine:
         """Every task central knows, in id order: those it placed and those the nodes decided
         (the index keeps them sorted)."""
         return self.index.task_ids
+
+    def node_task_ids(self, node_id: str) -> list[str]:
+        """The tasks central assigns ``node_id`` and those it reports (any state), unsorted:
+        ``GET /v1/tasks?node=`` looks at these, not at every task."""
+        own = set(self.index.assigned.get(node_id, ()))
+        member = self.index.members.get(node_id)
+        if member is not None:
+            own.update(member.reports)
+        return list(own)
+
+    def recent_events(
+        self, limit: int, kinds: frozenset[str] | None = None, *, notable: bool = False
+    ) -> list[Event]:
+        """The last ``limit`` events (oldest first) of ``kinds`` (None: any), from the ring of
+        notable events or of every event; both rings, merged, when ``kinds`` names any
+        notable kind, so a filter never misses one a burst of placements pushed out."""
+
+        def wanted(event: Event) -> bool:
+            return kinds is None or event.kind in kinds
+
+        if notable:
+            out = [e for e in self.notable if wanted(e)]
+        else:
+            out = [e for e in self.events if wanted(e)]
+            if kinds is None or kinds - ROUTINE_EVENTS:  # the notable ones pushed out before
+                held = {id(e) for e in self.events}
+                older = itertools.takewhile(lambda e: id(e) not in held, self.notable)
+                out = [e for e in older if wanted(e)] + out
+        return out[-limit:] if limit else []
 
     def any_task_view(self, task_id: str) -> dict[str, Any] | None:
         """:meth:`task_view` of a task central placed, :meth:`local_task_view` of one a node
@@ -1381,6 +1421,10 @@ class CentralEngine:
                 except ValueError as exc:  # a forecast is advice: never let it stop central
                     log.error("demand forecast skipped: %s", exc)
                     continue
+                try:
+                    self.fleet_series.observe(self.fleet_sample())
+                except ValueError as exc:  # (as the forecast: a view, never a stop)
+                    log.error("fleet sample skipped: %s", exc)
             if closed:
                 with contextlib.suppress(StoreError):
                     await self.store.set_meta("class_demand", json.dumps(self.demand.to_json()))
@@ -1411,6 +1455,43 @@ class CentralEngine:
                 f"{capacity:.1f} are online",
             )
         return True
+
+    def fleet_sample(self) -> FleetSample:
+        """The fleet now (:class:`FleetSample`): the nodes' latest telemetry (heard within
+        ``TELEMETRY_FRESH_S``), the index's demand and capacity, the tidal window. O(nodes)."""
+        self.sync_index()
+        index = self.index
+        table = index.table()
+        now = self.clock()
+        capacity = float(table.capacity[:, 0].sum()) if len(table) else 0.0
+        demand = sum(table.usage.values())
+        for task_id in index.pending:
+            demand += index.assignments[task_id].task_spec.cpu
+        weighted = cores = power = 0.0
+        measured = 0
+        for node_id, member in index.members.items():
+            latest = self.telemetry.latest(node_id)
+            if latest is None or now - latest.at > TELEMETRY_FRESH_S:
+                continue
+            measured += 1
+            power += latest.power_w
+            if member.registration is not None:
+                weighted += latest.cpu_util * member.registration.cpu
+                cores += member.registration.cpu
+        tidal = self.config.policy.tidal
+        window = tidal.window_at(now)
+        return FleetSample(
+            at=now,
+            util=weighted / cores if cores > 0 else None,
+            power_w=power,
+            demand_cpu=demand,
+            capacity_cpu=capacity,
+            forecast_cpu=self.forecast_cpu,
+            window=None if window is None else window.name,
+            shares=tidal.shares_at(now),
+            used={w: cpu / capacity for w, cpu in table.usage.items() if capacity > 0 and cpu},
+            nodes_measured=measured,
+        )
 
     def models_view(self) -> dict[str, Any]:
         """What central runs, what it published, and what each node reports running."""

@@ -231,8 +231,15 @@ def _central_schemas() -> dict[str, Schema]:
             {
                 "tasks": {"type": "array", "items": oa.ref("TaskView")},
                 "next": oa.nullable(
-                    {"type": "string", "description": "the next page's after, if any"}
+                    {
+                        "type": "string",
+                        "description": "the next page's after, if any: a filtered page may "
+                        "hold fewer than limit tasks while next is set (the request's scan "
+                        "budget ran out); follow it until null",
+                    }
                 ),
+                "scanned": {**oa.INT, "description": "ids this request looked at"},
+                "total": {**oa.INT, "description": "every task central knows"},
             }
         ),
         "History": oa.obj(
@@ -273,6 +280,46 @@ def _central_schemas() -> dict[str, Schema]:
             }
         ),
         "EventList": oa.obj({"events": {"type": "array", "items": oa.ref("Event")}}),
+        "FleetPoint": oa.obj(
+            {
+                "at": {**oa.NUMBER, "description": "the minute's start (unix seconds)"},
+                "util": oa.nullable(
+                    {**oa.NUMBER, "description": "measured CPU utilization, by cores"}
+                ),
+                "power_w": {**oa.NUMBER, "description": "power the nodes report, summed"},
+                "demand_cpu": {**oa.NUMBER, "description": "cores the tasks ask for"},
+                "capacity_cpu": {**oa.NUMBER, "description": "cores central may place on"},
+                "forecast_cpu": oa.nullable(
+                    {**oa.NUMBER, "description": "the 15-minute peak forecast then"}
+                ),
+                "energy_wh": {**oa.NUMBER, "description": "drawn since midnight UTC"},
+            },
+            description="A minute of the fleet (the means of its 5-second samples)",
+        ),
+        "FleetNow": oa.obj(
+            {
+                "at": oa.NUMBER,
+                "util": oa.nullable(oa.NUMBER),
+                "power_w": oa.NUMBER,
+                "demand_cpu": oa.NUMBER,
+                "capacity_cpu": oa.NUMBER,
+                "forecast_cpu": oa.nullable(oa.NUMBER),
+                "window": oa.nullable({**oa.STR, "description": "the tidal window now"}),
+                "shares": oa.map_of(oa.NUMBER, "guaranteed CPU share per workload class"),
+                "used": oa.map_of(oa.NUMBER, "share of capacity each class uses now"),
+                "nodes_measured": oa.INT,
+                "energy_today_wh": oa.NUMBER,
+            },
+            description="The latest 5-second sample",
+        ),
+        "Fleet": oa.obj(
+            {
+                "now": oa.nullable(oa.ref("FleetNow")),
+                "series": {"type": "array", "items": oa.ref("FleetPoint")},
+                "point_s": oa.NUMBER,
+                "policy": oa.ref("Policy"),
+            }
+        ),
         "Policy": oa.obj(
             {
                 "mode": {"type": "string", "enum": [m.value for m in PolicyMode]},
@@ -584,6 +631,7 @@ def _central_paths() -> dict[str, Schema]:
                     oa.query("phase", {"type": "string", "enum": [p.value for p in Phase]}, "only"),
                     oa.query("node", oa.STR, "only those on (or with a copy on) this node"),
                     oa.query("origin", {"type": "string", "enum": ["central", "node"]}, "only"),
+                    oa.query("prefix", oa.STR, "only ids starting with this"),
                 ],
             ),
             "post": oa.op(
@@ -669,10 +717,31 @@ def _central_paths() -> dict[str, Schema]:
         "/v1/events": {
             "get": oa.op(
                 "listEvents",
-                "The fleet's timeline (the last 1000 events)",
+                "The fleet's timeline: the last events, of some kinds, or only the notable",
                 fleet,
-                {"200": oa.content(oa.ref("EventList"), "oldest first"), **oa.problems(401)},
-                description=read,
+                {"200": oa.content(oa.ref("EventList"), "oldest first"), **oa.problems(400, 401)},
+                description=read + " Notable events (all but placed and pruned) are kept in "
+                "a ring of their own, so a burst of placements never pushes them out.",
+                params=[
+                    oa.query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": 2000},
+                        "events (default 1000)",
+                    ),
+                    oa.query("kind", oa.STR, "comma-separated kinds (node-offline,failover)"),
+                    oa.query("notable", {"type": "string", "enum": ["0", "1"]}, "only notable"),
+                ],
+            )
+        },
+        "/v1/fleet": {
+            "get": oa.op(
+                "getFleet",
+                "The fleet over the day: utilization, power, energy, demand and forecast",
+                fleet,
+                {"200": oa.content(oa.ref("Fleet"), "a point a minute"), **oa.problems(400, 401)},
+                description=read + " The last 24 hours, a point a minute, from central's "
+                "5-second samples (kept in memory: a restart starts the day's series over).",
+                params=[oa.query("since", oa.NUMBER, "only points from (unix seconds)")],
             )
         },
         "/v1/policy": {
@@ -765,6 +834,15 @@ def _central_paths() -> dict[str, Schema]:
                 "Redirect to the dashboard",
                 ui,
                 {"302": {"description": "to /dashboard/"}},
+                public=True,
+            )
+        },
+        "/favicon.ico": {
+            "get": oa.op(
+                "favicon",
+                "The dashboard's icon (an SVG, whatever the name says)",
+                ui,
+                {"200": oa.content(oa.STR, "the icon", "image/svg+xml"), **oa.problems(404)},
                 public=True,
             )
         },

@@ -106,6 +106,9 @@ async def test_page_assets_and_no_traversal(
     async with aiohttp.ClientSession() as http:
         async with http.get(base + "/", allow_redirects=False) as resp:
             assert resp.status == 302 and resp.headers["Location"] == "/dashboard/"
+        async with http.get(base + "/favicon.ico") as resp:  # public, as the page
+            assert resp.status == 200 and resp.content_type == "image/svg+xml"
+            assert (await resp.read()).startswith(b"<svg")
         async with http.get(base + "/dashboard/") as resp:  # public: no token
             assert resp.status == 200 and resp.content_type == "text/html"
             assert "default-src 'none'" in resp.headers["Content-Security-Policy"]
@@ -147,7 +150,8 @@ async def test_stream_needs_a_token_sends_snapshots_and_ends_on_stop(
             name, data = await read_event(resp)
             assert name == "snapshot"
             snap = json.loads(data)
-            assert set(snap) >= {"status", "policy", "nodes", "tasks", "events"}
+            assert set(snap) >= {"status", "policy", "nodes", "tasks_total", "fleet", "events"}
+            assert "tasks" not in snap  # (paged by the page itself: GET /v1/tasks)
             assert snap["status"]["central"] == engine.central.central_id
             assert snap["policy"]["mode"] == "priority" and snap["nodes"] == []
             assert (await read_event(resp))[0] == "snapshot"  # and again a second later
@@ -201,9 +205,9 @@ def chromium_or_fail() -> str:
 
 
 async def node_state(page: Page, node_id: str, state: str) -> None:
-    card = page.locator(f'article.node[data-node="{node_id}"]')
-    await expect(card.locator(".badge")).to_have_text(state, timeout=WAIT_MS)
-    await expect(card).to_have_attribute("data-state", state, timeout=WAIT_MS)
+    row = page.locator(f'#nodes tr.node[data-node="{node_id}"]')
+    await expect(row.locator(".badge")).to_have_text(state, timeout=WAIT_MS)
+    await expect(row).to_have_attribute("data-state", state, timeout=WAIT_MS)
 
 
 async def page_for(browser: Browser, url: str, width: int, height: int) -> Page:
@@ -289,6 +293,28 @@ async def browser_scenario(
     )
     await expect(page.locator("#events")).to_contain_text("placed")
 
+    # The task table is central's pages, filtered there: by phase, then by id prefix.
+    await page.locator("#task-phase").select_option("running")
+    await expect(page.locator('#tasks tr[data-task="batch"]')).to_have_count(1)
+    await page.locator("#task-prefix").fill("sv")
+    await expect(page.locator('#tasks tr[data-task="batch"]')).to_have_count(0)
+    await expect(page.locator('#tasks tr[data-task="svc"]')).to_have_count(1)
+    await expect(page.locator("#tasks-info")).to_contain_text("(filtered)")
+    await page.locator("#task-prefix").fill("")
+    await page.locator("#task-phase").select_option("")
+    await expect(page.locator('#tasks tr[data-task="batch"]')).to_have_count(1)
+    # A task's detail: its lifecycle and its copies.
+    await page.locator('#tasks tr[data-task="svc"]').click()
+    await expect(page.locator("#task-detail")).to_be_visible()
+    await expect(page.locator("#task-detail-kv")).to_contain_text("running")
+    await expect(page.locator('#task-copies tr[data-node="gw-b"]')).to_contain_text("running")
+    # A node's detail, and the fleet panel once central has sampled the nodes' telemetry.
+    await page.locator('#nodes tr.node[data-node="gw-a"]').click()
+    await expect(page.locator("#node-detail-title")).to_contain_text("gw-a · connected")
+    await expect(page.locator("#fleet-measured")).to_have_text("2 nodes measured", timeout=WAIT_MS)
+    await expect(page.locator("#fleet-util")).to_contain_text("%")
+    await expect(page.locator("#fleet-demand")).not_to_have_text("—")
+
     # The mode switch: the header and the API both say energy.
     await page.locator("#mode-select").select_option("energy")
     await expect(page.locator("#policy-result")).to_contain_text("mode energy")
@@ -316,6 +342,11 @@ async def browser_scenario(
     await expect(page.locator("#events")).to_contain_text("gw-b is offline")
     await expect(page.locator('tr[data-task="svc"]')).to_contain_text("central (failover)")
     await expect(page.locator("#events")).to_contain_text("failover")
+    # Events filtered to the notable ones: no placement among them, the failover kept.
+    await page.locator("#event-filter").select_option("notable")
+    await expect(page.locator('#events li[data-kind="failover"]').first).to_be_visible()
+    await expect(page.locator('#events li[data-kind="placed"]')).to_have_count(0)
+    await page.locator("#event-filter").select_option("")
 
     shot = (
         REPO / "docs" / "dashboard.png"
@@ -362,5 +393,12 @@ async def browser_scenario(
     await node_state(page, "gw-b", "connected")
     await expect(page.locator("#count-connected")).to_have_text("2")
     await expect(page.locator("#events")).to_contain_text("gw-b is online")
+    await expect(page.locator("#stale")).to_be_hidden()
+
+    # Central goes away: the view says it is stale, unmistakably, instead of showing green.
+    await asyncio.to_thread(central.kill, signal.SIGTERM)
+    await expect(page.locator("#stale")).to_be_visible(timeout=WAIT_MS)
+    await expect(page.locator("#stale-message")).to_contain_text("as it was at")
+    await expect(page.locator("body")).to_have_attribute("data-stale", "true")
     assert not errors, errors
     await page.context.close()

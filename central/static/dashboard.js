@@ -6,8 +6,15 @@
 
 (() => {
   const TOKEN_KEY = "edgesched.dashboard.token";
-  const TELEMETRY_POLL_MS = 5000;
+  const TELEMETRY_POLL_MS = 5000; // the selected node's sparklines
+  const TASKS_REFRESH_MS = 2000; // the task page shown, while the stream is live
+  const FLEET_POLL_MS = 30000; // the day's series (a point a minute)
+  const STALE_AFTER_MS = 4000; // no snapshot for this long: the view is stale
   const SERIES_KEEP_S = 600; // sparklines and the event strip show the last 10 minutes
+  const NODES_PER_PAGE = 50;
+  const TASKS_PER_PAGE = 50;
+  const TASK_REQUESTS_PER_PAGE = 10; // a filtered page follows next this often at most
+  const ROUTINE_EVENTS = new Set(["placed", "pruned"]);
   const BACKOFF_MIN_MS = 1000;
   const BACKOFF_MAX_MS = 30000;
   const STATES = ["connected", "suspect", "partitioned", "dead"];
@@ -21,9 +28,23 @@
   let authFailed = false;
   let policyBusy = false;
   let lastSnapshot = null;
-  const series = new Map(); // node id -> [{at, cpu, mem, power}]
-  const telemetryOff = new Map(); // node id -> time (ms) before which we do not poll it
-  const cards = new Map(); // node id -> {root, fields...}
+  let lastSnapshotAt = 0; // Date.now() of the last snapshot taken
+  let staleSince = null; // Date.now() when the view went stale, or null while live
+  const series = new Map(); // node id -> [{at, cpu, mem, power}] (the selected node's)
+  const nodeView = { text: "", state: "", page: 0, selected: null };
+  const taskView = {
+    prefix: "", phase: "", origin: "", node: "",
+    cursors: [null], // the "after" of each page visited
+    page: 0,
+    next: null,
+    rows: [],
+    total: 0,
+    busy: false, // a load is under way (the periodic refresh waits for it)
+    seq: 0,
+    error: "",
+    selected: null,
+  };
+  let fleetSeries = [];
 
   // --- token ---------------------------------------------------------------------------------
 
@@ -52,6 +73,26 @@
     const el = $("link");
     el.dataset.link = state;
     el.textContent = text;
+    if (state === "live") markFresh();
+    else if (lastSnapshot !== null) markStale();
+  }
+
+  // A stale view is unmistakable: a banner naming since when, and the content greyed.
+  function markStale() {
+    if (staleSince === null) staleSince = lastSnapshotAt || Date.now();
+    const at = new Date(staleSince).toLocaleTimeString([], { hour12: false });
+    const link = $("link").textContent;
+    $("stale-message").textContent =
+      "Central's live stream is gone (" + link + "): everything below is as it was at " + at +
+      ", not as it is now.";
+    $("stale").hidden = false;
+    document.body.dataset.stale = "true";
+  }
+
+  function markFresh() {
+    staleSince = null;
+    $("stale").hidden = true;
+    document.body.dataset.stale = "false";
   }
 
   async function api(method, path, body) {
@@ -111,11 +152,15 @@
       }
       backoff = BACKOFF_MIN_MS;
       hideAuth();
-      setLink("live", "live");
       const first = lastSnapshot === null;
       lastSnapshot = snap;
+      lastSnapshotAt = Date.now();
+      setLink("live", "live");
       render(snap);
-      if (first) pollTelemetry(); // backfill the sparklines at once
+      if (first) {
+        loadTasks();
+        loadFleet();
+      }
     });
     es.onerror = () => {
       if (source !== es) return;
@@ -221,6 +266,7 @@
     }
     for (const state of STATES) $("count-" + state).textContent = String(counts[state]);
     $("count-total").textContent = String((snap.nodes || []).length);
+    $("count-tasks").textContent = String(snap.tasks_total ?? 0);
     const policy = snap.policy || {};
     $("policy-mode").textContent = policy.mode || dash;
     $("policy-tidal").textContent = policy.tidal_profile || dash;
@@ -263,157 +309,85 @@
     }
   }
 
-  // --- nodes ---------------------------------------------------------------------------------
+  // --- fleet -------------------------------------------------------------------------------
 
-  function addSample(nodeId, sample) {
-    if (!sample || typeof sample.at !== "number") return;
-    let points = series.get(nodeId);
-    if (!points) {
-      points = [];
-      series.set(nodeId, points);
-    }
-    if (points.length && points[points.length - 1].at >= sample.at) {
-      if (points.some((p) => p.at === sample.at)) return;
-      points.push(sampleOf(sample));
-      points.sort((a, b) => a.at - b.at);
-    } else {
-      points.push(sampleOf(sample));
-    }
-    const horizon = points[points.length - 1].at - SERIES_KEEP_S;
-    while (points.length && points[0].at < horizon) points.shift();
+  function fmtPower(w) {
+    if (typeof w !== "number") return dash;
+    return w >= 10000 ? (w / 1000).toFixed(1) + " kW" : w.toFixed(0) + " W";
   }
 
-  function sampleOf(s) {
-    return {
-      at: s.at,
-      cpu: typeof s.cpu_util === "number" ? s.cpu_util : null,
-      mem: typeof s.mem_util === "number" ? s.mem_util : null,
-      power: typeof s.power_w === "number" ? s.power_w : null,
-    };
+  function fmtEnergy(wh) {
+    if (typeof wh !== "number") return dash;
+    return wh >= 1000 ? (wh / 1000).toFixed(2) + " kWh" : wh.toFixed(0) + " Wh";
   }
 
-  function makeCard(nodeId) {
-    const badge = el("span", { class: "badge state", "data-state": "unknown", text: "unknown" });
-    const cpuCanvas = el("canvas", { class: "spark-cpu", width: 200, height: 28 });
-    const powerCanvas = el("canvas", { class: "spark-power", width: 200, height: 28 });
-    const cpuVal = el("span", { class: "val cpu-val", text: dash });
-    const powerVal = el("span", { class: "val power-val", text: dash });
-    const hw = el("div", { class: "node-hw", text: dash });
-    const sync = el("dd", { class: "sync", text: dash });
-    const doc = el("dd", { class: "doc mono", text: dash });
-    const since = el("dd", { class: "since", text: dash });
-    const tasks = el("dd", { class: "tstates", text: dash });
-    const root = el(
-      "article",
-      { class: "node", "data-node": nodeId, "data-state": "unknown" },
-      el("div", { class: "node-head" }, el("span", { class: "node-id", text: nodeId }), badge),
-      hw,
-      el("div", { class: "spark" }, el("span", { text: "CPU" }), cpuCanvas, cpuVal),
-      el("div", { class: "spark" }, el("span", { text: "power" }), powerCanvas, powerVal),
-      el(
-        "dl",
-        { class: "kv" },
-        el("dt", { text: "sync" }),
-        sync,
-        el("dt", { text: "document" }),
-        doc,
-        el("dt", { text: "status" }),
-        since,
-        el("dt", { text: "tasks" }),
-        tasks,
-      ),
-    );
-    return { root, badge, cpuCanvas, powerCanvas, cpuVal, powerVal, hw, sync, doc, since, tasks };
+  function fmtCores(c) {
+    return typeof c === "number" ? (c >= 100 ? c.toFixed(0) : c.toFixed(1)) : dash;
   }
 
-  function renderNodes(snap) {
-    const container = $("nodes");
-    const nodes = snap.nodes || [];
-    const seen = new Set();
-    if (!nodes.length) {
-      if (!container.querySelector(".empty")) {
-        container.replaceChildren(el("p", { class: "empty", text: "No node has spoken to central yet." }));
-      }
-      cards.clear();
+  function renderFleet(snap) {
+    const f = snap.fleet;
+    const policy = snap.policy || {};
+    $("tidal-profile").textContent = "profile " + (policy.tidal_profile || dash);
+    if (!f) {
+      $("fleet-util").textContent = "collecting…";
       return;
     }
-    container.querySelector(".empty")?.remove();
-    for (const node of nodes) {
-      seen.add(node.id);
-      let card = cards.get(node.id);
-      if (!card) {
-        card = makeCard(node.id);
-        cards.set(node.id, card);
-      }
-      container.append(card.root); // keeps the server's order (sorted by id)
-      updateCard(card, node, snap);
-    }
-    for (const [id, card] of cards) {
-      if (!seen.has(id)) {
-        card.root.remove();
-        cards.delete(id);
-      }
-    }
-  }
-
-  function updateCard(card, node, snap) {
-    const state = node.state || "unknown";
-    card.root.dataset.state = state;
-    card.badge.dataset.state = state;
-    card.badge.textContent = state;
-    const reg = node.registration || {};
-    const hw = [
-      reg.arch,
-      reg.server_class,
-      typeof reg.cpu === "number" ? reg.cpu + " CPU" : null,
-      typeof reg.mem_gib === "number" ? reg.mem_gib + " GiB" : null,
-      reg.accel ? reg.accel + " accel" : null,
-      reg.site ? "@" + reg.site : null,
-    ].filter((x) => x !== null && x !== undefined && x !== "");
-    card.hw.textContent = hw.length ? hw.join(" · ") : dash;
-    card.hw.title = reg.cpu_model || "";
-
-    if (node.telemetry && typeof node.telemetry === "object") addSample(node.id, node.telemetry);
-    const points = series.get(node.id) || [];
-    const latest = node.telemetry || points[points.length - 1] || null;
-    const cpu = latest ? (latest.cpu_util ?? latest.cpu) : null;
-    const power = latest ? (latest.power_w ?? latest.power) : null;
-    card.cpuVal.textContent = typeof cpu === "number" ? Math.round(cpu * 100) + " %" : dash;
-    card.powerVal.textContent = typeof power === "number" ? power.toFixed(0) + " W" : dash;
-    drawSpark(card.cpuCanvas, points, "cpu", 1, cssVar("--cpu"));
-    const maxPower = Math.max(1, ...points.map((p) => p.power || 0)) * 1.15;
-    drawSpark(card.powerCanvas, points, "power", maxPower, cssVar("--power"));
-
-    const sync = node.sync;
-    if (sync && typeof sync === "object") {
-      card.sync.textContent =
-        (sync.last_update_s_ago == null ? "no update yet" : fmtAgo(sync.last_update_s_ago)) +
-        (sync.fresh ? "" : " · stale");
-      card.sync.classList.toggle("stale", !sync.fresh);
+    $("fleet-util").textContent = typeof f.util === "number" ? Math.round(f.util * 100) + " %" : dash;
+    $("fleet-measured").textContent = f.nodes_measured + " nodes measured";
+    $("fleet-power").textContent = fmtPower(f.power_w);
+    $("fleet-energy").textContent = fmtEnergy(f.energy_today_wh);
+    $("fleet-demand").textContent = fmtCores(f.demand_cpu) + " / " + fmtCores(f.capacity_cpu);
+    $("fleet-forecast").textContent =
+      typeof f.forecast_cpu === "number" ? fmtCores(f.forecast_cpu) + " cores" : "not yet";
+    $("tidal-window").textContent = f.window || "outside any window";
+    const classes = new Set([...Object.keys(f.shares || {}), ...Object.keys(f.used || {})]);
+    const body = $("shares").tBodies[0];
+    if (!classes.size) {
+      body.replaceChildren(
+        el("tr", { class: "empty" }, el("td", { colSpan: 3, text: "No class has a share or a task yet." })),
+      );
     } else {
-      card.sync.textContent = dash;
-      card.sync.classList.remove("stale");
+      body.replaceChildren(
+        ...[...classes].sort().map((c) =>
+          el(
+            "tr",
+            { "data-class": c },
+            el("td", { text: c }),
+            shareCell((f.shares || {})[c]),
+            shareCell((f.used || {})[c]),
+          ),
+        ),
+      );
     }
-    const doc = node.document || {};
-    const hash = typeof doc.content_hash === "string" ? doc.content_hash.slice(0, 10) : dash;
-    card.doc.textContent = "epoch " + (doc.epoch ?? dash) + " · " + hash;
-    card.doc.title = doc.content_hash || "";
-    const away = typeof node.status_since === "number" && typeof snap.at === "number"
-      ? " since " + fmtAgo(snap.at - node.status_since)
-      : "";
-    card.since.textContent = (node.status || dash) + away;
-    const counts = Object.entries(node.tasks || {}).sort();
-    card.tasks.replaceChildren(
-      ...(counts.length
-        ? counts.map(([s, n]) => el("span", { class: "tstate tstate-" + s, text: s + " " + n }))
-        : [dash]),
-    );
+    drawFleet();
   }
 
-  function drawSpark(canvas, points, key, max, colour) {
+  function shareCell(share) {
+    const pct = typeof share === "number" ? Math.round(share * 100) : null;
+    const bar = el("span", { class: "bar" });
+    bar.style.width = (pct ?? 0) + "%";
+    return el("td", {}, el("span", { class: "barwrap" }, bar), el("span", { text: pct === null ? dash : pct + " %" }));
+  }
+
+  async function loadFleet() {
+    if (!token || authFailed) return;
+    try {
+      const since = Date.now() / 1000 - 86400;
+      const reply = await api("GET", "/v1/fleet?since=" + since.toFixed(0));
+      if (reply.ok && reply.data && Array.isArray(reply.data.series)) {
+        fleetSeries = reply.data.series;
+        drawFleet();
+      }
+    } catch (_) {
+      // central unreachable: the stream's reconnect says so
+    }
+  }
+
+  function prepare(canvas) {
     const width = canvas.clientWidth;
     const height = canvas.clientHeight;
-    if (!width || !height) return;
+    if (!width || !height) return null;
     const dpr = window.devicePixelRatio || 1;
     if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
       canvas.width = Math.round(width * dpr);
@@ -422,6 +396,234 @@
     const ctx = canvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, width, height);
+    return { ctx, width, height };
+  }
+
+  function line(ctx, points, x, y, colour, dashed) {
+    ctx.beginPath();
+    let started = false;
+    for (const [t, v] of points) {
+      if (typeof v !== "number") {
+        started = false;
+        continue;
+      }
+      if (started) ctx.lineTo(x(t), y(v));
+      else ctx.moveTo(x(t), y(v));
+      started = true;
+    }
+    ctx.setLineDash(dashed ? [4, 3] : []);
+    ctx.strokeStyle = colour;
+    ctx.lineWidth = 1.5;
+    ctx.stroke();
+    ctx.setLineDash([]);
+  }
+
+  function axes(ctx, width, height, t0, t1, label) {
+    ctx.fillStyle = cssVar("--muted");
+    ctx.font = "10px system-ui, sans-serif";
+    ctx.fillText(label, 2, 10);
+    ctx.fillText(fmtTime(t0), 2, height - 2);
+    const right = fmtTime(t1);
+    ctx.fillText(right, width - ctx.measureText(right).width - 2, height - 2);
+  }
+
+  function drawFleet() {
+    const pts = fleetSeries.slice();
+    const now = lastSnapshot && lastSnapshot.fleet;
+    if (now && (!pts.length || now.at > pts[pts.length - 1].at)) {
+      pts.push({ ...now, energy_wh: now.energy_today_wh });
+    }
+    for (const [id, draw] of [
+      ["chart-cores", drawCores],
+      ["chart-power", drawPower],
+    ]) {
+      const c = prepare($(id));
+      if (!c) continue;
+      if (pts.length < 2) {
+        c.ctx.fillStyle = cssVar("--muted");
+        c.ctx.font = "11px system-ui, sans-serif";
+        c.ctx.fillText("collecting: a point a minute, for the last 24 hours", 6, c.height / 2);
+        continue;
+      }
+      draw(c, pts);
+    }
+  }
+
+  function drawCores({ ctx, width, height }, pts) {
+    const t0 = pts[0].at;
+    const t1 = pts[pts.length - 1].at;
+    const max = Math.max(1, ...pts.map((p) => Math.max(p.capacity_cpu || 0, p.demand_cpu || 0, p.forecast_cpu || 0))) * 1.1;
+    const x = (t) => ((t - t0) / Math.max(1, t1 - t0)) * (width - 4) + 2;
+    const y = (v) => height - 14 - (v / max) * (height - 28);
+    line(ctx, pts.map((p) => [p.at, p.capacity_cpu]), x, y, cssVar("--unknown"));
+    line(ctx, pts.map((p) => [p.at, p.demand_cpu]), x, y, cssVar("--cpu"));
+    // the forecast made at t is for t .. t+15 min: drawn where it was meant to come true
+    line(ctx, pts.map((p) => [p.at + 900, p.forecast_cpu]).filter(([t]) => t <= t1 + 900), x, y, "#e36209", true);
+    axes(ctx, width, height, t0, t1, "max " + fmtCores(max / 1.1) + " cores");
+  }
+
+  function drawPower({ ctx, width, height }, pts) {
+    const t0 = pts[0].at;
+    const t1 = pts[pts.length - 1].at;
+    const maxW = Math.max(1, ...pts.map((p) => p.power_w || 0)) * 1.1;
+    const x = (t) => ((t - t0) / Math.max(1, t1 - t0)) * (width - 4) + 2;
+    const yW = (v) => height - 14 - (v / maxW) * (height - 28);
+    const yU = (v) => height - 14 - v * (height - 28);
+    line(ctx, pts.map((p) => [p.at, p.power_w]), x, yW, cssVar("--power"));
+    line(ctx, pts.map((p) => [p.at, p.util]), x, yU, cssVar("--connected"));
+    axes(ctx, width, height, t0, t1, "max " + fmtPower(maxW / 1.1) + " · utilization 0–100 %");
+  }
+
+  // --- nodes -------------------------------------------------------------------------------
+
+  function hardware(reg) {
+    reg = reg || {};
+    return [
+      reg.arch,
+      reg.server_class,
+      typeof reg.cpu === "number" ? reg.cpu + " CPU" : null,
+      typeof reg.mem_gib === "number" ? reg.mem_gib + " GiB" : null,
+      reg.accel ? reg.accel + " accel" : null,
+      reg.site ? "@" + reg.site : null,
+    ]
+      .filter((x) => x !== null && x !== undefined && x !== "")
+      .join(" · ");
+  }
+
+  function filteredNodes(snap) {
+    const text = nodeView.text.toLowerCase();
+    return (snap.nodes || []).filter((n) => {
+      if (nodeView.state && (n.state || "unknown") !== nodeView.state) return false;
+      if (!text) return true;
+      return (n.id + " " + hardware(n.registration)).toLowerCase().includes(text);
+    });
+  }
+
+  function renderNodes(snap) {
+    const all = snap.nodes || [];
+    const nodes = filteredNodes(snap);
+    const pages = Math.max(1, Math.ceil(nodes.length / NODES_PER_PAGE));
+    nodeView.page = Math.min(nodeView.page, pages - 1);
+    const start = nodeView.page * NODES_PER_PAGE;
+    const shown = nodes.slice(start, start + NODES_PER_PAGE);
+    $("nodes-info").textContent = nodes.length
+      ? start + 1 + "–" + (start + shown.length) + " of " + nodes.length +
+        (nodes.length !== all.length ? " (of " + all.length + ")" : "")
+      : "none";
+    $("nodes-prev").disabled = nodeView.page === 0;
+    $("nodes-next").disabled = nodeView.page >= pages - 1;
+    const body = $("nodes").tBodies[0];
+    if (!shown.length) {
+      const text = all.length ? "No node matches." : "No node has spoken to central yet.";
+      body.replaceChildren(el("tr", { class: "empty" }, el("td", { colSpan: 8, text })));
+    } else {
+      body.replaceChildren(...shown.map((n) => nodeRow(n, snap)));
+    }
+    if (nodeView.selected) renderNodeDetail(snap);
+  }
+
+  function nodeRow(node, snap) {
+    const state = node.state || "unknown";
+    const t = node.telemetry || {};
+    const sync = node.sync || {};
+    const counts = Object.entries(node.tasks || {}).sort();
+    const away = typeof node.status_since === "number" && typeof snap.at === "number"
+      ? " since " + fmtAgo(snap.at - node.status_since)
+      : "";
+    const row = el(
+      "tr",
+      {
+        class: "node" + (nodeView.selected === node.id ? " selected" : ""),
+        "data-node": node.id,
+        "data-state": state,
+        tabIndex: 0,
+      },
+      cell("node", node.id, "mono node-id"),
+      el("td", { "data-label": "state" }, el("span", { class: "badge state", "data-state": state, text: state })),
+      cell("hardware", hardware(node.registration) || dash, "muted"),
+      cell("CPU", typeof t.cpu_util === "number" ? Math.round(t.cpu_util * 100) + " %" : dash, "num"),
+      cell("power", typeof t.power_w === "number" ? t.power_w.toFixed(0) + " W" : dash, "num"),
+      el(
+        "td",
+        { "data-label": "tasks" },
+        el(
+          "span",
+          { class: "tstates" },
+          ...(counts.length
+            ? counts.map(([s, n]) => el("span", { class: "tstate tstate-" + s, text: s + " " + n }))
+            : [dash]),
+        ),
+      ),
+      el(
+        "td",
+        { "data-label": "sync" },
+        el("span", {
+          class: sync.fresh === false ? "stale" : "",
+          text: (sync.last_update_s_ago == null ? "no update yet" : fmtAgo(sync.last_update_s_ago)) +
+            (sync.fresh === false ? " · stale" : ""),
+        }),
+      ),
+      cell("status", (node.status || dash) + away),
+    );
+    row.addEventListener("click", () => selectNode(node.id));
+    row.addEventListener("keydown", (e) => e.key === "Enter" && selectNode(node.id));
+    return row;
+  }
+
+  function selectNode(nodeId) {
+    if (nodeView.selected !== nodeId) series.clear();
+    nodeView.selected = nodeId;
+    $("node-detail").hidden = false;
+    if (lastSnapshot) renderNodes(lastSnapshot);
+    pollTelemetry();
+  }
+
+  function renderNodeDetail(snap) {
+    const node = (snap.nodes || []).find((n) => n.id === nodeView.selected);
+    $("node-detail-title").textContent = nodeView.selected + (node ? " · " + (node.state || "unknown") : " · gone");
+    if (!node) return;
+    const doc = node.document || {};
+    const reg = node.registration || {};
+    const kv = [
+      ["hardware", hardware(reg) || dash],
+      ["CPU model", reg.cpu_model || dash],
+      ["status", (node.status || dash) + (node.status_cause ? " (" + node.status_cause + ")" : "")],
+      ["document", "epoch " + (doc.epoch ?? dash) + " · " + (doc.content_hash || dash).slice(0, 16)],
+      ["tasks", Object.entries(node.tasks || {}).map(([s, n]) => s + " " + n).join(", ") || dash],
+    ];
+    $("node-detail-kv").replaceChildren(...kv.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+    if (node.telemetry) addSample(node.telemetry);
+    const points = series.get("selected") || [];
+    const latest = points[points.length - 1];
+    $("node-cpu-val").textContent = latest && typeof latest.cpu === "number" ? Math.round(latest.cpu * 100) + " %" : dash;
+    $("node-power-val").textContent = latest && typeof latest.power === "number" ? latest.power.toFixed(0) + " W" : dash;
+    drawSpark($("node-cpu"), points, "cpu", 1, cssVar("--cpu"));
+    const maxPower = Math.max(1, ...points.map((p) => p.power || 0)) * 1.15;
+    drawSpark($("node-power"), points, "power", maxPower, cssVar("--power"));
+  }
+
+  function addSample(sample) {
+    if (!sample || typeof sample.at !== "number") return;
+    let points = series.get("selected");
+    if (!points) {
+      points = [];
+      series.set("selected", points);
+    }
+    if (points.some((p) => p.at === sample.at)) return;
+    points.push({
+      at: sample.at,
+      cpu: typeof sample.cpu_util === "number" ? sample.cpu_util : null,
+      power: typeof sample.power_w === "number" ? sample.power_w : null,
+    });
+    points.sort((a, b) => a.at - b.at);
+    const horizon = points[points.length - 1].at - SERIES_KEEP_S;
+    while (points.length && points[0].at < horizon) points.shift();
+  }
+
+  function drawSpark(canvas, points, key, max, colour) {
+    const c = prepare(canvas);
+    if (!c) return;
+    const { ctx, width, height } = c;
     const values = points.filter((p) => typeof p[key] === "number");
     if (values.length < 2) {
       ctx.fillStyle = cssVar("--muted");
@@ -433,67 +635,42 @@
     const t0 = Math.min(values[0].at, t1 - 60);
     const x = (t) => ((t - t0) / Math.max(1, t1 - t0)) * (width - 2) + 1;
     const y = (v) => height - 2 - Math.max(0, Math.min(1, v / max)) * (height - 4);
-    ctx.beginPath();
-    values.forEach((p, i) => (i ? ctx.lineTo(x(p.at), y(p[key])) : ctx.moveTo(x(p.at), y(p[key]))));
-    ctx.strokeStyle = colour;
-    ctx.lineWidth = 1.5;
-    ctx.stroke();
-    ctx.lineTo(x(t1), height);
-    ctx.lineTo(x(values[0].at), height);
-    ctx.closePath();
-    ctx.globalAlpha = 0.15;
-    ctx.fillStyle = colour;
-    ctx.fill();
-    ctx.globalAlpha = 1;
+    line(ctx, values.map((p) => [p.at, p[key]]), x, y, colour);
   }
 
   let polling = false;
 
   async function pollTelemetry() {
-    if (polling || !token || authFailed || !lastSnapshot) return;
+    const nodeId = nodeView.selected;
+    if (polling || !nodeId || !token || authFailed) return;
     polling = true;
     try {
-      await pollEachNode();
+      const points = series.get("selected") || [];
+      const since = points.length ? points[points.length - 1].at : 0;
+      const reply = await api("GET", "/v1/nodes/" + encodeURIComponent(nodeId) + "/telemetry?since=" + since);
+      if (nodeView.selected !== nodeId) return;
+      if (reply.ok && reply.data && Array.isArray(reply.data.samples)) {
+        for (const sample of reply.data.samples) addSample(sample);
+      }
+      if (lastSnapshot) renderNodeDetail(lastSnapshot);
+    } catch (_) {
+      // central unreachable: the stream's reconnect handles it
     } finally {
       polling = false;
     }
   }
 
-  async function pollEachNode() {
-    const now = Date.now();
-    for (const node of lastSnapshot.nodes || []) {
-      if ((telemetryOff.get(node.id) || 0) > now) continue;
-      const points = series.get(node.id) || [];
-      const since = points.length ? points[points.length - 1].at : 0;
-      let reply;
-      try {
-        reply = await api(
-          "GET",
-          "/v1/nodes/" + encodeURIComponent(node.id) + "/telemetry?since=" + since,
-        );
-      } catch (_) {
-        return; // central unreachable: the stream's reconnect handles it
-      }
-      if (!reply.ok || !reply.data || !Array.isArray(reply.data.samples)) {
-        telemetryOff.set(node.id, now + 60000); // not served (older central) or unknown node
-        continue;
-      }
-      for (const sample of reply.data.samples) addSample(node.id, sample);
-    }
-    if (lastSnapshot) renderNodes(lastSnapshot);
-  }
-
-  // --- tasks ---------------------------------------------------------------------------------
+  // --- tasks -------------------------------------------------------------------------------
 
   function decidedBy(task) {
     const reason = task.reason || "";
-    let who = "central";
-    if (reason.startsWith("kept on")) who = "central (reconcile)";
-    else if (task.replacement) who = "central (failover)";
-    const nodes = Object.entries(task.decided_by || {})
-      .filter(([, by]) => by && by !== "central" && !by.startsWith("central:"))
-      .map(([node, by]) => node + (by === "edge-autonomous" ? " (offline)" : " (" + by + ")"));
-    return nodes.length ? who + "; " + nodes.join(", ") : who;
+    if (task.origin === "node") {
+      const by = task.decided_by;
+      return (task.node || "a node") + (by === "edge-autonomous" ? " (offline)" : by === "edge-connected" ? " (connected)" : "");
+    }
+    if (reason.startsWith("kept on")) return "central (reconcile)";
+    if (task.replacement) return "central (failover)";
+    return "central";
   }
 
   function cell(label, text, cls) {
@@ -501,72 +678,230 @@
     return el("td", { "data-label": label }, content);
   }
 
-  function renderTasks(snap) {
-    const rows = [];
-    for (const task of snap.tasks || []) {
+  function shownPhase(task) {
+    const phase = task.phase || task.state;
+    if (task.exit_code != null && (phase === "failed" || phase === "exited")) {
+      return phase + " (" + task.exit_code + ")";
+    }
+    return task.unknown_since != null ? phase + " (cut off)" : phase;
+  }
+
+  function taskQuery(limit, after) {
+    const q = new URLSearchParams({ limit: String(limit) });
+    if (after) q.set("after", after);
+    for (const key of ["prefix", "phase", "origin", "node"]) {
+      if (taskView[key]) q.set(key, taskView[key]);
+    }
+    return "/v1/tasks?" + q.toString();
+  }
+
+  // One page of tasks from central (server-side: filters, order, paging). A filtered page
+  // may come in parts (central bounds each request's work): follow next until it is full.
+  async function loadTasks() {
+    if (!token || authFailed) return;
+    const seq = ++taskView.seq; // a newer load (a click, a filter) makes this one moot
+    taskView.busy = true;
+    try {
+      const rows = [];
+      let after = taskView.cursors[taskView.page];
+      let next = null;
+      let total = 0;
+      for (let i = 0; i < TASK_REQUESTS_PER_PAGE; i++) {
+        const reply = await api("GET", taskQuery(TASKS_PER_PAGE - rows.length, after));
+        if (seq !== taskView.seq) return;
+        if (!reply.ok || !reply.data) {
+          taskView.error = "central refused the query: " + problemText(reply);
+          renderTasks();
+          return;
+        }
+        rows.push(...reply.data.tasks);
+        next = reply.data.next;
+        total = reply.data.total;
+        after = next;
+        if (!next || rows.length >= TASKS_PER_PAGE) break;
+      }
+      taskView.error = "";
+      taskView.rows = rows;
+      taskView.next = next;
+      taskView.total = total;
+      renderTasks();
+      document.body.dataset.tasksLoaded = String(seq); // (for the benchmark)
+    } catch (err) {
+      if (seq !== taskView.seq) return;
+      taskView.error = "central unreachable: " + err;
+      renderTasks();
+    } finally {
+      if (seq === taskView.seq) taskView.busy = false;
+    }
+    if (taskView.selected) loadTaskDetail();
+  }
+
+  function filtersOn() {
+    return Boolean(taskView.prefix || taskView.phase || taskView.origin || taskView.node);
+  }
+
+  function renderTasks() {
+    const rows = taskView.rows.map((task) => {
       const copies = Object.entries(task.copies || {})
         .sort()
         .map(([node, c]) => node + " (" + (c.state || "?") + ", e" + (c.epoch ?? "?") + ")");
-      const running = (task.running_on || []).join(", ");
-      // the task's own state fleet-wide (its lifecycle), not central's assignment
       const phase = task.phase || task.state;
-      const shown = task.exit_code != null && phase === "failed"
-        ? phase + " (" + task.exit_code + ")"
-        : task.unknown_since != null ? phase + " (cut off)" : phase;
       const row = el(
         "tr",
-        { "data-task": task.id, "data-state": phase || "" },
+        {
+          class: (task.origin === "node" ? "local" : "") + (taskView.selected === task.id ? " selected" : ""),
+          "data-task": task.id,
+          "data-state": phase || "",
+          tabIndex: 0,
+        },
         cell("task", task.id, "mono"),
-        cell("state", shown, "tstate-" + phase),
+        cell("state", shownPhase(task), "tstate-" + phase),
         cell("node", task.node),
         el(
           "td",
-          {
-            "data-label": "running on",
-            title: copies.length ? "copies: " + copies.join("; ") : "no copy reported",
-          },
-          el("span", { text: running || dash }),
+          { "data-label": "running on", title: copies.length ? "copies: " + copies.join("; ") : "no copy reported" },
+          el("span", { text: (task.running_on || []).join(", ") || dash }),
         ),
-        cell("epoch", task.epoch),
+        cell("origin", task.origin === "node" ? "node" : "central"),
         cell("decided by", decidedBy(task)),
-        cell("reason", task.reason, "reason"),
+        cell("reason", task.reason || (task.origin === "node" ? "decided at the node" : dash), "reason"),
       );
-      rows.push(row);
-    }
-    for (const task of snap.node_tasks || []) {
-      const by = task.decided_by === "edge-autonomous"
-        ? task.node + " (offline)"
-        : task.decided_by === "edge-connected"
-          ? task.node + " (connected)"
-          : task.decided_by || dash;
-      rows.push(
-        el(
-          "tr",
-          { class: "local", "data-task": task.id, "data-state": task.state || "" },
-          cell("task", task.id, "mono"),
-          cell("state", task.state, "tstate-" + task.state),
-          cell("node", task.node),
-          cell("running on", task.state === "running" ? task.node : dash),
-          cell("epoch", dash),
-          cell("decided by", by),
-          cell("reason", "submitted at the node", "reason"),
-        ),
-      );
-    }
+      row.addEventListener("click", () => selectTask(task.id));
+      row.addEventListener("keydown", (e) => e.key === "Enter" && selectTask(task.id));
+      return row;
+    });
     const body = $("tasks").tBodies[0];
     if (!rows.length) {
-      rows.push(el("tr", { class: "empty" }, el("td", { colSpan: 7, text: "No tasks." })));
+      const text = taskView.error || (filtersOn() ? "No task matches." : "No tasks.");
+      rows.push(el("tr", { class: "empty" }, el("td", { colSpan: 7, text })));
     }
     body.replaceChildren(...rows);
+    const first = taskView.page * TASKS_PER_PAGE;
+    $("tasks-info").textContent =
+      (taskView.error && taskView.rows.length ? "⚠ " : "") +
+      "page " + (taskView.page + 1) +
+      (taskView.rows.length ? " · " + (first + 1) + "–" + (first + taskView.rows.length) : "") +
+      (filtersOn() ? " (filtered)" : "") + " · " + taskView.total + " tasks";
+    $("tasks-prev").disabled = taskView.page === 0;
+    $("tasks-next").disabled = !taskView.next;
   }
 
-  // --- events --------------------------------------------------------------------------------
+  function resetTaskPages() {
+    taskView.cursors = [null];
+    taskView.page = 0;
+    loadTasks();
+  }
+
+  function selectTask(taskId) {
+    taskView.selected = taskId;
+    $("task-detail").hidden = false;
+    $("task-logs").textContent = "—";
+    renderTasks();
+    loadTaskDetail();
+  }
+
+  async function loadTaskDetail() {
+    const taskId = taskView.selected;
+    if (!taskId) return;
+    let reply;
+    try {
+      reply = await api("GET", "/v1/tasks/" + encodeURIComponent(taskId));
+    } catch (err) {
+      return;
+    }
+    if (taskView.selected !== taskId) return;
+    $("task-detail-title").textContent = taskId;
+    if (!reply.ok || !reply.data) {
+      $("task-detail-kv").replaceChildren(el("dt", { text: "error" }), el("dd", { text: problemText(reply) }));
+      $("task-copies").tBodies[0].replaceChildren();
+      return;
+    }
+    const t = reply.data;
+    const spec = t.spec || {};
+    const kv = [
+      ["state", shownPhase(t)],
+      ["exit code", t.exit_code ?? dash],
+      ["restarts", t.restarts ?? dash],
+      ["node", t.node || dash],
+      ["running on", (t.running_on || []).join(", ") || dash],
+      ["origin", t.origin],
+      ["decided by", decidedBy(t)],
+      ["reason", t.reason || dash],
+      ["submitted", fmtTime(t.submitted_at)],
+      ["started", fmtTime(t.started_at)],
+      ["finished", fmtTime(t.finished_at)],
+      ["unknown since", t.unknown_since == null ? dash : fmtTime(t.unknown_since)],
+      ["epoch", t.epoch ?? dash],
+      ["command", Array.isArray(spec.command) ? spec.command.join(" ") : dash],
+      ["asks", spec.cpu != null ? spec.cpu + " CPU · " + (spec.mem_gib ?? 0) + " GiB · " + (spec.workload || "") : dash],
+    ];
+    $("task-detail-kv").replaceChildren(...kv.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: String(v) })]));
+    const copies = Object.entries(t.copies || {}).sort();
+    $("task-copies").tBodies[0].replaceChildren(
+      ...(copies.length
+        ? copies.map(([node, c]) =>
+            el(
+              "tr",
+              { "data-node": node },
+              cell("node", node, "mono"),
+              cell("state", c.state, "tstate-" + c.state),
+              cell("epoch", c.epoch ?? dash),
+              cell("updated", fmtTime(c.updated_at)),
+            ),
+          )
+        : [el("tr", { class: "empty" }, el("td", { colSpan: 4, text: "No node reports a copy." }))]),
+    );
+  }
+
+  async function loadTaskLogs() {
+    const taskId = taskView.selected;
+    if (!taskId) return;
+    const out = $("task-logs");
+    out.textContent = "asking central…";
+    try {
+      const response = await fetch("/v1/tasks/" + encodeURIComponent(taskId) + "/logs?tail=200", {
+        headers: { Authorization: "Bearer " + token },
+        cache: "no-store",
+      });
+      const text = await response.text();
+      if (taskView.selected !== taskId) return;
+      if (response.ok) {
+        out.textContent = text || "(no output)";
+      } else {
+        let detail = text;
+        try {
+          const d = JSON.parse(text);
+          detail = d.detail || d.title || text;
+        } catch (_) {
+          // not problem JSON: shown as it came
+        }
+        out.textContent = "no output: " + detail + " (HTTP " + response.status + ")";
+      }
+    } catch (err) {
+      out.textContent = "central unreachable: " + err;
+    }
+  }
+
+  // --- events ------------------------------------------------------------------------------
 
   function renderEvents(snap) {
-    const events = (snap.events || []).slice().reverse(); // newest first
+    const filter = $("event-filter");
+    const kinds = new Set((snap.events || []).map((e) => e.kind));
+    for (const kind of [...kinds].sort()) {
+      if (![...filter.options].some((o) => o.value === "kind:" + kind)) {
+        filter.append(el("option", { value: "kind:" + kind, text: kind }));
+      }
+    }
+    const chosen = filter.value;
+    const events = (snap.events || [])
+      .filter((e) =>
+        !chosen ? true : chosen === "notable" ? !ROUTINE_EVENTS.has(e.kind) : "kind:" + e.kind === chosen,
+      )
+      .slice()
+      .reverse(); // newest first
     const list = $("events");
     if (!events.length) {
-      list.replaceChildren(el("li", { class: "empty", text: "No events yet." }));
+      list.replaceChildren(el("li", { class: "empty", text: chosen ? "No such event kept." : "No events yet." }));
     } else {
       list.replaceChildren(
         ...events.map((e) =>
@@ -584,16 +919,9 @@
   }
 
   function drawStrip(snap) {
-    const canvas = $("strip");
-    const width = canvas.clientWidth;
-    const height = canvas.clientHeight;
-    if (!width || !height) return;
-    const dpr = window.devicePixelRatio || 1;
-    canvas.width = Math.round(width * dpr);
-    canvas.height = Math.round(height * dpr);
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, width, height);
+    const c = prepare($("strip"));
+    if (!c) return;
+    const { ctx, width, height } = c;
     const now = typeof snap.at === "number" ? snap.at : Date.now() / 1000;
     const t0 = now - SERIES_KEEP_S;
     ctx.strokeStyle = cssVar("--line");
@@ -617,23 +945,33 @@
     }
   }
 
-  // --- all of it -----------------------------------------------------------------------------
+  // --- all of it ---------------------------------------------------------------------------
 
   function render(snap) {
+    const began = performance.now();
     renderHeader(snap);
+    renderFleet(snap);
     renderNodes(snap);
-    renderTasks(snap);
     renderEvents(snap);
     $("updated").textContent = "updated " + fmtTime(snap.at);
+    // how long the last snapshot took to render, for bench/bench_dashboard.py
+    document.body.dataset.renderMs = (performance.now() - began).toFixed(2);
   }
 
-  function start() {
-    token = readToken();
+  function debounce(fn, ms) {
+    let timer = null;
+    return () => {
+      clearTimeout(timer);
+      timer = setTimeout(fn, ms);
+    };
+  }
+
+  function wire() {
     $("mode-select").addEventListener("change", (e) => switchPolicy("mode", e.target.value));
-    $("tidal-select").addEventListener("change", (e) =>
-      switchPolicy("tidal_profile", e.target.value),
-    );
-    $("policy-form").addEventListener("submit", (e) => e.preventDefault());
+    $("tidal-select").addEventListener("change", (e) => switchPolicy("tidal_profile", e.target.value));
+    for (const form of document.querySelectorAll("form")) {
+      if (form.id !== "token-form") form.addEventListener("submit", (e) => e.preventDefault());
+    }
     $("token-form").addEventListener("submit", (e) => {
       e.preventDefault();
       const value = $("token-input").value.trim();
@@ -643,17 +981,99 @@
       $("token-input").value = "";
       backoff = BACKOFF_MIN_MS;
       connect();
+      resetTaskPages();
     });
+    // nodes: filter and pages (client-side: the stream holds every node)
+    const nodesAgain = () => lastSnapshot && renderNodes(lastSnapshot);
+    $("node-filter").addEventListener("input", () => {
+      nodeView.text = $("node-filter").value.trim();
+      nodeView.page = 0;
+      nodesAgain();
+    });
+    $("node-state").addEventListener("change", () => {
+      nodeView.state = $("node-state").value;
+      nodeView.page = 0;
+      nodesAgain();
+    });
+    $("nodes-prev").addEventListener("click", () => {
+      nodeView.page = Math.max(0, nodeView.page - 1);
+      nodesAgain();
+    });
+    $("nodes-next").addEventListener("click", () => {
+      nodeView.page += 1;
+      nodesAgain();
+    });
+    $("node-detail-close").addEventListener("click", () => {
+      nodeView.selected = null;
+      $("node-detail").hidden = true;
+      nodesAgain();
+    });
+    $("node-show-tasks").addEventListener("click", () => {
+      taskView.node = nodeView.selected || "";
+      $("task-node").value = taskView.node;
+      resetTaskPages();
+      $("tasks-h").scrollIntoView();
+    });
+    // tasks: filters and pages (server-side)
+    const typed = debounce(() => {
+      taskView.prefix = $("task-prefix").value.trim();
+      taskView.node = $("task-node").value.trim();
+      resetTaskPages();
+    }, 250);
+    $("task-prefix").addEventListener("input", typed);
+    $("task-node").addEventListener("input", typed);
+    for (const id of ["task-phase", "task-origin"]) {
+      $(id).addEventListener("change", () => {
+        taskView.phase = $("task-phase").value;
+        taskView.origin = $("task-origin").value;
+        resetTaskPages();
+      });
+    }
+    $("tasks-prev").addEventListener("click", () => {
+      if (taskView.page === 0) return;
+      taskView.page -= 1;
+      loadTasks();
+    });
+    $("tasks-next").addEventListener("click", () => {
+      if (!taskView.next) return;
+      taskView.cursors[taskView.page + 1] = taskView.next;
+      taskView.page += 1;
+      loadTasks();
+    });
+    $("task-detail-close").addEventListener("click", () => {
+      taskView.selected = null;
+      $("task-detail").hidden = true;
+      renderTasks();
+    });
+    $("task-logs-load").addEventListener("click", loadTaskLogs);
+    $("event-filter").addEventListener("change", () => lastSnapshot && renderEvents(lastSnapshot));
+  }
+
+  function start() {
+    token = readToken();
+    wire();
     window.addEventListener("hashchange", () => {
       const fresh = readToken();
       if (fresh && fresh !== token) {
         token = fresh;
         backoff = BACKOFF_MIN_MS;
         connect();
+        resetTaskPages();
       }
     });
     window.addEventListener("resize", () => lastSnapshot && render(lastSnapshot));
     setInterval(pollTelemetry, TELEMETRY_POLL_MS);
+    setInterval(() => {
+      const live = source !== null && staleSince === null && lastSnapshot !== null;
+      if (live && !document.hidden && !taskView.busy) loadTasks();
+    }, TASKS_REFRESH_MS);
+    setInterval(loadFleet, FLEET_POLL_MS);
+    setInterval(() => {
+      // a stream that went quiet without an error (a proxy holding it) is stale too
+      if (lastSnapshot !== null && staleSince === null && Date.now() - lastSnapshotAt > STALE_AFTER_MS) {
+        setLink("error", "no snapshot for " + Math.round((Date.now() - lastSnapshotAt) / 1000) + " s");
+      }
+    }, 1000);
     connect();
   }
 
