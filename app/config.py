@@ -279,6 +279,17 @@ class MqttConfig:
         )
 
 
+class TelemetrySource(StrEnum):
+    """Where an edge node's telemetry takes its utilization and power (``[edge]
+    telemetry_source``; :mod:`edgesched.edge.telemetry`)."""
+
+    HOST = "host"  # this machine, as the agent measures it (psutil, power sensors)
+    RESERVED = "reserved"  # the server the node registered as: what its tasks reserve
+
+
+_TELEMETRY_SOURCES = tuple(m.value for m in TelemetrySource)
+
+
 @dataclass(frozen=True, slots=True)
 class EdgeConfig:
     """The edge sub-engine: identity, state directory, local API, lease and loop timings.
@@ -299,6 +310,11 @@ class EdgeConfig:
     SQLite tables, a bounded batch every ``sample_s``; their counts per day and state stay
     (``Store.history``). Default a day; keep it at least central's ``assignment_retention_s``
     (a task central still assigns is never pruned, whatever this says).
+    ``telemetry_source``: where the telemetry central shows takes its CPU, memory and power:
+    ``host`` (the default, a real gateway) measures this machine; ``reserved`` reports the
+    server the node registered as, from what its placed and running tasks reserve and its
+    registered power model (a simulated node, ``hal_root`` elsewhere: several of them share
+    one host, whose measurements would describe none of them).
     """
 
     node_id: str = ""
@@ -319,9 +335,15 @@ class EdgeConfig:
     hal_root: str = "/"
     container_runtime: str = ""
     history_retention_s: float = 86_400.0
+    telemetry_source: TelemetrySource = TelemetrySource.HOST
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
+        if self.telemetry_source not in _TELEMETRY_SOURCES:
+            raise ValueError(
+                f"telemetry_source must be one of {', '.join(_TELEMETRY_SOURCES)}, got "
+                f"{self.telemetry_source!r}"
+            )
         if not math.isfinite(self.history_retention_s) or self.history_retention_s <= 0:
             raise ValueError(
                 f"history_retention_s must be a finite number > 0, got {self.history_retention_s}"
@@ -667,6 +689,7 @@ def _parse_edge(t: _Table) -> EdgeConfig:
             history_retention_s=t.number(
                 "history_retention_s", d.history_retention_s, low=0, low_open=True
             ),
+            telemetry_source=t.choice("telemetry_source", d.telemetry_source),
             mqtt=mqtt,
         )
     )
@@ -811,6 +834,11 @@ def default_config_toml() -> str:
             "history_retention_s",
             EdgeConfig().history_retention_s,
             "finished tasks and decisions leave SQLite",
+        ),
+        _line(
+            "telemetry_source",
+            EdgeConfig().telemetry_source.value,
+            "host | reserved (a simulated node's bookings)",
         ),
     ]
     return "\n".join(lines) + "\n"

@@ -7,8 +7,10 @@ Everything is a separate process in one work directory:
 * central (``edgesched central run``) with a short failover grace and a fast heartbeat;
 * edge nodes (``edgesched edge run``), each registering as a different simulated server
   through ``[edge] hal_root`` (:mod:`edgesched.edge.fakehw`: a 48-core ARM general node, an
-  x86 AI node with 4 GPUs, an x86 storage node with 6 NVMe disks, a small ARM node, ...).
-  Their tasks are real ``sleep`` processes on this machine. One node reaches the broker
+  x86 AI node with 4 GPUs, an x86 storage node with 6 NVMe disks, a small ARM node, ...)
+  and reporting that server's load and power as telemetry (``[edge] telemetry_source =
+  "reserved"``: what its tasks reserve, not this machine's CPU). Their tasks are real
+  ``sleep`` processes on this machine. One node reaches the broker
   through a :class:`~edgesched.fieldtest.faultproxy.FaultProxy` that runs in the demo's own
   event loop, so the demo can cut it off for real.
 
@@ -759,6 +761,8 @@ async def _run_in(
                         "sample_s": 1.0,
                         "stop_grace_s": 1.0,
                         "hal_root": str(workdir / "hardware" / sim.id),
+                        # the simulated server's load and power, not this host's
+                        "telemetry_source": "reserved",
                     },
                     "edge.mqtt": {**mqtt, "port": port},
                 },
@@ -1089,8 +1093,9 @@ def _report(
             "kwh": round(usage["energy_kwh"], 3),
             "cost": round(usage["energy_cost"], 3),
             "source": "each node's power model (idle + (peak - idle) * u) at its reserved "
-            "utilization u, integrated over simulated time, priced by the campus tariff; node "
-            "telemetry measures this host, not the simulated servers",
+            "utilization u, integrated over simulated time, priced by the campus tariff; the "
+            "nodes' telemetry (telemetry_source = reserved) reports the same model at the "
+            "same u, sampled in real time",
         },
     }
 

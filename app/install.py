@@ -488,7 +488,7 @@ def _config_text(data: Mapping[str, Any], version: str) -> str:
 
 def _check_config(text: str, role: Role, lay: Layout) -> None:
     """What ``edgesched config check`` and ``<role> run`` would refuse, refused now."""
-    from edgesched.config import ConfigError, parse_config
+    from edgesched.config import ConfigError, TelemetrySource, parse_config
 
     try:
         data = tomllib.loads(text)
@@ -500,6 +500,11 @@ def _check_config(text: str, role: Role, lay: Layout) -> None:
     if role == "edge" and cfg.edge.hal_root != "/":
         raise InstallError(
             f"config: edge.hal_root is {cfg.edge.hal_root!r}: a simulated node, not this gateway"
+        )
+    if role == "edge" and cfg.edge.telemetry_source != TelemetrySource.HOST:
+        raise InstallError(
+            f"config: edge.telemetry_source is {cfg.edge.telemetry_source.value!r}: a simulated "
+            "node's telemetry; a gateway reports what it measures, 'host'"
         )
 
 

@@ -7,7 +7,9 @@
   :func:`edgesched.core.scheduler.schedule` as central, over this node, with the cached policy;
   every decision is committed to SQLite *before* it is acted on;
 * **exits**: task processes ending; restart policies (with backoff) decide what happens next;
-* **sample**: the agent's resource samples into the store, downsampled hourly, and one
+* **sample**: the agent's resource samples into the store, downsampled hourly; the telemetry
+  central shows, of this host or of what the tasks reserve of the registered server
+  (``[edge] telemetry_source``, :mod:`edgesched.edge.telemetry`); and one
   bounded batch of history pruning (finished tasks and decisions older than
   ``[edge] history_retention_s`` leave the hot tables, counted per day); what repeats reads
   only the active tasks, so its cost does not grow with the history;
@@ -46,9 +48,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edgesched.config import EdgeschedConfig, builtin_profiles
+from edgesched.config import EdgeschedConfig, TelemetrySource, builtin_profiles
 from edgesched.core.classdemand import ClassDemand
-from edgesched.core.model import Decision, DecisionKind, Node, Placement
+from edgesched.core.model import Decision, DecisionKind, Node, Placement, Resources
 from edgesched.core.scheduler import ClusterView, schedule
 from edgesched.core.task import (
     RestartPolicy,
@@ -64,6 +66,7 @@ from edgesched.edge.link import CentralLink
 from edgesched.edge.metrics import EdgeMetrics
 from edgesched.edge.power import PowerControl
 from edgesched.edge.qualify import QualificationReport
+from edgesched.edge.telemetry import host_telemetry, reserved_telemetry
 from edgesched.policies.models import ActiveModels
 from edgesched.rest.server import ApiStarter
 from edgesched.sync.doc import NodeDoc, PolicyDoc, SyncedDoc, client_id_for, desired_doc_name
@@ -78,7 +81,7 @@ from edgesched.sync.schema import (
 )
 from edgesched.sync.session import MqttSession, wait_event
 from edgesched.sync.store import Store, StoreError, StoreFullError
-from edgesched.sync.telemetry import Telemetry, TelemetryPublisher
+from edgesched.sync.telemetry import TelemetryPublisher
 
 log = logging.getLogger("edgesched.edge.engine")
 _T = TypeVar("_T")
@@ -1031,18 +1034,28 @@ class EdgeEngine:
             self.executor.forget(spec.id)  # the outcome is committed: drop the exit record
         self._wake.set()
 
-    def _publish_telemetry(self, now: float, sample: Sample) -> None:
-        self.telemetry.offer(
-            Telemetry(
-                at=now,
-                cpu_util=min(1.0, max(0.0, sample.cpu_total)),
-                mem_util=min(1.0, sample.mem_used_gib / sample.mem_total_gib)
-                if sample.mem_total_gib > 0
-                else 0.0,
-                power_w=max(0.0, sample.power_w),
-                tasks_running=len(self.executor.running()),
+    def _publish_telemetry(self, sample: Sample, active: list[TaskRecord] | None) -> None:
+        """This sample's telemetry, from this host or from what ``active``'s placed and running
+        tasks reserve of the registered server (``[edge] telemetry_source``); with the latter
+        and no tasks read (the store failed), nothing: a wrong figure is worse than none."""
+        running = len(self.executor.running())
+        if self.edge.telemetry_source != TelemetrySource.RESERVED:
+            self.telemetry.offer(host_telemetry(sample, running))
+        elif active is not None and self.node is not None:
+            reserved = (
+                Resources.shared(r.spec.cpu, r.spec.mem_gib, r.spec.accel)
+                for r in active
+                if r.state in _HELD
             )
-        )
+            self.telemetry.offer(
+                reserved_telemetry(
+                    self.node,
+                    reserved,
+                    at=sample.at,
+                    tasks_running=running,
+                    parked=self.power.state.parked,
+                )
+            )
 
     async def _sample_loop(self, agent: Agent) -> None:
         last_rollup = self.clock()
@@ -1066,7 +1079,10 @@ class EdgeEngine:
         grow with the finished history (bench/bench_edge_history.py)."""
         sample = agent.sample(now, parked=self.power.state.parked)
         self.metrics.observe(sample)
-        self._publish_telemetry(now, sample)
+        active: list[TaskRecord] | None = None
+        with contextlib.suppress(StoreError):  # counted where the store fails for real
+            active = await self.store.list_tasks(_ACTIVE)
+        self._publish_telemetry(sample, active)
         try:
             await self.store.add_sample(now, sample.to_json())
         except StoreError as exc:
@@ -1082,10 +1098,11 @@ class EdgeEngine:
             counts = await self.store.task_counts()
             for state in TaskState:
                 self.metrics.tasks.labels(state.value).set(counts.get(state, 0))
-            try:
-                await self._observe_demand(now, await self.store.list_tasks(_ACTIVE))
-            except ValueError as exc:  # a forecast is advice: never let it stop the node
-                log.error("demand forecast skipped: %s", exc)
+            if active is not None:
+                try:
+                    await self._observe_demand(now, active)
+                except ValueError as exc:  # a forecast is advice: never let it stop the node
+                    log.error("demand forecast skipped: %s", exc)
 
     async def _prune_history(self, now: float) -> tuple[int, int]:
         """One bounded batch: finished tasks and decisions older than ``history_retention_s``

@@ -478,6 +478,40 @@ def test_history_retention_is_checked_in_code_too() -> None:
             EdgeConfig(history_retention_s=bad)
 
 
+# --- [edge] telemetry_source --------------------------------------------------------------------
+
+
+def test_telemetry_source_defaults_to_the_host_and_is_in_the_example() -> None:
+    from edgesched.config import EdgeConfig, TelemetrySource
+
+    assert EdgeConfig().telemetry_source is TelemetrySource.HOST
+    assert 'telemetry_source = "host"' in default_config_toml()
+    assert parse(default_config_toml()).edge.telemetry_source is TelemetrySource.HOST
+    reserved = parse('[edge]\ntelemetry_source = "reserved"\n').edge.telemetry_source
+    assert reserved is TelemetrySource.RESERVED
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ('"simulated"', "must be one of host, reserved, got 'simulated'"),
+        ('"Reserved"', "must be one of host, reserved"),
+        ('""', "must not be empty"),
+        ("1", "expected a string"),
+    ],
+)
+def test_telemetry_source_mistakes_are_named(value: str, needle: str) -> None:
+    err = error_of(f"[edge]\ntelemetry_source = {value}\n")
+    assert "edge.telemetry_source" in str(err) and needle in str(err), str(err)
+
+
+def test_telemetry_source_is_checked_in_code_too() -> None:
+    from edgesched.config import EdgeConfig
+
+    with pytest.raises(ValueError, match="telemetry_source must be one of host, reserved"):
+        EdgeConfig(telemetry_source="guess")  # type: ignore[arg-type]
+
+
 # --- [edge.mqtt]: TLS, credentials, and no plain TCP off loopback -----------------------------
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from edgesched.config import parse_config
+from edgesched.config import TelemetrySource, load_config, parse_config
 from edgesched.demo import (
     DAY_S,
     LOCAL_CLASSES,
@@ -112,6 +112,10 @@ def test_short_run_cuts_a_node_off_and_merges_it_back(tmp_path: Path) -> None:
     assert sum(n["tasks_ran"] for n in result["nodes"]) > 20
     assert 0 < result["utilization"]["fleet"] < 1
     assert result["energy"]["kwh"] > 0
+    assert "telemetry_source = reserved" in result["energy"]["source"]
+    for n in result["nodes"]:  # each simulated node reports its server, not this host
+        edge = load_config(workdir / "nodes" / n["id"] / "edge.toml").edge
+        assert edge.telemetry_source is TelemetrySource.RESERVED, n["id"]
     assert result["dashboard"].startswith("http://127.0.0.1:")
     assert "/dashboard/#token=" in result["dashboard"]
     no_leftovers(workdir, [p for p in result["processes"].values() if p])

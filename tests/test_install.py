@@ -460,6 +460,12 @@ def simulated_node(ca: Path, tmp_path: Path) -> list[str | Path]:
     return ["--config", path]
 
 
+def simulated_telemetry(ca: Path, tmp_path: Path) -> list[str | Path]:
+    path = tmp_path / "sim-telemetry.toml"
+    path.write_text('[edge]\ntelemetry_source = "reserved"\n')
+    return ["--config", path]
+
+
 @pytest.mark.parametrize(
     ("make_args", "message"),
     [
@@ -488,6 +494,7 @@ def simulated_node(ca: Path, tmp_path: Path) -> list[str | Path]:
         (typo_config, "did you mean 'lease_s'?"),
         (home_config, "hidden from the service (ProtectHome=yes)"),
         (simulated_node, "a simulated node"),
+        (simulated_telemetry, "edge.telemetry_source is 'reserved': a simulated node's"),
         (lambda ca, t: ["--password-file", t / "pw"], "--password-file {t}/pw: no such file"),
         (lambda ca, t: ["--read-write-path", "data"], "--read-write-path: must be absolute"),
     ],
