@@ -163,6 +163,40 @@ async def test_stream_needs_a_token_sends_snapshots_and_ends_on_stop(
                 assert await resp.content.read() is not None  # the stream is closed
 
 
+async def test_fleet_and_events_routes_and_their_bad_queries(
+    central: tuple[CentralEngine, asyncio.Task[None]],
+) -> None:
+    """What the page's fleet panel and event filter read, and clear refusals of bad queries."""
+    engine, _ = central
+    base = f"http://127.0.0.1:{engine.api_port}"
+    token = (engine.state_dir / "api-token-read").read_text().strip()
+    headers = {"Authorization": "Bearer " + token}
+    engine._event("failover", "svc: gw-a -> gw-b", task="svc")
+    engine._event("placed", "t1 on gw-b", task="t1")
+    async with aiohttp.ClientSession(headers=headers) as http:
+        async with http.get(base + "/v1/fleet") as resp:
+            body = await resp.json()
+            assert resp.status == 200 and body["series"] == [] and body["now"] is None
+            assert body["policy"]["mode"] == "priority"
+        async with http.get(base + "/v1/events", params={"notable": "1"}) as resp:
+            kinds = [e["kind"] for e in (await resp.json())["events"]]
+            assert resp.status == 200 and "failover" in kinds and "placed" not in kinds
+        async with http.get(base + "/v1/events", params={"kind": "placed", "limit": "1"}) as resp:
+            assert [e["detail"] for e in (await resp.json())["events"]] == ["t1 on gw-b"]
+        for path, params, field in (
+            ("/v1/fleet", {"since": "nan"}, "since"),
+            ("/v1/events", {"limit": "0"}, "limit"),
+            ("/v1/events", {"notable": "maybe"}, "notable"),
+            ("/v1/tasks", {"limit": "x"}, "limit"),
+        ):
+            async with http.get(base + path, params=params) as resp:
+                problem = await resp.json()
+                assert resp.status == 400 and problem["field"] == field, (path, problem)
+        async with http.get(base + "/v1/tasks", params={"prefix": "nope"}) as resp:
+            body = await resp.json()
+            assert body == {"tasks": [], "next": None, "scanned": 0, "total": 0}
+
+
 async def test_a_client_that_stops_reading_is_dropped(
     central: tuple[CentralEngine, asyncio.Task[None]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
