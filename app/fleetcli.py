@@ -1,5 +1,6 @@
 """The operator's commands against central's API (issue 14): ``edgesched run``, ``tasks``,
-``task``, ``history``, ``cancel``, ``nodes``, in the style of ``nomad job run`` / ``kubectl``.
+``task``, ``history``, ``logs``, ``cancel``, ``nodes``, in the style of ``nomad job run`` /
+``kubectl``.
 
 Where central is and its token come from ``--addr`` / ``EDGESCHED_ADDR`` (default
 ``http://127.0.0.1:7300``) and ``--token`` / ``EDGESCHED_TOKEN``, or a file holding it
@@ -95,6 +96,44 @@ def pages(api: ApiClient, query: dict[str, str], limit: int) -> Iterator[dict[st
             return
 
 
+def stream_logs(api: ApiClient, task_id: str, tail: int, follow: bool, as_json: bool) -> None:
+    """``GET /v1/tasks/{id}/logs`` to stdout as it comes (``follow``: until the task has
+    finished); a refusal, an unreachable node or central, or a stream cut short: one line."""
+    import http.client
+    import sys
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    path = f"/v1/tasks/{urllib.parse.quote(task_id, safe='')}/logs?tail={tail}"
+    path += "&follow=1" if follow else ""
+    url = api.target.base_url + path
+    request = urllib.request.Request(url, headers=api.target.headers())
+    out = sys.stdout.buffer
+    try:
+        with urllib.request.urlopen(request, timeout=None if follow else 60) as answer:
+            node = answer.headers.get("X-Edgesched-Node", "")
+            if as_json:
+                text = answer.read().decode("utf-8", "replace")
+                typer.echo(json.dumps({"id": task_id, "node": node, "text": text}, indent=2))
+                return
+            while chunk := answer.read1(65536):
+                out.write(chunk)
+                out.flush()
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            body: Any = json.loads(raw)
+        except ValueError:
+            body = raw.decode("utf-8", "replace")
+        _fail(str(ApiError(exc.code, body, url)))
+    except http.client.IncompleteRead:
+        _fail(f"the output of {task_id} broke off: its node stopped answering central")
+    except (urllib.error.URLError, OSError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        _fail(f"cannot reach central at {api.target.base_url}: {reason}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the operator's commands to ``app``."""
 
@@ -171,6 +210,27 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"{key:<14} {_s(view.get(key))}")
         for node_id, held in sorted(view["copies"].items()):
             typer.echo(f"copy on {node_id}: {held['state']} (epoch {_s(held['epoch'])})")
+
+    @app.command("logs")
+    def logs(
+        task_id: Annotated[str, typer.Argument(help="Task id.")],
+        tail: Annotated[
+            int, typer.Option(min=0, max=10_000, help="The last this many lines.")
+        ] = 100,
+        follow: Annotated[
+            bool, typer.Option("--follow", "-f", help="Then what it writes, until it finishes.")
+        ] = False,
+        addr: AddrOption = None,
+        token: TokenOption = None,
+        token_file: TokenFileOption = None,
+        as_json: Annotated[
+            bool, typer.Option("--json", help='Print {"id", "node", "text"} (not with -f).')
+        ] = False,
+    ) -> None:
+        """A task's output (stdout and stderr), read through central from its node."""
+        if as_json and follow:
+            _fail("--json prints a finished read: not with --follow")
+        stream_logs(client(addr, token, token_file), task_id, tail, follow, as_json)
 
     @app.command("run")
     def run(

@@ -15,6 +15,7 @@ naming what is wrong.
     GET /v1/nodes/{id}/telemetry[?since=unix]   its last hour of samples (cpu, mem, power)
     GET    /v1/tasks        tasks submitted at central: assignment and the copies nodes report
     GET    /v1/tasks/{id}
+    GET    /v1/tasks/{id}/logs[?tail=N&follow=1]   its output, read from its node over MQTT
     POST   /v1/tasks        submit (TaskSpec JSON, optional "node" to pin it); 201 once journaled
     DELETE /v1/tasks/{id}   cancel (the node stops it when it hears)
     POST   /v1/tasks/{id}/migrate   move it ({"node": target}): placed there, stopped here
@@ -39,6 +40,7 @@ from aiohttp import web
 
 from edgesched.central import dashboard, extender, tasklist
 from edgesched.central.engine import CentralEngine, TaskRefused
+from edgesched.central.logsproxy import add_routes as add_logs_routes
 from edgesched.central.openapi import serve_central
 from edgesched.core.lifecycle import Phase
 from edgesched.core.task import SpecError, TaskSpec
@@ -401,6 +403,7 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app.router.add_put("/v1/models/{kind}", put_model)
     app.router.add_get("/metrics", metrics)
     dashboard.add_routes(app, engine)
+    add_logs_routes(app, engine)  # GET /v1/tasks/{id}/logs, from the node over MQTT
     if engine.central.k8s_extender:
         for method, path, handler in extender.routes(
             get_fleet=engine.fleet_nodes,

@@ -698,6 +698,64 @@ def _central_paths() -> dict[str, Schema]:
                 ],
             )
         },
+        "/v1/tasks/{id}/logs": {
+            "get": oa.op(
+                "getTaskLogs",
+                "A task's output (stdout and stderr), read from its node over MQTT",
+                tasks_tag,
+                {
+                    "200": {
+                        **oa.content(oa.STR, "the lines (chunked with follow)", "text/plain"),
+                        "headers": {
+                            "X-Edgesched-Node": {
+                                "description": "the node the lines come from",
+                                "schema": oa.STR,
+                            }
+                        },
+                    },
+                    **oa.problems(400, 401, 404, 409),
+                    "429": oa.content(
+                        oa.ref("Problem"),
+                        "Central has 4 log streams open to the node, or the node serves 4",
+                        "application/problem+json",
+                    ),
+                    "502": oa.content(
+                        oa.ref("Problem"),
+                        "The node refused the request",
+                        "application/problem+json",
+                    ),
+                    "503": oa.content(
+                        oa.obj(
+                            {**oa.problem_schema()["properties"], "node": oa.STR},
+                            required=["type", "title", "status", "detail"],
+                        ),
+                        "The node is unreachable (the detail names it and says why: not "
+                        "connected as central's liveness has it, or no answer within 5 s), or "
+                        "the store cannot be read",
+                        "application/problem+json",
+                    ),
+                },
+                description=read + " The node holding the task (the one running a copy, "
+                "else the task's node) is asked over MQTT. 404: no such task at central, or "
+                "the node holds none, or no log; 409: on no node yet. Without follow the "
+                "answer is read whole (at most 8 MiB) before it is sent; with follow it is "
+                "streamed until the task has finished (or 30 min), and a node lost meanwhile "
+                "cuts the connection (an incomplete chunked body).",
+                params=[
+                    oa.path_id("task id"),
+                    oa.query(
+                        "tail",
+                        {"type": "integer", "minimum": 0, "maximum": 10_000},
+                        "how many of the last lines (default 100)",
+                    ),
+                    oa.query(
+                        "follow",
+                        {"type": "string", "enum": ["0", "1", "true", "false"]},
+                        "1: go on with what it writes until it has finished (chunked)",
+                    ),
+                ],
+            ),
+        },
         "/v1/tasks/{id}/migrate": {
             "post": oa.op(
                 "migrateTask",

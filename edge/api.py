@@ -19,15 +19,14 @@ problem details (``application/problem+json``) naming the field; a bad body is a
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from edgesched.core.task import TaskRecord, TaskState
 from edgesched.edge.engine import EdgeEngine, SubmitError, parse_submission
+from edgesched.edge.logserve import read_from, tail_lines
 from edgesched.edge.openapi import serve_edge
 from edgesched.rest.server import (
     MAX_BODY_BYTES,
@@ -112,32 +111,12 @@ async def cancel(request: web.Request) -> web.Response:
     return web.json_response(record_json(record))
 
 
-#: The most lines ``GET /v1/tasks/{id}/logs`` answers, and the bytes it reads for them.
+#: The most lines ``GET /v1/tasks/{id}/logs`` answers (the bytes it reads for them: the
+#: readers of :mod:`edgesched.edge.logserve`, which answers central's requests for them).
 MAX_LOG_LINES = 10_000
-MAX_LOG_READ = 4 << 20
 #: How long a followed log stays open at most, and how often it looks for more.
 FOLLOW_MAX_S = 3600.0
 FOLLOW_POLL_S = 0.25
-
-
-def tail_lines(path: Path, lines: int) -> tuple[bytes, int]:
-    """The last ``lines`` lines of ``path`` (at most :data:`MAX_LOG_READ` bytes of them) and
-    the file's size then (where a follower goes on from); no file reads as empty."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            start = max(0, size - MAX_LOG_READ)
-            f.seek(start)
-            data = f.read(size - start)
-    except FileNotFoundError:
-        return b"", 0
-    parts = data.split(b"\n")
-    if parts and parts[-1] == b"":
-        parts.pop()  # (the newline ending the last line)
-    if start > 0 and parts:
-        parts = parts[1:]  # (the first may be a line cut short by the read)
-    kept = parts[-lines:] if lines else []
-    return b"".join(line + b"\n" for line in kept), size
 
 
 async def task_logs(request: web.Request) -> web.StreamResponse:
@@ -165,7 +144,7 @@ async def task_logs(request: web.Request) -> web.StreamResponse:
     await response.write(head)
     deadline = time.monotonic() + FOLLOW_MAX_S
     while time.monotonic() < deadline:
-        more, offset = await asyncio.to_thread(_read_from, path, offset)
+        more, offset = await asyncio.to_thread(read_from, path, offset)
         if more:
             await response.write(more)
             continue
@@ -175,21 +154,6 @@ async def task_logs(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(FOLLOW_POLL_S)
     await response.write_eof()
     return response
-
-
-def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
-    """What ``path`` holds past ``offset`` (from its start again if it was rotated, i.e.
-    truncated below it), and the new offset."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            if size < offset:
-                offset = 0
-            f.seek(offset)
-            data = f.read(min(size - offset, MAX_LOG_READ))
-    except FileNotFoundError:
-        return b"", offset
-    return data, offset + len(data)
 
 
 async def decisions(request: web.Request) -> web.Response:

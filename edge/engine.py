@@ -63,6 +63,7 @@ from edgesched.edge.agent import Agent, Sample
 from edgesched.edge.executor import Executor, ExecutorError, ExitEvent
 from edgesched.edge.hal import HardwareProfile, default_power_model, discover, to_node
 from edgesched.edge.link import CentralLink
+from edgesched.edge.logserve import LogServer
 from edgesched.edge.metrics import EdgeMetrics
 from edgesched.edge.power import PowerControl
 from edgesched.edge.qualify import QualificationReport
@@ -503,6 +504,10 @@ class EdgeEngine:
             )
         for peer in self._peers.values():
             session.add(peer)
+        # central's requests for a task's output (GET /v1/tasks/{id}/logs at central)
+        logs = LogServer(self.edge.node_id, self.store.get_task, self.executor.log_path)
+        logs.signing = self._signing
+        session.add(logs)
         return session
 
     async def _put(

@@ -382,13 +382,18 @@ def acl(
       ``doc/policy/sync/<central>`` (not another node's: its step 1s are of no use to us, and
       no peer takes content from a node on the policy) and the answers addressed to it,
       ``doc/policy/reply/<self>/#``, ``doc/desired-<self>/#`` (its own shard of the fleet's
-      desired state) and its sites' ``doc/site-<site>/#``. Not
+      desired state), its sites' ``doc/site-<site>/#`` and the centrals' requests for a
+      task's output, ``logs/<self>/request/+`` (never another node's). Not
       ``doc/fleet``: the fleet's assignments are for centrals only. Not another node's
       reply topic of the policy (``doc/policy/reply/<other>/...``): answers to a node's step
       1 are for that node only (:func:`edgesched.sync.wire.reply_topic`).
 
-    A node writes no reply topic: only centrals answer on them (nodes do not ask one another,
-    and a node answers a central's step 1 on its own sender topic, which only centrals hear).
+    A node answers central's requests for a task's output on ``logs/<self>/reply/+`` only
+    (:mod:`edgesched.sync.logstream`; no node reads them).
+
+    A node writes no document reply topic: only centrals answer on them (nodes do not ask one
+    another, and a node answers a central's step 1 on its own sender topic, which only
+    centrals hear).
 
     Deliberately narrower than "write ``doc/+/sync/<self>``": that would let a node inject
     updates into another node's private document under its own name. And a node does not read
@@ -396,8 +401,8 @@ def acl(
     membership is information a compromised device should not get. MQTT wildcards match
     whole levels only, so "every ``site-*`` document" cannot be written as ``site-+``: sites
     are granted per member. Centrals (``user`` blocks) read ``edgesched/v1/#`` and write
-    ``edgesched/v1/central/#``, ``doc/+/sync/<central>`` and their answers to any asker,
-    ``doc/+/reply/+/<central>``.
+    ``edgesched/v1/central/#``, ``doc/+/sync/<central>``, their answers to any asker,
+    ``doc/+/reply/+/<central>``, and their requests to any node, ``logs/+/request/<central>``.
     """
     centrals = [check_identity(c) for c in central_ids]
     if not centrals:
@@ -416,6 +421,10 @@ def acl(
         f"pattern read {ROOT}/doc/node-%u/#",
         f"pattern read {ROOT}/doc/policy/reply/%u/#",
         f"pattern read {ROOT}/doc/desired-%u/#",
+        "# A task's output read through central (edgesched.sync.logstream): a node reads",
+        "# the centrals' requests to it only and answers on its own reply topics only.",
+        f"pattern read {ROOT}/logs/%u/request/+",
+        f"pattern write {ROOT}/logs/%u/reply/+",
     ]
     # The policy's content comes from the centrals only: a node hears their sender topics,
     # never another node's (whose step 1s it has no use for, and whose content no peer takes).
@@ -428,6 +437,7 @@ def acl(
             f"topic write {ROOT}/central/#",
             f"topic write {ROOT}/doc/+/sync/{central}",
             f"topic write {ROOT}/doc/+/reply/+/{central}",
+            f"topic write {ROOT}/logs/+/request/{central}",
         ]
     for site, members in sorted((site_members or {}).items()):
         check_identity(site)

@@ -22,8 +22,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from paho.mqtt.enums import CallbackAPIVersion
 
+from edgesched.sync import logstream, wire
 from edgesched.sync import security as sec
-from edgesched.sync import wire
 
 ROOT = "edgesched/v1"
 
@@ -439,3 +439,52 @@ def test_certificates(pki: Pki, tmp_path: Path) -> None:
     for bad in ("node/a", "node+", "#", "", "a b", "%u"):
         with pytest.raises(ValueError):
             sec.issue(pki.ca, bad, tmp_path)
+
+
+def test_log_requests_and_replies_reach_only_their_node_and_the_centrals(
+    pki: Pki, tls_broker: Broker
+) -> None:
+    """A task's output read through central (issue 14): only centrals ask
+    (``logs/<node>/request/<central>``), only the node asked reads it, and only that node
+    answers on ``logs/<node>/reply/<central>``, which no other node reads."""
+    central = node(pki, tls_broker, "central")
+    a = node(pki, tls_broker, "node-a")
+    b = node(pki, tls_broker, "node-b")
+    to_a, to_b = (
+        logstream.request_topic("node-a", "central"),
+        logstream.request_topic("node-b", "central"),
+    )
+    from_a, from_b = (
+        logstream.reply_topic("node-a", "central"),
+        logstream.reply_topic("node-b", "central"),
+    )
+    try:
+        central.subscribe(f"{ROOT}/#")
+        for conn in (a, b):
+            conn.subscribe(f"{ROOT}/logs/#")  # granted, filtered on delivery
+        central.publish(to_a, b"request-a")
+        central.publish(to_b, b"request-b")
+        a.publish(from_a, b"reply-a")
+        for forged in (
+            from_b,  # as node-b, into a stream of node-b's
+            to_b,  # a request to node-b
+            to_a,  # a request to itself, as central
+            logstream.request_topic("node-b", "node-a"),  # a request to node-b, as itself
+        ):
+            a.publish(forged, b"forged")
+        end = logstream.request_topic("node-c", "central")  # after the rest; nobody else reads
+        central.publish(end, b"sentinel")
+        got_central = central.wait_for(end)
+        got_a = a.wait_for(to_a)
+        got_b = b.wait_for(to_b)
+        time.sleep(0.5)
+        got_a += a.drain()
+        got_b += b.drain()
+        got_central += central.drain()
+        assert sorted(got_a) == [(to_a, b"request-a")], got_a  # nothing of node-b's
+        assert sorted(got_b) == [(to_b, b"request-b")], got_b  # nor node-a's reply
+        assert (from_a, b"reply-a") in got_central
+        assert all(p != b"forged" for _, p in got_central), got_central
+    finally:
+        for c in (central, a, b):
+            c.close()
