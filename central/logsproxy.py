@@ -352,14 +352,35 @@ async def task_logs(request: web.Request) -> web.StreamResponse:
             return problem(status, title, detail, "id" if status == 404 else None)
         headers = {"X-Edgesched-Node": node}
         if not follow:
-            return await _whole(proxy, stream, first, node, headers)
-        return await _follow(request, proxy, stream, first, node, headers)
+            return await _whole(engine, proxy, stream, first, node, headers)
+        return await _follow(engine, request, proxy, stream, first, node, headers)
     finally:
         proxy.close(stream)
 
 
+async def _next(engine: CentralEngine, proxy: LogsProxy, stream: _Open) -> ls.Reply:
+    """The stream's next reply; :class:`Unreachable` once its node reads not connected at
+    central (looked at every second) or has sent nothing for :data:`SILENT_S`."""
+    waited = 0.0
+    while True:
+        try:
+            return await proxy.next(stream, 1.0)
+        except TimeoutError:
+            waited += 1.0
+        why = not_connected(engine, stream.node)
+        if why is not None:
+            raise Unreachable(why)
+        if waited >= SILENT_S:
+            raise Unreachable(f"nothing from it for {SILENT_S:g} s")
+
+
 async def _whole(
-    proxy: LogsProxy, stream: _Open, reply: ls.Reply, node: str, headers: dict[str, str]
+    engine: CentralEngine,
+    proxy: LogsProxy,
+    stream: _Open,
+    reply: ls.Reply,
+    node: str,
+    headers: dict[str, str],
 ) -> web.Response:
     parts: list[str] = []
     while True:
@@ -374,12 +395,13 @@ async def _whole(
         parts.append(stream.decoder.decode(reply.body))
         await proxy.ack(stream, reply.seq)
         try:
-            reply = await proxy.next(stream, SILENT_S)
-        except TimeoutError:
-            return _unreachable(node, f"its answer stopped for {SILENT_S:g} s")
+            reply = await _next(engine, proxy, stream)
+        except Unreachable as exc:
+            return _unreachable(node, f"its answer broke off: {exc}")
 
 
 async def _follow(
+    engine: CentralEngine,
     request: web.Request,
     proxy: LogsProxy,
     stream: _Open,
@@ -409,9 +431,9 @@ async def _follow(
                 return response
         await proxy.ack(stream, reply.seq)
         try:
-            reply = await proxy.next(stream, SILENT_S)
-        except TimeoutError:
-            return _cut(request, response, stream, node, f"no reply for {SILENT_S:g} s")
+            reply = await _next(engine, proxy, stream)
+        except Unreachable as exc:
+            return _cut(request, response, stream, node, str(exc))
 
 
 def _cut(

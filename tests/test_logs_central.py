@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -16,6 +17,8 @@ from typing import Any
 
 import aiomqtt
 from conftest import Broker, EdgeNode, central_and_nodes, edgesched_binary, until
+from test_attacks import secured_fleet
+from test_signed_frames import keyed_fleet
 
 from edgesched.sync import logstream as ls
 
@@ -60,14 +63,16 @@ def connected(central: EdgeNode, *nodes: str) -> bool:
     return all(states.get(n) == "connected" for n in nodes)
 
 
-async def probe(port: int, node: str, messages: list[bytes]) -> list[ls.Reply]:
-    """Publish ``messages`` on ``node``'s request topic as a central named ``probe`` (the
-    broker here has no ACL), and the replies it gets within a second of the last."""
+async def probe(
+    port: int, node: str, messages: list[bytes], as_central: str = "probe"
+) -> list[ls.Reply]:
+    """Publish ``messages`` on ``node``'s request topic as a central named ``as_central``
+    (the broker here has no ACL), and the replies it gets within 3 s."""
     replies: list[ls.Reply] = []
     async with aiomqtt.Client("127.0.0.1", port, identifier="probe") as client:
-        await client.subscribe(ls.reply_topic(node, "probe"), qos=1)
+        await client.subscribe(ls.reply_topic(node, as_central), qos=1)
         for message in messages:
-            await client.publish(ls.request_topic(node, "probe"), message, qos=1)
+            await client.publish(ls.request_topic(node, as_central), message, qos=1)
 
         async def read() -> None:
             async for message in client.messages:
@@ -99,6 +104,7 @@ async def test_logs_through_central(broker: Broker, tmp_path: Path) -> None:
         # the window of 8 three times
         submit(central, "big", "gw-a", "yes $(printf '%0999d' 7) | head -n 900")
         submit(central, "slow", "gw-b", "echo start; sleep 1; echo middle; sleep 1; echo end")
+        submit(central, "long", "gw-b", "echo begin; sleep 300")
         await until(lambda: phase(central, "talk") == "exited", 30, "talk exited")
         await until(lambda: phase(central, "slow") == "running", 30, "slow running")
 
@@ -162,8 +168,17 @@ async def test_logs_through_central(broker: Broker, tmp_path: Path) -> None:
         assert len(replies) == 5, replies
         assert edge["gw-a"].proc is not None and edge["gw-a"].proc.poll() is None
 
-        # gw-b gone: central names it, and why, at once
+        # gw-b lost while its output is followed: the stream breaks off, and says so
+        await until(lambda: phase(central, "long") == "running", 30, "long running")
+        following = asyncio.create_task(asyncio.to_thread(cli, central, "long", "-f"))
+        await until(lambda: "task long on node gw-b" in central.log.read_text(), 10, "asked")
+        await asyncio.sleep(0.5)
         await asyncio.to_thread(edge["gw-b"].kill, signal.SIGKILL)
+        done = await following
+        assert done.returncode == 2 and "broke off" in done.stderr, done
+        assert done.stdout == "begin\n", done.stdout
+
+        # gw-b gone: central names it, and why, at once
         await until(lambda: not connected(central, "gw-b"), 20, "gw-b not connected")
         code, problem = central.get("/v1/tasks/slow/logs")
         assert code == 503 and problem["node"] == "gw-b", problem
@@ -171,3 +186,81 @@ async def test_logs_through_central(broker: Broker, tmp_path: Path) -> None:
         done = await asyncio.to_thread(cli, central, "slow")
         assert done.returncode == 2 and "node gw-b unreachable" in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+async def test_another_gateways_credentials_neither_read_nor_inject(tmp_path: Path) -> None:
+    """Mosquitto with the generated ACL; the attacker holds gw-b's credentials and even knows
+    the id of central's request to gw-a (here from central's debug log): its replies on its
+    own topic are dropped (``foreign``), on gw-a's the broker drops them, and it reads nothing
+    of gw-a's stream nor of central's requests."""
+    async with secured_fleet(tmp_path) as fleet:
+        central = fleet.central
+        await until(lambda: connected(central, "gw-a", "gw-b"), 30, "both nodes connected")
+        script = "for i in 1 2 3 4 5 6; do echo line$i; sleep 0.4; done"
+        submit(central, "chatty", "gw-a", script)
+        await until(lambda: phase(central, "chatty") == "running", 30, "chatty running")
+        await asyncio.to_thread(fleet.nodes["gw-b"].kill, signal.SIGTERM)  # its keys stolen
+        reading = asyncio.create_task(
+            asyncio.to_thread(raw_get, central, "/v1/tasks/chatty/logs?follow=1")
+        )
+
+        def request_id() -> str | None:
+            found = re.search(r"logs request ([0-9a-f]{32}): task chatty", central.log.read_text())
+            return found.group(1) if found else None
+
+        rid = await until(request_id, 10, "central's request in its log")
+        seen: list[str] = []
+        async with aiomqtt.Client(
+            "127.0.0.1", fleet.broker.port, username="gw-b", password=fleet.passwords["gw-b"]
+        ) as thief:
+            await thief.subscribe(f"{ls.LOGS_ROOT}/#", qos=1)  # granted; nothing delivered
+            for seq in range(3):
+                forged = ls.seal(None, "", ls.Reply(rid, seq, "data", b"FORGED\n").encode())
+                await thief.publish(ls.reply_topic("gw-b", "central"), forged, qos=1)
+                await thief.publish(ls.reply_topic("gw-a", "central"), forged, qos=1)
+            ask = ls.Request("ab" * 16, "chatty", tail=100).encode()
+            await thief.publish(ls.request_topic("gw-a", "central"), b"U" + ask, qos=1)
+
+            async def listen() -> None:
+                async for message in thief.messages:
+                    seen.append(str(message.topic))
+
+            listening = asyncio.create_task(listen())
+            code, body, _ = await reading
+            listening.cancel()
+        assert code == 200 and body.decode().splitlines() == [f"line{i}" for i in range(1, 7)]
+        assert seen == [], seen
+        assert f"dropped a logs reply from gw-b for request {rid}" in central.log.read_text()
+
+
+async def test_signed_requests_and_replies(broker: Broker, tmp_path: Path) -> None:
+    """With signing configured (test_signed_frames' keyed fleet, over a broker that lets
+    anyone publish anywhere) a read through central works, signed both ways, and neither an
+    unsigned request to a node nor an unsigned reply to central, with the right id, is
+    taken."""
+    async with keyed_fleet(broker, tmp_path) as fleet:
+        central = fleet.central
+        await until(lambda: connected(central, "gw-a", "gw-b"), 30, "both nodes connected")
+        submit(central, "chatty", "gw-a", "for i in 1 2 3 4; do echo line$i; sleep 0.4; done")
+        await until(lambda: phase(central, "chatty") == "running", 30, "chatty running")
+        reading = asyncio.create_task(
+            asyncio.to_thread(raw_get, central, "/v1/tasks/chatty/logs?follow=1")
+        )
+
+        def request_id() -> str | None:
+            found = re.search(r"logs request ([0-9a-f]{32}): task chatty", central.log.read_text())
+            return found.group(1) if found else None
+
+        rid = await until(request_id, 10, "central's request in its log")
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="forger") as forger:
+            forged = ls.seal(None, "", ls.Reply(rid, 1, "data", b"FORGED\n").encode())
+            await forger.publish(ls.reply_topic("gw-a", "central"), forged, qos=1)
+        code, body, _ = await reading
+        assert code == 200 and body.decode().splitlines() == [f"line{i}" for i in range(1, 5)]
+        # an unsigned request as central: gw-a answers nothing
+        _, unsigned = request("chatty", tail=1)
+        assert await probe(broker.port, "gw-a", [unsigned], as_central="central") == []
+        assert "logs request from central refused: unsigned" in (
+            fleet.nodes["gw-a"].log.read_text()
+        )
+        assert "a logs reply from gw-a refused: unsigned" in central.log.read_text()

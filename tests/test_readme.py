@@ -54,6 +54,7 @@ COVERED: dict[str, tuple[str, ...]] = {
     ),
     "export EDGESCHED_ADDR=": ("tests/test_fleetcli.py::test_the_operators_commands",),
     "edgesched run ": ("tests/test_fleetcli.py::test_the_operators_commands",),
+    "edgesched logs ": ("tests/test_logs_central.py::test_logs_through_central",),
     "edgesched tasks": (
         "tests/test_fleetcli.py::test_the_operators_commands",
         "tests/test_task_lifecycle_fleet.py::test_every_task_shows_at_central_with_its_end",
