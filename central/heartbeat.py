@@ -40,7 +40,12 @@ class Heartbeat:
 
     def payload(self) -> bytes:
         return json.dumps(
-            {"central": self.central_id, "seq": self.sent, "ts": round(self.clock(), 3)}
+            {
+                "central": self.central_id,
+                "seq": self.sent,
+                "ts": round(self.clock(), 3),
+                "every_s": self.interval_s,  # (how a node judges a missed beat)
+            }
         ).encode()
 
     async def serve(self, client: aiomqtt.Client) -> None:

@@ -42,6 +42,7 @@ import logging
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from enum import StrEnum
@@ -155,6 +156,9 @@ class EdgeEngine:
         self._endpoint = self.edge.mqtt.endpoint(self.edge.node_id)  # bad key files fail here
         self._signing = self.edge.mqtt.frame_signing(self.edge.node_id)  # and a bad signing key
         self.mode = Mode.AUTONOMOUS
+        #: (link clock, task id) of tasks we placed labelled edge-connected, within the
+        #: lease: relabelled edge-autonomous if central's heartbeat stops before a later one
+        self._connected_decisions: deque[tuple[float, str]] = deque(maxlen=10_000)
         self.started_at = clock()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -841,12 +845,43 @@ class EdgeEngine:
         for m in Mode:
             self.metrics.mode.labels(m.value).set(1 if m is self.mode else 0)
 
+    async def _relabel_after_cut(self) -> None:
+        """Tasks we placed labelled ``edge-connected`` after central's last heartbeat, once
+        central is lost (:meth:`CentralLink.live` false): central never heard of those
+        decisions while it could act on them, so they are ``edge-autonomous`` (the task's
+        record and the node document; its decision rows keep what was known then)."""
+        decided = self._connected_decisions
+        last = self.link.last_heard
+        if not decided or self.link.live(self.edge.lease_s):
+            while decided and last is not None and decided[0][0] < last:
+                decided.popleft()  # central was heard after it: connected, as labelled
+            return
+        after = {task_id for at, task_id in decided if last is None or at > last}
+        decided.clear()
+        if not after:
+            return
+        async with self._lock:
+            changed = []
+            for task_id in sorted(after):
+                record = await self.store.get_task(task_id)
+                if record is not None and record.decided_by == "edge-connected":
+                    changed.append(replace(record, decided_by="edge-autonomous"))
+            if changed:
+                await self._put(*changed)
+                log.info(
+                    "%d task(s) placed after central's last heartbeat relabelled "
+                    "edge-autonomous: %s",
+                    len(changed),
+                    ", ".join(r.spec.id for r in changed[:10]),
+                )
+
     async def _schedule_loop(self) -> None:
         while True:
             await wait_event(self._wake, self.edge.cycle_s)
             self._wake.clear()
             self._update_mode()
             try:
+                await self._relabel_after_cut()
                 await self.cycle()
             except StoreError as exc:
                 # The engine keeps running what it runs; it retries next cycle.
@@ -902,7 +937,10 @@ class EdgeEngine:
             decisions = [d for d in result.decisions if d.kind not in _POWER]
             if not decisions:
                 return []
-            source = f"edge-{self.mode.value}"
+            # (not the mode: inside the lease after a cut the mode is still connected, but
+            # central cannot know of what we decide now)
+            live = self.link.live(self.edge.lease_s)
+            source = "edge-connected" if live else "edge-autonomous"
             by_id = {r.spec.id: r for r in records}
             # Act in the order that frees before it fills and pins a placed task before its
             # process starts (so it starts on its cores).
@@ -911,6 +949,11 @@ class EdgeEngine:
             # on (preempted, pinned, placed) and the document's mirror of them.
             staged = self._stage(ordered, by_id, source, now)
             await self._put(*staged.values(), decisions=decisions, source=source)
+            if live:
+                heard = self.link.clock()
+                self._connected_decisions.extend(
+                    (heard, r.spec.id) for r in staged.values() if r.decided_by == source
+                )
             self.metrics.decisions.labels(source).inc(len(decisions))
             by_id.update(staged)
             outcome: dict[str, TaskRecord] = {}
