@@ -1365,6 +1365,22 @@ class CentralEngine:
                 # source is ordered stopped (_finish_migrations) and there is nothing to settle
                 continue
             best = settled.winner
+            if best is None:  # cancelled at central: its copies elsewhere stop
+                for loser in settled.losers:
+                    fleet.order_stop(
+                        settled.task_id,
+                        loser.node_id,
+                        StopOrder(epoch=loser.epoch, winner="", at=now,
+                                  reason="cancelled at central",
+                                  lease=self._lease_of(settled.task_id)),
+                    )  # fmt: skip
+                self._event(
+                    "reconciled",
+                    f"{settled.task_id} was cancelled: "
+                    f"{', '.join(c.node_id for c in settled.losers)} stop their copies",
+                    task=settled.task_id,
+                )
+                continue
             entry = index.assignments[settled.task_id]
             if entry.node != best.node_id:
                 fleet.assign(

@@ -338,7 +338,8 @@ class Settlement:
     """The reconcile outcome for one task placed twice."""
 
     task_id: str
-    winner: Claim
+    #: The copy kept; None for a task cancelled at central, whose copies all stop.
+    winner: Claim | None
     losers: tuple[Claim, ...]
     policy: ReconcilePolicy
 
@@ -374,7 +375,8 @@ def settle(
     policy: ReconcilePolicy,
 ) -> Settlement | None:
     """One task's settlement from its fresh claims: None unless it runs on two nodes or more
-    and some loser has no stop order out yet.
+    and some loser has no stop order out yet; for a task cancelled at central, every copy
+    still active off its assignment's node, with no winner.
 
     A copy already ordered stopped (a stop order for its node at its epoch) competes no more.
     (A migration waiting for its target to run is not settled at all: the engine skips it.)"""
@@ -383,9 +385,16 @@ def settle(
         for c in claims
         if (stop := stops.get(f"{task_id}@{c.node_id}")) is None or stop.epoch != c.epoch
     ]
+    rule = task_policy(entry, policy)
+    if entry.state is AssignmentState.CANCELLED:
+        # Cancelled at central: its node cancels its copy when it hears the assignment, but
+        # a node holding an older epoch (cut off when the task failed over, say) follows no
+        # assignment of its own any more; it stops only when ordered to. Every copy off the
+        # assignment's node is a loser, kept by nobody.
+        gone = tuple(c for c in claims if c.node_id != entry.node)
+        return Settlement(task_id, None, gone, rule) if gone else None
     if len({c.node_id for c in claims}) < 2:
         return None
-    rule = task_policy(entry, policy)
     best = winner(claims, rule)
     lost = tuple(c for c in losers(claims, rule) if f"{task_id}@{c.node_id}" not in stops)
     return Settlement(task_id, best, lost, rule) if lost else None

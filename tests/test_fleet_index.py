@@ -283,13 +283,14 @@ def check(world: World, index: FleetIndex) -> None:
     event(f"settled {min(len(settled), 2)}")
     for s in settled:
         entry = world.assignments[s.task_id]
-        if entry.node != s.winner.node_id:
-            moved = replace(entry, node=s.winner.node_id, epoch=entry.epoch + 1, at=now)
+        kept = "" if s.winner is None else s.winner.node_id  # (None: cancelled at central)
+        if s.winner is not None and entry.node != kept:
+            moved = replace(entry, node=kept, epoch=entry.epoch + 1, at=now)
             world.assignments[s.task_id] = moved
             index.set_assignment(s.task_id, moved)
         for loser in s.losers:
             key = f"{s.task_id}@{loser.node_id}"
-            world.stops[key] = StopOrder(epoch=loser.epoch, winner=s.winner.node_id, at=now)
+            world.stops[key] = StopOrder(epoch=loser.epoch, winner=kept, at=now)
             index.set_stop(key, world.stops[key])
     # Stop orders done.
     done = sorted(
@@ -351,9 +352,9 @@ def test_a_step_touches_only_what_changed() -> None:
     assert index.table() is table
     assert len(index._reconcile_due) == 1
     settled = index.settlements(ReconcilePolicy.KEEP_ORIGINAL)
-    assert [(s.task_id, s.winner.node_id, [c.node_id for c in s.losers]) for s in settled] == [
-        ("t0001", nodes[1], [nodes[7]])
-    ]
+    assert [
+        (s.task_id, s.winner and s.winner.node_id, [c.node_id for c in s.losers]) for s in settled
+    ] == [("t0001", nodes[1], [nodes[7]])]
     # A node going offline patches the table: a new one without it, the old one as it was.
     index.set_status(nodes[3], "offline", 5.0)
     patched = index.table()
@@ -523,7 +524,10 @@ def test_a_recheck_of_the_whole_fleet_is_worked_through_a_slice_a_step() -> None
         return index
 
     def view(settled: list[Any]) -> list[tuple[str, str, list[str]]]:
-        return sorted((s.task_id, s.winner.node_id, [c.node_id for c in s.losers]) for s in settled)
+        return sorted(
+            (s.task_id, s.winner.node_id if s.winner else "", [c.node_id for c in s.losers])
+            for s in settled
+        )
 
     whole = fleet()
     whole.recheck_all()
