@@ -1643,10 +1643,12 @@ class CentralEngine:
         replica = self.replicas.replicas[node_id]
         doc = replica.doc
         member = self.index.members.get(node_id)  # the index's copy: no thaw of a cold replica
-        reports = member.reports if member is not None else doc.tasks()
-        states: dict[str, int] = {}
-        for report in reports.values():
-            states[report.state.value] = states.get(report.state.value, 0) + 1
+        if member is not None:  # (kept by the index as reports change)
+            states = {state: n for state, n in sorted(member.states.items()) if n}
+        else:
+            states = {}
+            for report in doc.tasks().values():
+                states[report.state.value] = states.get(report.state.value, 0) + 1
         status = self.liveness.nodes.get(node_id)
         latest = self.telemetry.latest(node_id)
         heard = replica.peer.heard_at.get(node_id)

@@ -14,6 +14,7 @@ table :meth:`~edgesched.central.fleetindex.FleetIndex._build_table` builds from 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 from unittest.mock import patch
@@ -272,6 +273,9 @@ def check(world: World, index: FleetIndex) -> None:
     assert set(index.holders) == set(copies)
     for task_id, held in copies.items():
         assert list(index.copies_of(task_id).items()) == list(held.items())
+    # Each node's reports counted by state, as kept incrementally.
+    for member in index.members.values():
+        assert +member.states == Counter(r.state.value for r in member.reports.values())
     # Failovers.
     offline = {n: s for n, (state, s) in world.status.items() if state == "offline"}
     assert index.failover_candidates(now) == failovers(world.assignments, offline, now, GRACE)
