@@ -81,6 +81,8 @@ bench: setup
 	# 10,000 nodes needs ~20 GB: --nodes 100,1000,10000 (docs/benchmarks.md)
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_control_step.py --nodes 100,1000
 	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_central_fanin.py --nodes 100,1000
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_task_views.py --nodes 100,1000
+	cd /tmp && $(CURDIR)/$(BIN)/python $(CURDIR)/bench/bench_dashboard.py --nodes 100,1000
 
 clean:
 	rm -rf $(VENV) build out .pytest_cache .mypy_cache .ruff_cache .hypothesis
