@@ -27,7 +27,7 @@ app = typer.Typer(
     name="edgesched",
     help="Edge-autonomous heterogeneous compute scheduler.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
 )
 config_app = typer.Typer(help="Inspect and check configuration files.", no_args_is_help=True)

@@ -2,10 +2,12 @@
 ``task``, ``history``, ``logs``, ``cancel``, ``nodes``, in the style of ``nomad job run`` /
 ``kubectl``.
 
-Where central is and its token come from ``--addr`` / ``EDGESCHED_ADDR`` (default
-``http://127.0.0.1:7300``) and ``--token`` / ``EDGESCHED_TOKEN``, or a file holding it
-(``--token-file`` / ``EDGESCHED_TOKEN_FILE``, default central's own
-``/var/lib/edgesched-central/api-token`` when readable). Every command prints a table, or the
+Where central is and its token come from ``--addr`` / ``EDGESCHED_ADDR`` and ``--token`` /
+``EDGESCHED_TOKEN``, or a file holding it (``--token-file`` / ``EDGESCHED_TOKEN_FILE``); what
+those leave unset, from the context file (``edgesched context set``: ``addr`` and
+``token_file``, in ``~/.config/edgesched/context.toml`` or ``EDGESCHED_CONTEXT``, as a
+kubeconfig); then ``http://127.0.0.1:7300`` and central's own
+``/var/lib/edgesched-central/api-token`` when readable. Every command prints a table, or the
 API's JSON with ``--json``; an unreachable central is one line naming the address, an API
 refusal one line naming the field.
 """
@@ -13,6 +15,7 @@ refusal one line naming the field.
 from __future__ import annotations
 
 import json
+import os
 import time
 import tomllib
 from collections.abc import Iterator
@@ -51,8 +54,42 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def context_path() -> Path:
+    """Where the context file is: ``EDGESCHED_CONTEXT``, else under ``XDG_CONFIG_HOME``
+    (``~/.config``)."""
+    named = os.environ.get("EDGESCHED_CONTEXT")
+    if named:
+        return Path(named)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "edgesched" / "context.toml"
+
+
+def read_context(path: Path | None = None) -> dict[str, str]:
+    """The context file's ``addr`` and ``token_file`` (strings), {} if there is none; a
+    malformed file is a one-line error naming it."""
+    path = path or context_path()
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        _fail(f"context file {path}: {exc}")
+    unknown = sorted(set(data) - {"addr", "token_file"})
+    if unknown:
+        _fail(f"context file {path}: unknown key {unknown[0]!r} (addr, token_file)")
+    for key, value in data.items():
+        if not isinstance(value, str) or not value:
+            _fail(f"context file {path}: {key} must be a non-empty string")
+    return dict(data)
+
+
 def client(addr: str | None, token: str | None, token_file: Path | None) -> ApiClient:
-    """The API client of central at ``addr`` with the token from the options or files."""
+    """The API client of central at ``addr`` with the token from the options, the context
+    file, or central's own token file."""
+    context = read_context() if addr is None or (token is None and token_file is None) else {}
+    addr = addr or context.get("addr")
+    if token_file is None and "token_file" in context:
+        token_file = Path(context["token_file"]).expanduser()
     if token is None:
         path = token_file or (DEFAULT_TOKEN_FILE if DEFAULT_TOKEN_FILE.exists() else None)
         if path is not None:
@@ -295,6 +332,46 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(view, indent=2))
             return
         typer.echo(f"{view['id']}: {view['phase']}")
+
+    context_app = typer.Typer(
+        help="Where central is, kept for the commands above (as a kubeconfig context).",
+        no_args_is_help=True,
+    )
+    app.add_typer(context_app, name="context")
+
+    @context_app.command("set")
+    def context_set(
+        addr: Annotated[str, typer.Option("--addr", help="Central's API, http(s)://host:port.")],
+        token_file: Annotated[
+            Path | None, typer.Option("--token-file", help="A file holding the API token.")
+        ] = None,
+    ) -> None:
+        """Write the context file (0600): the address, and where the token is (not the token
+        itself: it stays in its own 0600 file)."""
+        if not addr.startswith(("http://", "https://")):
+            _fail(f"--addr must start with http:// or https://, got {addr!r}")
+        path = context_path()
+        lines = [f"addr = {json.dumps(addr.rstrip('/'))}"]
+        if token_file is not None:
+            lines.append(f"token_file = {json.dumps(str(token_file.expanduser().resolve()))}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write("\n".join(lines) + "\n")
+        except OSError as exc:
+            _fail(f"context file {path}: {exc.strerror}")
+        typer.echo(f"wrote {path}")
+
+    @context_app.command("show")
+    def context_show(as_json: JsonOption = False) -> None:
+        """The context file's path and what it says."""
+        path = context_path()
+        found = read_context(path)
+        if as_json:
+            typer.echo(json.dumps({"path": str(path), **found}, indent=2))
+            return
+        typer.echo(f"{path}: " + (", ".join(f"{k} {v}" for k, v in found.items()) or "none"))
 
     @app.command("nodes")
     def nodes(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -31,8 +32,22 @@ def test_version_from_the_installed_entry_point(tmp_path: Path) -> None:
     assert out.stdout.strip() == f"edgesched {__version__}"
 
 
+def test_shell_completion_completes_the_operators_commands(tmp_path: Path) -> None:
+    """typer's completion is on: the script for bash, and the words it completes."""
+    script = subprocess.run(
+        [entry_point(), "--show-completion", "bash"], capture_output=True, text=True, check=True
+    )
+    assert "_edgesched_completion" in script.stdout
+    env = {"_EDGESCHED_COMPLETE": "complete_bash", "COMP_WORDS": "edgesched ta", "COMP_CWORD": "1"}
+    words = subprocess.run(
+        [entry_point()], capture_output=True, text=True, env={**os.environ, **env}, cwd=tmp_path
+    )
+    assert set(words.stdout.split()) == {"task", "tasks"}, words.stdout
+
+
 @pytest.mark.parametrize(
-    "args", [[], ["sim"], ["config"], ["config", "check"], ["config", "example"]]
+    "args",
+    [[], ["sim"], ["config"], ["config", "check"], ["config", "example"], ["context", "set"]],
 )
 def test_every_command_has_help(args: list[str]) -> None:
     result = runner.invoke(app, [*args, "--help"])

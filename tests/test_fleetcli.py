@@ -81,6 +81,29 @@ async def test_the_operators_commands(broker: Broker, tmp_path: Path) -> None:
         wrong = await asyncio.to_thread(cli, central, "tasks", token="not-the-token")
         assert wrong.returncode == 2 and "401" in wrong.stderr
 
+        # a context, as a kubeconfig's: set once, then no address or token on the line
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EDGESCHED_")}
+        env["EDGESCHED_CONTEXT"] = str(tmp_path / "ctx" / "context.toml")
+
+        def bare(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [edgesched_binary(), *args], capture_output=True, text=True, timeout=60, env=env
+            )
+
+        token_file = central.state / "api-token-read"
+        done = await asyncio.to_thread(
+            bare, "context", "set", "--addr", central.url(""), "--token-file", str(token_file)
+        )
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "ctx" / "context.toml").stat().st_mode & 0o777 == 0o600
+        shown = json.loads((await asyncio.to_thread(bare, "context", "show", "--json")).stdout)
+        assert shown["addr"] == central.url("").rstrip("/")
+        done = await asyncio.to_thread(bare, "tasks", "--json")
+        assert done.returncode == 0 and {t["id"] for t in json.loads(done.stdout)} == {"job", "svc"}
+        (tmp_path / "ctx" / "context.toml").write_text("addr = 7\n")
+        broken = await asyncio.to_thread(bare, "tasks")
+        assert broken.returncode == 2 and "addr must be a non-empty string" in broken.stderr
+
     # central gone: one line naming the address
     port = free_port()
     env_addr = f"http://127.0.0.1:{port}"
