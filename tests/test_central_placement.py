@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgesched.central.placement import (
+    Settlement,
     assignment_entry,
     claims_of,
     failovers,
@@ -34,6 +35,12 @@ from edgesched.sync.schema import (
     StopOrder,
     TaskReport,
 )
+
+
+def kept(settled: Settlement | None) -> str:
+    """The node whose copy a settlement keeps (a task placed twice always has one)."""
+    assert settled is not None and settled.winner is not None
+    return settled.winner.node_id
 
 
 def spec(task_id: str, cpu: float = 1.0, restart: str = "always", **kw: Any) -> TaskSpec:
@@ -139,9 +146,9 @@ def test_reconcile_keeps_the_original_and_ignores_stale_replicas() -> None:
     # a's replica is stale (not fresh): nothing to settle yet
     assert reconcile(assignments, docs, {}, ReconcilePolicy.KEEP_ORIGINAL, fresh={"b"}) == []
     (settled,) = reconcile(assignments, docs, {}, ReconcilePolicy.KEEP_ORIGINAL, {"a", "b"})
-    assert settled.winner.node_id == "a" and [c.node_id for c in settled.losers] == ["b"]
+    assert kept(settled) == "a" and [c.node_id for c in settled.losers] == ["b"]
     (other,) = reconcile(assignments, docs, {}, ReconcilePolicy.KEEP_REPLACEMENT, {"a", "b"})
-    assert other.winner.node_id == "b"
+    assert kept(other) == "b"
     # once the stop order is out, there is nothing left to settle
     stops = {"svc@b": StopOrder(epoch=2, winner="a", at=0.0)}
     assert reconcile(assignments, docs, stops, ReconcilePolicy.KEEP_ORIGINAL, {"a", "b"}) == []
@@ -158,12 +165,12 @@ def test_reconcile_never_leaves_a_service_running_nowhere() -> None:
     # the original (a, epoch 1) preempted by local work, the replacement (b, 2) running
     docs = {"a": doc({"svc": copy(1, False, "preempted")}), "b": doc({"svc": copy(2, True)})}
     (settled,) = reconcile({"svc": assigned("b", epoch=2)}, docs, {}, rule, fresh)
-    assert settled.winner.node_id == "b" and [c.node_id for c in settled.losers] == ["a"]
+    assert kept(settled) == "b" and [c.node_id for c in settled.losers] == ["a"]
     # failed over to b (epoch 2), b's copy still queued there: a's, running, keeps it
     docs = {"a": doc({"svc": copy(1, False)}), "b": doc({"svc": copy(2, True, "accepted")})}
     for policy in ReconcilePolicy:
         (settled,) = reconcile({"svc": assigned("b", epoch=2)}, docs, {}, policy, fresh)
-        assert settled.winner.node_id == "a", policy
+        assert kept(settled) == "a", policy
     # migrated to b, b runs it, a's copy ordered stopped by the migration: no competitor
     docs["b"] = doc({"svc": copy(2, False)})
     stops = {"svc@a": StopOrder(epoch=1, winner="b", at=0.0)}
@@ -199,8 +206,8 @@ def test_reconcile_leaves_exactly_one_active_copy_on_every_replica(
         return
     (settled,) = first
     stopped = {c.node_id for c in settled.losers}
-    assert settled.winner.node_id in active and settled.winner.node_id not in stopped
-    assert set(active) - stopped == {settled.winner.node_id}
+    assert kept(settled) in active and kept(settled) not in stopped
+    assert set(active) - stopped == {kept(settled)}
 
 
 def test_a_task_may_choose_its_own_reconcile_rule() -> None:
@@ -208,7 +215,7 @@ def test_a_task_may_choose_its_own_reconcile_rule() -> None:
     own = spec("svc", reconcile="keep-replacement")
     assignments = {"svc": assigned("b", epoch=2, task=own)}
     (settled,) = reconcile(assignments, docs, {}, ReconcilePolicy.KEEP_ORIGINAL, {"a", "b"})
-    assert settled.winner.node_id == "b" and settled.policy is ReconcilePolicy.KEEP_REPLACEMENT
+    assert kept(settled) == "b" and settled.policy is ReconcilePolicy.KEEP_REPLACEMENT
 
 
 def _entry(state: str, node: str = "a", at: float = 0.0) -> AssignmentEntry:
