@@ -743,16 +743,7 @@ def _central_paths() -> dict[str, Schema]:
                 "cuts the connection (an incomplete chunked body).",
                 params=[
                     oa.path_id("task id"),
-                    oa.query(
-                        "tail",
-                        {"type": "integer", "minimum": 0, "maximum": 10_000},
-                        "how many of the last lines (default 100)",
-                    ),
-                    oa.query(
-                        "follow",
-                        {"type": "string", "enum": ["0", "1", "true", "false"]},
-                        "1: go on with what it writes until it has finished (chunked)",
-                    ),
+                    *oa.logs_query(["0", "1", "true", "false"]),
                 ],
             ),
         },

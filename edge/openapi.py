@@ -240,16 +240,7 @@ def _edge_paths() -> dict[str, Schema]:
                 },
                 params=[
                     task_id,
-                    oa.query(
-                        "tail",
-                        {"type": "integer", "minimum": 0, "maximum": 10_000},
-                        "how many of the last lines (default 100)",
-                    ),
-                    oa.query(
-                        "follow",
-                        {"type": "string", "enum": ["0", "1", "true"]},
-                        "1: go on with what it writes until it has finished (chunked)",
-                    ),
+                    *oa.logs_query(["0", "1", "true"]),
                 ],
             ),
         },

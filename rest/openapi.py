@@ -340,3 +340,20 @@ TOKEN_QUERY: Schema = {
     "description": "Either central token as `?token=`, for a browser's EventSource, which "
     "cannot set headers (accepted on every guarded route; meant for /v1/stream).",
 }
+
+
+def logs_query(follow: list[str]) -> list[Schema]:
+    """The query of both tiers' ``GET /v1/tasks/{id}/logs``: ``tail`` and ``follow`` (the
+    values ``follow`` takes, as each tier reads it)."""
+    return [
+        query(
+            "tail",
+            {"type": "integer", "minimum": 0, "maximum": 10_000},
+            "how many of the last lines (default 100)",
+        ),
+        query(
+            "follow",
+            {"type": "string", "enum": follow},
+            "1: go on with what it writes until it has finished (chunked)",
+        ),
+    ]
