@@ -69,6 +69,8 @@ import multiprocessing as mp
 import os
 import pickle
 import random
+import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -118,6 +120,9 @@ from edgesched.sync.security import queue_settings
 from edgesched.sync.telemetry import Telemetry, telemetry_topic
 from edgesched.sync.topics import HEARTBEAT_TOPIC
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pcap_mqtt  # (the bench directory's own module)
+
 log = logging.getLogger("bench.central_scale")
 
 CENTRAL_ID = "central"
@@ -157,6 +162,9 @@ class Scale:
     #: nodes connecting per second, the whole fleet (0: all at once, 100 at a time per
     #: simulator; a burst that loses messages queued for central past 1,000 nodes)
     connect_rate: float = 50.0
+    #: a directory to record central's broker connection in (tcpdump), from the steady
+    #: window on, and to split each submission's PUBACK wait by (bench/pcap_mqtt.py)
+    capture: str | None = None
 
 
 # --- the fleet: ids, node documents and the assignments central holds of them ---------------
@@ -1200,6 +1208,78 @@ async def publish_queue(samples: dict[str, list[tuple[int, ...]]], measure: Any)
             ))  # fmt: skip
 
 
+@dataclass
+class Capture:
+    """tcpdump recording central's connection to the broker (``--capture``)."""
+
+    proc: subprocess.Popen[bytes]
+    path: Path
+    central_port: int
+
+
+def start_capture(directory: Path, broker_port: int) -> Capture | None:
+    """Record central's one connection to the broker (its local port, from paho's socket)
+    into ``directory``/central.pcap; None (and a log line) if tcpdump or the port is missing."""
+    from edgesched.sync import session as sess
+
+    tcpdump = shutil.which("tcpdump")
+    ports = [
+        sock.getsockname()[1]
+        for client in list(sess._publish_gates)
+        if (sock := getattr(client._client, "_sock", None)) is not None
+    ]
+    if tcpdump is None or not ports:
+        log.warning("no capture: tcpdump %s, central's socket %s", tcpdump, ports)
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "central.pcap"
+    command = pcap_mqtt.tcpdump_command(tcpdump, path)
+    proc = subprocess.Popen(
+        [*command, f"tcp port {ports[0]} and tcp port {broker_port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return Capture(proc, path, ports[0])
+
+
+def finish_capture(capture: Capture, measure: Any) -> list[str]:
+    """Stop the capture and split each submission's wait for its PUBACK (the notes)."""
+    capture.proc.send_signal(signal.SIGINT)
+    try:
+        capture.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        capture.proc.kill()
+    try:
+        splits = pcap_mqtt.puback_split(
+            capture.path, capture.central_port, dict(measure.handed), dict(measure.published)
+        )
+    except (OSError, ValueError) as exc:
+        return [f"capture {capture.path}: not read: {exc}"]
+    if not splits:
+        return [f"capture {capture.path}: no submission's PUBLISH and PUBACK found"]
+    notes = [
+        f"capture {capture.path} ({capture.path.stat().st_size / 1e6:.0f} MB): "
+        f"{len(splits)} submissions' PUBACK waits split, p50 / p99 / max in ms: "
+        + "; ".join(
+            f"{name} {pct(vals, 50):.0f} / {pct(vals, 99):.0f} / {max(vals):.0f}"
+            for name, vals in (
+                ("handed to the wire", [x.to_wire_ms for x in splits]),
+                ("broker (PUBLISH to PUBACK on the wire)", [x.broker_ms for x in splits]),
+                ("of it, the PUBLISH's first byte to its last", [x.spread_ms for x in splits]),
+                ("PUBACK on the wire to central's return", [x.back_ms for x in splits]),
+            )
+        )
+    ]
+    slow = sorted(splits, key=lambda x: -(x.to_wire_ms + x.broker_ms + x.back_ms))[:5]
+    notes.append(
+        "slowest: "
+        + "; ".join(
+            f"{x.task_id} {x.to_wire_ms:.0f}+{x.broker_ms:.0f}+{x.back_ms:.0f} ms" for x in slow
+        )
+    )
+    return notes
+
+
 def socket_queues(sock: Any) -> tuple[int, int]:
     """The kernel's queues of a TCP socket: bytes received and not yet read by its owner
     (``FIONREAD``), and bytes written and not yet acknowledged by the peer (``TIOCOUTQ``,
@@ -1950,6 +2030,7 @@ async def run_size(
 ) -> dict[str, Any]:
     """One size, start to end; the summary. Phases past the deadline are cut short."""
     measure = measure or Measure(scale)
+    capture: Capture | None = None
     deadline = time.monotonic() + scale.budget_s
     ids = node_ids(scale.nodes)
     config = EdgeschedConfig(
@@ -2055,6 +2136,8 @@ async def run_size(
         measure.fleet_up_s = time.time() - started
 
         measure.phase = "steady"
+        if scale.capture is not None:
+            capture = start_capture(Path(scale.capture), port)
         await sims.ask("mark")
         measure.status0 = engine.status()
         measure.cpu0 = sum(psutil.Process().cpu_times()[:2])
@@ -2169,6 +2252,8 @@ async def run_size(
     finally:
         for task in background:
             task.cancel()
+        if capture is not None:
+            measure.notes.extend(finish_capture(capture, measure))
         sims.stop()
         engine.stop()
         try:
@@ -2447,6 +2532,12 @@ def main() -> None:
         default=None,
         help="append the bench broker's log (connections, why each ended) to this file",
     )
+    parser.add_argument(
+        "--capture",
+        default=None,
+        help="record central's broker connection with tcpdump into this directory from the "
+        "steady window on, and split each submission's PUBACK wait (broker or central)",
+    )
     args = parser.parse_args()
     sizes = sorted(int(n.replace(",", "").replace("_", "")) for n in args.nodes.split(","))
     results = []
@@ -2457,6 +2548,7 @@ def main() -> None:
             procs=args.procs or (1 if n <= 2000 else 2), broker_queue=args.broker_queue,
             broker_log=None if args.broker_log is None else str(Path(args.broker_log).resolve()),
             up_s=args.up_s, connect_rate=args.connect_rate,
+            capture=None if args.capture is None else str(Path(args.capture).resolve()),
         )  # fmt: skip
         need = memory_needed_gb(scale)
         have = psutil.virtual_memory().available / 1e9

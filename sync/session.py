@@ -34,6 +34,7 @@ import collections
 import contextlib
 import logging
 import random
+import socket
 import ssl
 import time
 import weakref
@@ -280,6 +281,28 @@ def fresh_keepalive_on_open(client: aiomqtt.Client, connect_timeout_s: float) ->
     def opened(mqttc: Any, userdata: Any, sock: Any) -> None:
         with mutex:
             paho._last_bytes_received = paho._last_msg_out = time.monotonic()
+        if inner is not None:
+            inner(mqttc, userdata, sock)
+
+    paho.on_socket_open = opened
+
+
+def no_delay_on_open(client: aiomqtt.Client) -> None:
+    """Send small packets at once: ``TCP_NODELAY`` on the client's socket when it opens.
+
+    paho leaves Nagle's algorithm on, so a small packet (a PUBACK of a node's message, a
+    one-entry update) written while earlier bytes wait for the broker's ACK is held until
+    that ACK comes, which the broker's kernel may delay ~40 ms. The broker's own side is
+    ``set_tcp_nodelay`` (:func:`edgesched.sync.security.queue_settings`). A socket that
+    refuses the option (not TCP) is left as it is."""
+    paho = getattr(client, "_client", None)
+    if paho is None:
+        return
+    inner = paho.on_socket_open
+
+    def opened(mqttc: Any, userdata: Any, sock: Any) -> None:
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if inner is not None:
             inner(mqttc, userdata, sock)
 
@@ -589,6 +612,7 @@ class MqttSession:
                 **common,
             )
         fresh_keepalive_on_open(client, common["timeout"])
+        no_delay_on_open(client)
         read_what_is_buffered(client)
         return client
 

@@ -8,6 +8,7 @@ import contextlib
 import getpass
 import glob
 import json
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -210,6 +211,12 @@ async def test_one_connection_carries_link_and_document(tmp_path: Path, tls: boo
             await asyncio.sleep(1.0)  # a second connection as node-a would have kicked us off
             assert node.stats["connects"] == 1 and central.stats["connects"] == 1
             assert link.broker_connected
+            # both sockets send small packets at once (no Nagle wait for an ACK)
+            socks = [c._client._sock for c in list(session_mod._publish_gates) if c._client._sock]
+            assert len(socks) >= 2
+            for sock in socks:
+                assert isinstance(sock, socket.socket)  # (an SSLSocket is one too)
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
             for run in runs:
                 run.cancel()
     finally:
