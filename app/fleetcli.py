@@ -18,6 +18,7 @@ import json
 import os
 import time
 import tomllib
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -100,6 +101,11 @@ def client(addr: str | None, token: str | None, token_file: Path | None) -> ApiC
     return ApiClient(ApiTarget((addr or DEFAULT_ADDR).rstrip("/"), token or ""))
 
 
+def task_path(task_id: str) -> str:
+    """``/v1/tasks/{id}`` with the id quoted (an id may hold any character but ``/``)."""
+    return "/v1/tasks/" + urllib.parse.quote(task_id, safe="")
+
+
 def call(api: ApiClient, method: str, path: str, body: Any = None) -> Any:
     try:
         return api.call(method, path, body)
@@ -125,7 +131,7 @@ def pages(api: ApiClient, query: dict[str, str], limit: int) -> Iterator[dict[st
     left = limit
     while left > 0:
         params = {**query, "limit": str(min(left, 1000))} | ({"after": after} if after else {})
-        page = call(api, "GET", "/v1/tasks?" + "&".join(f"{k}={v}" for k, v in params.items()))
+        page = call(api, "GET", "/v1/tasks?" + urllib.parse.urlencode(params))
         yield from page["tasks"]
         left -= len(page["tasks"])
         after = page.get("next")
@@ -142,7 +148,7 @@ def stream_logs(api: ApiClient, task_id: str, tail: int, follow: bool, as_json: 
     import urllib.parse
     import urllib.request
 
-    path = f"/v1/tasks/{urllib.parse.quote(task_id, safe='')}/logs?tail={tail}"
+    path = f"{task_path(task_id)}/logs?tail={tail}"
     path += "&follow=1" if follow else ""
     url = api.target.base_url + path
     request = urllib.request.Request(url, headers=api.target.headers())
@@ -216,7 +222,7 @@ def register(app: typer.Typer) -> None:
         page = call(
             client(addr, token, token_file),
             "GET",
-            "/v1/history?" + "&".join(f"{k}={v}" for k, v in query.items()),
+            "/v1/history?" + urllib.parse.urlencode(query),
         )
         if as_json:
             typer.echo(json.dumps(page["tasks"], indent=2))
@@ -237,7 +243,7 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOption = False,
     ) -> None:
         """One task: its lifecycle, central's assignment and every node's copy."""
-        view = call(client(addr, token, token_file), "GET", f"/v1/tasks/{task_id}")
+        view = call(client(addr, token, token_file), "GET", task_path(task_id))
         if as_json:
             typer.echo(json.dumps(view, indent=2))
             return
@@ -327,7 +333,7 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOption = False,
     ) -> None:
         """Cancel a task central placed (its node stops it when it hears)."""
-        view = call(client(addr, token, token_file), "DELETE", f"/v1/tasks/{task_id}")
+        view = call(client(addr, token, token_file), "DELETE", task_path(task_id))
         if as_json:
             typer.echo(json.dumps(view, indent=2))
             return

@@ -76,6 +76,13 @@ async def test_the_operators_commands(broker: Broker, tmp_path: Path) -> None:
         assert history.stdout.splitlines()[1].split()[:6] == [
             "job", "failed", "gw-a", "7", "central", "default"
         ], history.stdout  # fmt: skip
+        # an id beyond ASCII (word characters of any script are allowed) is quoted on the way
+        done = await asyncio.to_thread(
+            cli, central, "run", "caméra-7", "--cpu", "0.05", "--restart", "never", "--", "true"
+        )
+        assert done.returncode == 0, done.stderr
+        shown = await asyncio.to_thread(cli, central, "task", "caméra-7", "--json")
+        assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == "caméra-7", shown
         missing = await asyncio.to_thread(cli, central, "task", "nope")
         assert missing.returncode == 2 and "no task 'nope'" in missing.stderr
         wrong = await asyncio.to_thread(cli, central, "tasks", token="not-the-token")
@@ -99,7 +106,8 @@ async def test_the_operators_commands(broker: Broker, tmp_path: Path) -> None:
         shown = json.loads((await asyncio.to_thread(bare, "context", "show", "--json")).stdout)
         assert shown["addr"] == central.url("").rstrip("/")
         done = await asyncio.to_thread(bare, "tasks", "--json")
-        assert done.returncode == 0 and {t["id"] for t in json.loads(done.stdout)} == {"job", "svc"}
+        assert done.returncode == 0
+        assert {t["id"] for t in json.loads(done.stdout)} == {"job", "svc", "caméra-7"}
         (tmp_path / "ctx" / "context.toml").write_text("addr = 7\n")
         broken = await asyncio.to_thread(bare, "tasks")
         assert broken.returncode == 2 and "addr must be a non-empty string" in broken.stderr
