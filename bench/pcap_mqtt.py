@@ -56,11 +56,15 @@ class MqttPacket:
 def tcpdump_command(tcpdump: str, out: Path) -> list[str]:
     """tcpdump writing every byte of loopback packets to ``out`` (add a filter).
     ``--immediate-mode``: each packet as it comes (else libpcap hands them over in batches
-    and a stop loses the last). As root it keeps root (``-Z root``): it drops to its own
-    user by default, which cannot write into a root-only directory (pytest's, the
-    harness's)."""
+    and a stop loses the last); ``-B``: a 64 MiB kernel buffer (at 10,000 nodes the default
+    dropped a segment in ~80 of central's connection). As root it keeps root (``-Z
+    root``): it drops to its own user by default, which cannot write into a root-only
+    directory (pytest's, the harness's)."""
     keep = ["-Z", "root"] if os.geteuid() == 0 else []
-    return [tcpdump, "-i", "lo", "--immediate-mode", "-U", "-s", "0", *keep, "-w", str(out)]
+    return [
+        tcpdump, "-i", "lo", "--immediate-mode", "-U", "-s", "0", "-B", "65536", *keep,
+        "-w", str(out),
+    ]  # fmt: skip
 
 
 def segments(path: Path) -> Iterator[Segment]:
@@ -92,29 +96,36 @@ def segments(path: Path) -> Iterator[Segment]:
             yield Segment(sec + frac * unit, src, dst, seq, bytes(data))
 
 
-def ordered(segs: list[Segment]) -> tuple[bytes, list[tuple[int, float]]]:
-    """One direction's bytes in order (retransmitted and overlapping bytes dropped), and
-    where each captured segment's new bytes start with its capture time. Sequence numbers
-    are taken relative to the first segment's (wrap-around handled)."""
+Chunk = tuple[bytes, list[tuple[int, float]]]
+
+
+def ordered(segs: list[Segment]) -> list[Chunk]:
+    """One direction's bytes in order (retransmitted and overlapping bytes dropped), as the
+    contiguous runs between the capture's gaps (a segment the kernel dropped before tcpdump
+    read it): each run's bytes, and where each captured segment's new bytes start in it with
+    its capture time. Sequence numbers are taken relative to the first segment's."""
     if not segs:
-        return b"", []
+        return []
     base = segs[0].seq
     rel = sorted(
         (((s.seq - base) % 2**32, s.at, s.data) for s in segs),
         key=lambda r: (r[0], r[1]),
     )
+    chunks: list[Chunk] = []
     out = bytearray()
     marks: list[tuple[int, float]] = []
+    start = rel[0][0]  # the stream offset where the current run begins
     for offset, at, data in rel:
-        end = offset + len(data)
-        if end <= len(out):
+        held = start + len(out)
+        if offset + len(data) <= held:
             continue  # all of it already held
-        if offset > len(out):
-            # a gap (the capture lost a segment): what follows cannot be decoded in place
-            break
+        if offset > held:  # a gap: the run ends; the next starts at this segment
+            chunks.append((bytes(out), marks))
+            out, marks, start, held = bytearray(), [], offset, offset
         marks.append((len(out), at))
-        out += data[len(out) - offset :]
-    return bytes(out), marks
+        out += data[held - offset :]
+    chunks.append((bytes(out), marks))
+    return chunks
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -131,9 +142,9 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     raise ValueError("varint longer than 4 bytes")
 
 
-def packets(data: bytes, marks: list[tuple[int, float]], v5: bool) -> Iterator[MqttPacket]:
-    """The MQTT packets of one direction's ordered bytes, each with the capture time of the
-    segment its first byte came in."""
+def _run_packets(data: bytes, marks: list[tuple[int, float]], v5: bool) -> Iterator[MqttPacket]:
+    """The MQTT packets of one contiguous run, from its start; it stops at the first packet
+    that does not parse (a run after a gap may start inside one)."""
     starts = [m[0] for m in marks]
     pos = 0
     k = 0
@@ -143,13 +154,15 @@ def packets(data: bytes, marks: list[tuple[int, float]], v5: bool) -> Iterator[M
         at = marks[k][1]
         try:
             length, body = _varint(data, pos + 1)
-        except IndexError:
+        except (IndexError, ValueError):
             return
         end = body + length
         if end > len(data):
             return
         kind = data[pos] >> 4
         flags = data[pos] & 0x0F
+        if kind in (0, 15) or (kind in (3, 4) and length < 2):
+            return  # not a packet start: the rest of this run cannot be framed
         packet_id: int | None = None
         topic, payload = "", b""
         if kind == 3:
@@ -168,6 +181,18 @@ def packets(data: bytes, marks: list[tuple[int, float]], v5: bool) -> Iterator[M
         j = bisect.bisect_right(starts, end - 1) - 1
         yield MqttPacket(at, marks[j][1], kind, packet_id, topic, payload)
         pos = end
+
+
+def packets(chunks: list[Chunk], v5: bool) -> Iterator[MqttPacket]:
+    """The MQTT packets of one direction (:func:`ordered`), each with the capture time of the
+    segment its first byte came in. After a gap a run is read from its first segment on,
+    which starts a packet when the sender wrote one packet a segment (small ones mostly);
+    a run that does not parse from there is skipped at its first bad packet."""
+    for data, marks in chunks:
+        try:
+            yield from _run_packets(data, marks, v5)
+        except (struct.error, IndexError, ValueError):
+            continue
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +221,8 @@ def puback_split(
     segs = list(segments(path))
     out_segs = [s for s in segs if s.src == central_port]
     in_segs = [s for s in segs if s.dst == central_port]
-    sent = [p for p in packets(*ordered(out_segs), v5) if p.kind == 3 and topic_part in p.topic]
-    acks = [p for p in packets(*ordered(in_segs), v5) if p.kind == 4]
+    sent = [p for p in packets(ordered(out_segs), v5) if p.kind == 3 and topic_part in p.topic]
+    acks = [p for p in packets(ordered(in_segs), v5) if p.kind == 4]
     splits = []
     for task_id, done in sorted(published.items()):
         start = handed.get(task_id)
