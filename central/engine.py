@@ -1453,10 +1453,7 @@ class CentralEngine:
         index = self.index
         table = index.table()
         now = self.clock()
-        asked = {w: cpu for w, cpu in table.usage.items() if cpu > 1e-9}
-        for task_id in index.pending:
-            spec = index.assignments[task_id].task_spec
-            asked[spec.workload] = asked.get(spec.workload, 0.0) + spec.cpu
+        asked = self._asked_by_class()
         if not self.demand.observe(now, asked):
             return False
         capacity = float(table.capacity[:, 0].sum()) if len(table) else 0.0
@@ -1472,6 +1469,16 @@ class CentralEngine:
             )
         return True
 
+    def _asked_by_class(self) -> dict[str, float]:
+        """CPU each workload class asks of the fleet now: its placed and running tasks' (the
+        table's usage) and its waiting ones'. The index is brought up to date by the caller."""
+        index = self.index
+        asked = {w: cpu for w, cpu in index.table().usage.items() if cpu > 1e-9}
+        for task_id in index.pending:
+            spec = index.assignments[task_id].task_spec
+            asked[spec.workload] = asked.get(spec.workload, 0.0) + spec.cpu
+        return asked
+
     def fleet_sample(self) -> FleetSample:
         """The fleet now (:class:`FleetSample`): the nodes' latest telemetry (heard within
         ``TELEMETRY_FRESH_S``), the index's demand and capacity, the tidal window. O(nodes)."""
@@ -1480,9 +1487,7 @@ class CentralEngine:
         table = index.table()
         now = self.clock()
         capacity = float(table.capacity[:, 0].sum()) if len(table) else 0.0
-        demand = sum(table.usage.values())
-        for task_id in index.pending:
-            demand += index.assignments[task_id].task_spec.cpu
+        demand = sum(self._asked_by_class().values())
         weighted = cores = power = 0.0
         measured = 0
         for node_id, member in index.members.items():
