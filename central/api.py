@@ -42,6 +42,7 @@ from edgesched.central import dashboard, extender, tasklist
 from edgesched.central.engine import CentralEngine, TaskRefused
 from edgesched.central.logsproxy import add_routes as add_logs_routes
 from edgesched.central.openapi import serve_central
+from edgesched.central.serviceapi import add_routes as add_service_routes
 from edgesched.core.lifecycle import Phase
 from edgesched.core.task import SpecError, TaskSpec
 from edgesched.policies.models import KINDS, MAX_MODEL_BYTES
@@ -404,6 +405,7 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app.router.add_get("/metrics", metrics)
     dashboard.add_routes(app, engine)
     add_logs_routes(app, engine)  # GET /v1/tasks/{id}/logs, from the node over MQTT
+    add_service_routes(app, engine)  # /v1/services
     if engine.central.k8s_extender:
         for method, path, handler in extender.routes(
             get_fleet=engine.fleet_nodes,

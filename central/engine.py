@@ -55,13 +55,16 @@ from edgesched.central.metrics import CentralMetrics
 from edgesched.central.placement import Choice, assignment_entry, place_all, place_pinned
 from edgesched.central.power import PARKED, power_orders
 from edgesched.central.replicas import NODE_DOC_PREFIX, NodeReplicas
+from edgesched.central.services import ServiceController, ServiceRefused
 from edgesched.central.telemetry import TelemetryCollector
 from edgesched.config import EdgeschedConfig, builtin_profiles
 from edgesched.core.classdemand import ClassDemand
+from edgesched.core.forecast import Forecaster
 from edgesched.core.lifecycle import Assigned, Copy, Lifecycle, Phase, Reach, lifecycle
 from edgesched.core.model import Node, Placement
 from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.core.scheduler import ClusterView
+from edgesched.core.service import ServiceSpec, parse_replica_id
 from edgesched.core.task import TaskSpec, TaskState
 from edgesched.policies.models import ActiveModels, ModelBlob
 from edgesched.policies.ortsession import ModelLoadError
@@ -292,6 +295,7 @@ class CentralEngine:
         self.demand = ClassDemand()  # what each workload class asks of the fleet, 5-min bins
         self.forecast_cpu: float | None = None
         self.fleet_series = FleetSeries()  # the day, a point a minute (GET /v1/fleet)
+        self.services = ServiceController(self, self.clock)  # replicas kept at their count
 
     @property
     def store(self) -> Store:
@@ -716,6 +720,11 @@ class CentralEngine:
         """Accept a task: placed now if a node can take it, else waiting (state ``pending``).
         Journaled to SQLite before this returns."""
         fleet = _need(self.fleet)
+        if parse_replica_id(spec.id) is not None:
+            raise TaskRefused(
+                422, "id", f"{spec.id!r} has the form of a service replica's id "
+                "(<service>.<slot>.<revision>.<incarnation>): services start their own",
+            )  # fmt: skip
         async with self._lock:
             if fleet.assignment(spec.id) is not None:
                 raise TaskRefused(409, "id", f"task {spec.id!r} already exists")
@@ -755,15 +764,53 @@ class CentralEngine:
         table = self.index.table()
         now = self.clock()
         config = self._policy_config()
+        groups = self.services.groups_for(specs) or None  # replicas spread as their service asks
         free = [s for s in specs if not pins.get(s.id)]
-        choices = place_all(free, table, now, config)
+        choices = place_all(free, table, now, config, groups)
         unusable: Mapping[str, str] | None = None
         for spec in specs:
             pin = pins.get(spec.id)
             if pin:
                 unusable = self.index.unusable() if unusable is None else unusable
-                choices[spec.id] = place_pinned(spec, table, now, config, pin, unusable)
+                choices[spec.id] = place_pinned(spec, table, now, config, pin, unusable, groups)
         return choices
+
+    def admit_replicas(self, specs: Sequence[TaskSpec]) -> None:
+        """New replicas of a service (the service controller's, inside the control step):
+        placed now, in one batch of the core with their service's spread, if this central
+        acts on their shards; else waiting for their shard's owner, as a submission."""
+        acting, mine = self._acting()
+        if not acting:
+            return
+        own = [s for s in specs if mine is None or mine(s.id)]
+        self.sync_index()
+        choices = self._choose(own, {})
+        for spec in own:
+            self._decided(spec, choices[spec.id], pin=None, epoch=1, replacement=False)
+        for spec in specs:
+            if mine is not None and not mine(spec.id):
+                shard = shard_of(spec.id, mine.count)
+                self._pending(spec, None, 1, f"started by {self.central.central_id}; "
+                              f"shard {shard} places it")  # fmt: skip
+
+    @property
+    def central_id(self) -> str:
+        return self.central.central_id
+
+    def record_event(
+        self, kind: str, detail: str, *, node: str | None = None, task: str | None = None
+    ) -> None:
+        """Add an event to the fleet's timeline (``GET /v1/events``, the dashboard)."""
+        self._event(kind, detail, node=node, task=task)
+
+    def forecaster_for(self) -> Callable[[str], Forecaster] | None:
+        """The forecaster per workload class (the ONNX model for the classes it knows), or
+        None before the models are loaded."""
+        if self.models is None:
+            return None
+        table = self.index.table()
+        capacity = float(table.capacity[:, 0].sum()) if len(table) else 0.0
+        return self.models.forecaster_for(capacity)
 
     def _decided(
         self, spec: TaskSpec, choice: Choice, *, pin: str | None, epoch: int, replacement: bool
@@ -834,6 +881,44 @@ class CentralEngine:
             state=AssignmentState.PENDING, pin=pin, lease=self._lease_of(spec.id),
         )  # fmt: skip
         _need(self.fleet).assign(spec.id, entry)
+
+    # --- services (central/services.py) ---------------------------------------------------
+
+    async def apply_service(self, spec: ServiceSpec) -> dict[str, Any]:
+        """Create or change a service; journaled before this returns."""
+        async with self._lock:
+            self.sync_index()
+            self.services.apply(spec)
+            self._wake.set()
+        return await self._service_answer(spec.name)
+
+    async def scale_service(self, name: str, replicas: int) -> dict[str, Any]:
+        async with self._lock:
+            self.sync_index()
+            self.services.scale(name, replicas)
+            self._wake.set()
+        return await self._service_answer(name)
+
+    async def delete_service(self, name: str) -> dict[str, Any]:
+        async with self._lock:
+            self.sync_index()
+            self.services.delete(name)
+            self._wake.set()
+        return await self._service_answer(name)
+
+    async def report_service_load(self, name: str, load: float) -> dict[str, Any]:
+        async with self._lock:
+            report = self.services.report_load(name, load)
+        await _need(self._fleet_journal).flushed()
+        return {"name": name, "load": report.load, "at": report.at}
+
+    async def _service_answer(self, name: str) -> dict[str, Any]:
+        await _need(self._fleet_journal).flushed()  # the service on disk
+        self.sync_index()
+        view = self.services.view(name)
+        if view is None:  # (deleted and gone already)
+            raise ServiceRefused(404, "name", f"no service {name!r}")
+        return view
 
     async def migrate(self, task_id: str, target: str) -> dict[str, Any]:
         """Move an active task to ``target``: a new placement epoch there now, and, once the
@@ -1096,6 +1181,7 @@ class CentralEngine:
         if not acting:
             return
         now = self.clock()
+        self.services.step(now, mine)  # replicas started and stopped; placed below if waiting
         self._place_waiting(now, mine)
         self.sync_index()
         if self._migrations:
@@ -1441,6 +1527,10 @@ class CentralEngine:
                     self.fleet_series.observe(self.fleet_sample())
                 except ValueError as exc:  # (as the forecast: a view, never a stop)
                     log.error("fleet sample skipped: %s", exc)
+                try:
+                    self.services.observe(self.clock())
+                except ValueError as exc:  # (advice too)
+                    log.error("service load sample skipped: %s", exc)
             if closed:
                 with contextlib.suppress(StoreError):
                     await self.store.set_meta("class_demand", json.dumps(self.demand.to_json()))

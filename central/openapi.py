@@ -227,6 +227,100 @@ def _central_schemas() -> dict[str, Schema]:
             description="A task: central's assignment (if central placed it), its lifecycle "
             "fleet-wide, and the copies nodes report",
         ),
+        "ServiceSpec": oa.obj(
+            {
+                "name": {"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"},
+                "template": _service_template(),
+                "replicas": {"type": "integer", "minimum": 0, "maximum": 10_000},
+                "min": {"type": "integer", "minimum": 0, "maximum": 10_000},
+                "max": {"type": "integer", "minimum": 0, "maximum": 10_000},
+                "autoscale": oa.nullable(
+                    oa.obj(
+                        {
+                            "metric": {"type": "string", "enum": ["load", "forecast"]},
+                            "target_per_replica": {"type": "number", "exclusiveMinimum": 0},
+                            "scale_in_delay_s": {"type": "number", "minimum": 0},
+                            "max_step_out": {"type": "integer", "minimum": 1, "maximum": 2**53},
+                            "max_step_in": {"type": "integer", "minimum": 1, "maximum": 2**53},
+                        },
+                        required=[],
+                    )
+                ),
+                "spread": oa.obj(
+                    {
+                        "max_per_node": {"type": "integer", "minimum": 0, "maximum": 2**53},
+                        "across": {
+                            "type": "array",
+                            "uniqueItems": True,
+                            "items": {"type": "string", "enum": ["node", "site", "arch"]},
+                        },
+                    },
+                    required=[],
+                ),
+                "rollout": oa.obj(
+                    {
+                        "max_surge": {"type": "integer", "minimum": 1, "maximum": 2**53},
+                        "healthy_after_s": {"type": "number", "minimum": 0},
+                        "max_failures": {"type": "integer", "minimum": 1, "maximum": 2**53},
+                    },
+                    required=[],
+                ),
+            },
+            required=["name", "template"],
+            description="A service: replicas of a task template kept at their count",
+        ),
+        "ServiceView": oa.obj(
+            {
+                "name": oa.STR,
+                "spec": oa.ref("ServiceSpec"),
+                "revision": {"type": "string", "description": "the template's hash"},
+                "replicas": oa.INT,
+                "running": oa.INT,
+                "live": {"type": "integer", "description": "replicas holding a slot"},
+                "phases": oa.map_of(oa.INT, "live replicas by phase"),
+                "reason": {"type": "string", "description": "why it has this count now"},
+                "at": oa.NUMBER,
+                "deleted": oa.BOOL,
+                "rollout": oa.obj({"outdated": oa.INT, "stalled": oa.BOOL}),
+                "load": oa.nullable(oa.obj({"cores": oa.NUMBER, "at": oa.NUMBER})),
+                "forecast_peak": oa.nullable(oa.NUMBER),
+                "tasks": {
+                    "type": "array",
+                    "items": oa.obj(
+                        {
+                            "id": oa.STR,
+                            "slot": oa.INT,
+                            "revision": oa.STR,
+                            "phase": {"type": "string", "enum": [p.value for p in Phase]},
+                            "node": oa.nullable(oa.STR),
+                            "stopping": oa.BOOL,
+                        }
+                    ),
+                },
+            },
+            required=[
+                "name",
+                "spec",
+                "revision",
+                "replicas",
+                "running",
+                "live",
+                "phases",
+                "reason",
+                "at",
+                "deleted",
+                "rollout",
+                "load",
+                "forecast_peak",
+            ],
+            description="A service, its replicas (tasks of their own) and why it has its count",
+        ),
+        "ServiceList": oa.obj(
+            {"services": {"type": "array", "items": oa.ref("ServiceView")}},
+        ),
+        "Scale": oa.obj({"replicas": oa.INT}),
+        "Load": oa.obj({"cores": {"type": "number", "minimum": 0, "maximum": 1e9}}),
+        "LoadReport": oa.obj({"name": oa.STR, "load": oa.NUMBER, "at": oa.NUMBER}),
         "TaskList": oa.obj(
             {
                 "tasks": {"type": "array", "items": oa.ref("TaskView")},
@@ -400,6 +494,22 @@ _WHOLE_QUANTITY: Schema = {
 }
 
 
+def _service_template() -> Schema:
+    """A service's template: a task spec whose id is optional (each replica gets its own)
+    and whose restart policy is always."""
+    template = oa.task_spec_schema()
+    template["required"] = ["command"]
+    template["properties"] = {
+        **template["properties"],
+        "restart": {"type": "string", "enum": ["always"], "default": "always"},
+    }
+    template["description"] = (
+        "The task every replica runs (a TaskSpec; its id is replaced per replica, its "
+        "restart is always)"
+    )
+    return template
+
+
 def _k8s_schemas() -> Schema:
     resources = {
         "type": ["object", "null"],
@@ -549,6 +659,14 @@ def _central_paths() -> dict[str, Schema]:
     read = "Any token (admin or read-only)."
     admin = "Admin token only (the read-only token gets 403)."
     tasks_tag, nodes_tag, fleet, ui, k8s = "tasks", "nodes", "fleet", "dashboard", "k8s"
+    services_tag = "services"
+    service_name: Schema = {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "description": "the service's name",
+        "schema": {"type": "string", "minLength": 1},
+    }
     k8s_note = (
         "kube-scheduler extender v1 (mounted only when `k8s_extender` is on; no token: keep it "
         "on a trusted network or behind TLS client certificates). A malformed body is 400 "
@@ -761,6 +879,78 @@ def _central_paths() -> dict[str, Schema]:
                 "422: the target cannot take it (unknown, offline, too small).",
                 params=[oa.path_id("task id")],
                 body=oa.request_body(oa.ref("Migration"), "the target node"),
+            )
+        },
+        "/v1/services": {
+            "get": oa.op(
+                "listServices",
+                "Every service, with its replicas' counts by phase",
+                services_tag,
+                {"200": oa.content(oa.ref("ServiceList"), "by name"), **oa.problems(401)},
+                description=read,
+            ),
+            "post": oa.op(
+                "applyService",
+                "Create a service, or change it (a new template rolls out; a new count scales)",
+                services_tag,
+                {
+                    "200": oa.content(oa.ref("ServiceView"), "changed, journaled"),
+                    "201": oa.content(oa.ref("ServiceView"), "created, journaled"),
+                    **oa.problems(400, 401, 403, 409, 413, 422, 503),
+                },
+                description=admin + " 409: the service is being deleted; 422: central holds "
+                "its most services.",
+                body=oa.request_body(oa.ref("ServiceSpec"), "the service"),
+            ),
+        },
+        "/v1/services/{name}": {
+            "get": oa.op(
+                "getService",
+                "One service: each replica's slot, revision, phase and node",
+                services_tag,
+                {"200": oa.content(oa.ref("ServiceView"), "the service"), **oa.problems(401, 404)},
+                description=read,
+                params=[service_name],
+            ),
+            "delete": oa.op(
+                "deleteService",
+                "Stop every replica; the service goes once none runs",
+                services_tag,
+                {
+                    "200": oa.content(oa.ref("ServiceView"), "being deleted"),
+                    **oa.problems(401, 403, 404, 503),
+                },
+                description=admin,
+                params=[service_name],
+            ),
+        },
+        "/v1/services/{name}/scale": {
+            "post": oa.op(
+                "scaleService",
+                "Set a service's replica count (within its min and max)",
+                services_tag,
+                {
+                    "200": oa.content(oa.ref("ServiceView"), "scaled, journaled"),
+                    **oa.problems(400, 401, 403, 404, 413, 422, 503),
+                },
+                description=admin + " 422: outside [min, max].",
+                params=[service_name],
+                body=oa.request_body(oa.ref("Scale"), "the count"),
+            )
+        },
+        "/v1/services/{name}/load": {
+            "post": oa.op(
+                "reportServiceLoad",
+                "Report the load a service serves now (cores): its autoscaler's signal",
+                services_tag,
+                {
+                    "200": oa.content(oa.ref("LoadReport"), "recorded"),
+                    **oa.problems(400, 401, 403, 404, 413, 503),
+                },
+                description=admin + " From whatever measures the service (a metrics "
+                "adapter, the service itself); a report older than 5 minutes is not acted on.",
+                params=[service_name],
+                body=oa.request_body(oa.ref("Load"), "the load"),
             )
         },
         "/v1/events": {
@@ -1001,6 +1191,7 @@ def central_document() -> Schema:
             {"name": "fleet"},
             {"name": "nodes"},
             {"name": "tasks"},
+            {"name": "services", "description": "replicas of a template kept at their count"},
             {"name": "dashboard"},
             {"name": "k8s", "description": "kube-scheduler extender v1 (when enabled)"},
         ],

@@ -28,6 +28,7 @@ from edgesched.core.model import DecisionKind, Node, Placement, Resources, Task
 from edgesched.core.nodetable import NodeTable
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.scheduler import ClusterView, schedule
+from edgesched.core.spread import SpreadGroup
 from edgesched.core.task import RestartPolicy, TaskSpec, TaskState
 from edgesched.sync.reconcile import Claim, ReconcilePolicy, losers, winner
 from edgesched.sync.schema import (
@@ -140,17 +141,22 @@ def place(
 
 
 def place_all(
-    specs: Sequence[TaskSpec], table: NodeTable, now: float, policy: PolicyConfig
+    specs: Sequence[TaskSpec],
+    table: NodeTable,
+    now: float,
+    policy: PolicyConfig,
+    groups: Mapping[str, SpreadGroup] | None = None,
 ) -> dict[str, Choice]:
     """Run the core once over the fleet for a batch of tasks (in the core's queue order,
     each seeing the ones placed before it): task id -> where it goes or why it waits.
-    ``table``: the fleet index's table of the usable nodes, forked by the core."""
+    ``table``: the fleet index's table of the usable nodes, forked by the core; ``groups``:
+    the spread of the services some of the tasks are replicas of (by task id)."""
     if not specs:
         return {}
     if not table.nodes:
         return {s.id: Choice(None, "no node online to place it on") for s in specs}
     cluster = ClusterView(table.nodes, (), now, table=table, plan_power=False)
-    result = schedule(cluster, [s.to_task(now) for s in specs], policy)
+    result = schedule(cluster, [s.to_task(now) for s in specs], policy, groups)
     out: dict[str, Choice] = {}
     for decision in result.decisions:
         if decision.kind is DecisionKind.PLACE and decision.task_id is not None:
@@ -171,13 +177,14 @@ def place_pinned(
     policy: PolicyConfig,
     pin: str,
     unusable: Mapping[str, str],
+    groups: Mapping[str, SpreadGroup] | None = None,
 ) -> Choice:
     """Run the core for one task on node ``pin`` only (a pinned submission, a migration)."""
     row = table.index.get(pin)
     if row is None:
         why = unusable.get(pin, "not a node central knows")
         return Choice(None, f"node {pin} cannot take it: {why}")
-    return place_all([spec], table.subset([row]), now, policy)[spec.id]
+    return place_all([spec], table.subset([row]), now, policy, groups)[spec.id]
 
 
 def assignment_entry(

@@ -51,11 +51,20 @@ from edgesched.core.nodetable import (
     STATE_CODES,
     BoolArray,
     FloatArray,
+    IntArray,
     NodeTable,
     resource_vector,
 )
 from edgesched.core.plugins import FILTER_CHAIN, SCORES, fits_when_empty
 from edgesched.core.policy import PolicyConfig, PolicyMode
+from edgesched.core.spread import (
+    SPREAD_WEIGHT,
+    GroupCounts,
+    SpreadGroup,
+    domain_codes,
+    spread_mask,
+    spread_score,
+)
 
 #: Added to a task's priority while its class is within its tidal guarantee.
 TIDAL_BOOST = MAX_PRIORITY + 1
@@ -112,6 +121,11 @@ class _Cycle:
     #: Bumped on every bind/unbind: a task shape that failed at this version fails again.
     version: int = 0
     static_cache: dict[Hashable, BoolArray] = field(default_factory=dict)
+    #: task id -> its service's spread (:mod:`edgesched.core.spread`), and the cycle's count of
+    #: each group's replicas per node.
+    groups: Mapping[str, SpreadGroup] = field(default_factory=dict)
+    group_counts: GroupCounts = field(default_factory=GroupCounts)
+    domains: dict[str, tuple[list[str], IntArray]] = field(default_factory=dict)
 
     # --- tidal -----------------------------------------------------------------------------
 
@@ -143,8 +157,26 @@ class _Cycle:
         """Nodes passing the chain's stages that no eviction changes (preempt, consolidate)."""
         return FILTER_CHAIN.eligible(self.table, task, demand, self.static(task, demand))
 
+    def spread(self, task: Task) -> tuple[BoolArray, FloatArray] | None:
+        """For a replica of a service: the nodes of the whole table that may take it (its
+        per-node bound) and their spread scores; None for any other task."""
+        group = self.groups.get(task.id)
+        if group is None:
+            return None
+        counts = self.group_counts.of(group)
+        for key in group.across:
+            if key != "node" and key not in self.domains:
+                self.domains[key] = domain_codes(self.table, key)
+        return (
+            spread_mask(self.table, group, counts),
+            spread_score(self.table, group, counts, self.domains),
+        )
+
     def bind(self, row: int, task: Task) -> None:
         self.version += 1
+        group = self.groups.get(task.id)
+        if group is not None:
+            self.group_counts.add(group, self.table.nodes[row].id)
         self.table.add(row, task.demand)
         # Replaced, not appended to: a forked table shares its rows (NodeTable.fork).
         placed = Placement(task, self.table.nodes[row].id, self.now)
@@ -238,12 +270,23 @@ def _place(cycle: _Cycle, task: Task) -> bool:
     table = cycle.table
     demand = resource_vector(task.demand)
     scored, offset, feasible = _sample(cycle, task, demand)
+    spread = cycle.spread(task)
+    spread_part: FloatArray | None = None
+    if spread is not None:  # a service's replica: its per-node bound, its domains' spread
+        feasible = feasible & spread[0][offset : offset + len(scored)]
+        spread_part = spread[1][offset : offset + len(scored)]
     if not feasible.any():
         return False
     candidates = np.flatnonzero(feasible)  # rows of ``scored``; of ``table``: + offset
     reason = f"{cycle.policy.mode.value}: best of {len(candidates)} feasible nodes"
     if scored is not table:
         reason += f" (a sample of {len(scored)} of {len(table)} nodes)"
+    if spread_part is not None and cycle.groups[task.id].across:
+        # the learned model knows nothing of services: it chooses among the emptiest domains
+        best_spread = spread_part[candidates].max()
+        if cycle.policy.mode is PolicyMode.LEARNED:
+            candidates = candidates[spread_part[candidates] >= best_spread - _EPS]
+        reason += ", spread across " + ", ".join(cycle.groups[task.id].across)
     if cycle.policy.mode is PolicyMode.LEARNED:
         learned, why = _learned_score(cycle, task, demand, candidates + offset)
         if learned is not None:
@@ -264,6 +307,9 @@ def _place(cycle: _Cycle, task: Task) -> bool:
             return True
         reason = f"learned score unavailable ({why}); energy heuristic: " + reason
     total, parts = _weighted_score(cycle.policy, scored, task, demand)
+    if spread_part is not None and cycle.groups[task.id].across:
+        parts["spread"] = spread_part
+        total = total + SPREAD_WEIGHT * spread_part
     local = int(candidates[int(np.argmax(total[candidates]))])
     row = local + offset
     node = table.nodes[row]
@@ -340,7 +386,11 @@ def _preempt(cycle: _Cycle, task: Task) -> bool:
         return False
     table = cycle.table
     demand = resource_vector(task.demand)
-    candidates = np.flatnonzero(cycle.eligible(task, demand) & fits_when_empty(table, demand))
+    eligible = cycle.eligible(task, demand) & fits_when_empty(table, demand)
+    spread = cycle.spread(task)
+    if spread is not None:  # (a replica's per-node bound holds for preemption too)
+        eligible &= spread[0]
+    candidates = np.flatnonzero(eligible)
     best: tuple[tuple[int, int, float], int, list[Placement]] | None = None
     for candidate in candidates.tolist():
         found = _victims_on(cycle, candidate, task, demand, prio)
@@ -609,9 +659,17 @@ def feasible_nodes(view: ClusterView, task: Task, policy: PolicyConfig) -> froze
     return frozenset(cycle.table.nodes[int(r)].id for r in rows)
 
 
-def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -> ScheduleResult:
-    """Decide for one cycle. Pure: the same arguments always give the same result."""
+def schedule(
+    view: ClusterView,
+    pending: Sequence[Task],
+    policy: PolicyConfig,
+    groups: Mapping[str, SpreadGroup] | None = None,
+) -> ScheduleResult:
+    """Decide for one cycle. Pure: the same arguments always give the same result.
+    ``groups``: task id -> the spread of the service a pending task is a replica of."""
     cycle = _start(view, policy)
+    if groups:
+        cycle.groups = groups
     table = cycle.table
     waiting: dict[str, str] = {}
     waiting_tasks: list[Task] = []
@@ -627,6 +685,7 @@ def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -
             (d.cpu, d.mem_gib, d.accel, d.iops_k),
             cycle.effective_priority(task, adding=True),
             task.workload,
+            None if groups is None or task.id not in groups else groups[task.id].name,
         )
         known = failed.get(shape)
         if known is not None and known[0] == cycle.version:
@@ -635,6 +694,11 @@ def schedule(view: ClusterView, pending: Sequence[Task], policy: PolicyConfig) -
             continue
         else:
             waiting[task.id] = FILTER_CHAIN.explain(table, task, resource_vector(task.demand))
+            group = cycle.groups.get(task.id)
+            if group is not None and group.max_per_node:
+                waiting[task.id] += (
+                    f"; service {group.name} runs at most {group.max_per_node} a node"
+                )
             failed[shape] = (cycle.version, waiting[task.id])
         waiting_tasks.append(task)
 

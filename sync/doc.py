@@ -75,6 +75,7 @@ from edgesched.sync import epochs
 from edgesched.sync.schema import (
     AssignmentEntry,
     Entry,
+    LoadReport,
     ModelEntry,
     ModelReport,
     NodeView,
@@ -83,6 +84,7 @@ from edgesched.sync.schema import (
     Refusals,
     Registration,
     SchemaError,
+    ServiceEntry,
     StopOrder,
     TaskReport,
     TidalEntry,
@@ -1446,9 +1448,15 @@ class PolicyDoc(SyncedDoc):
     → an order to stop that node's copy of a task placed twice, from the reconcile rule).
     Entries are typed (:mod:`edgesched.sync.schema`); one that does not decode is refused."""
 
-    incremental_roots = ("assignments", "stops", "power")
+    incremental_roots = ("assignments", "stops", "power", "services", "loads")
     entry_kinds = MappingProxyType(
-        {"assignments": AssignmentEntry, "stops": StopOrder, "power": PowerOrder}
+        {
+            "assignments": AssignmentEntry,
+            "stops": StopOrder,
+            "power": PowerOrder,
+            "services": ServiceEntry,
+            "loads": LoadReport,
+        }
     )
 
     def _map(self, root: str) -> object:
@@ -1491,6 +1499,33 @@ class PolicyDoc(SyncedDoc):
         key = f"{task_id}@{node_id}"
         if key in stops:
             del stops[key]
+
+    def put_service(self, name: str, entry: ServiceEntry) -> None:
+        """Create or change service ``name`` (:mod:`edgesched.central.services`)."""
+        if not name:
+            raise ValueError("service name must not be empty")
+        self._put("services", name, entry)
+
+    def services(self) -> Mapping[str, ServiceEntry]:
+        """name -> the service (valid entries only)."""
+        return self._map_view("services", ServiceEntry)
+
+    def drop_service(self, name: str) -> None:
+        services = self.root("services")
+        if name in services:
+            del services[name]
+
+    def set_load(self, name: str, report: LoadReport) -> None:
+        """The load service ``name`` serves, as reported (its autoscaler's signal)."""
+        self._put("loads", name, report)
+
+    def loads(self) -> Mapping[str, LoadReport]:
+        return self._map_view("loads", LoadReport)
+
+    def drop_load(self, name: str) -> None:
+        loads = self.root("loads")
+        if name in loads:
+            del loads[name]
 
     def set_mode(self, mode: PolicyMode) -> None:
         self.root("policy")["mode"] = PolicyMode(mode).value

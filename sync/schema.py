@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Self, TypeVar, Union, get_args, get_origin, ge
 
 from edgesched.core.model import Arch, Node, Resources, ServerClass
 from edgesched.core.model import PowerModel as CorePowerModel
+from edgesched.core.service import ServiceSpec
 from edgesched.core.shared import SharedValues, exact_zero_free, shared_float
 from edgesched.core.task import (
     MAX_SPEC_INT,
@@ -712,6 +713,48 @@ class StopOrder(Entry):
     def __post_init__(self) -> None:
         if not 0 <= self.lease <= MAX_SPEC_INT:
             raise SchemaError(self.KIND, "lease", "must be in [0, 2**53]")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceEntry(Entry):
+    """``services[name]``: a service (:class:`edgesched.core.service.ServiceSpec`'s JSON,
+    checked by its parser), the replica count it is kept at (in the spec), why it was last
+    scaled, and whether it is being deleted (its replicas stop, then the entry goes)."""
+
+    KIND: ClassVar[str] = "service"
+    spec: Any
+    at: float
+    central: str
+    reason: str = ""
+    deleted: bool = False
+    #: One past the last replica incarnation started: ids are never used twice.
+    incarnations: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.incarnations <= MAX_SPEC_INT:
+            raise SchemaError(self.KIND, "incarnations", "must be in [0, 2**53]")
+        try:
+            ServiceSpec.from_json(self.spec)
+        except SpecError as exc:
+            raise SchemaError(self.KIND, "spec", str(exc)) from None
+
+    @property
+    def service(self) -> ServiceSpec:
+        return ServiceSpec.from_json(self.spec)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport(Entry):
+    """``loads[service]``: the load a service serves (cores of work), as last reported to a
+    central replica (``POST /v1/services/{name}/load``): what its autoscaler reads."""
+
+    KIND: ClassVar[str] = "load"
+    load: float
+    at: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.load <= 1e9:
+            raise SchemaError(self.KIND, "load", "must be in [0, 1e9] cores")
 
 
 @dataclass(frozen=True, slots=True)
