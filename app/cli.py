@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from edgesched.config import ConfigError, EdgeschedConfig, default_config_toml, load_config
 from edgesched.fleetcli import register as register_fleet_commands
+from edgesched.servicecli import register as register_service_commands
 from edgesched.version import __version__
 
 if TYPE_CHECKING:
@@ -467,6 +468,7 @@ def central_nodes(config: CentralConfigOption) -> None:
 
 
 register_fleet_commands(app)  # run, tasks, task, cancel, nodes: against central's API
+register_service_commands(app)  # service apply/list/show/scale/delete/load
 
 
 certs_app = typer.Typer(
