@@ -52,9 +52,7 @@ def running_on_nodes(nodes: dict[str, EdgeNode], alive: set[str]) -> dict[str, l
     return out
 
 
-def exactly(
-    nodes: dict[str, EdgeNode], alive: set[str], count: int
-) -> dict[str, list[int]] | None:
+def exactly(nodes: dict[str, EdgeNode], alive: set[str], count: int) -> dict[str, list[int]] | None:
     """What runs, if it is slots 0..count-1 once each."""
     held = running_on_nodes(nodes, alive)
     slots = sorted(s for on in held.values() for s in on)
@@ -85,7 +83,7 @@ async def test_a_service_over_real_nodes_spreads_scales_through_a_cut_and_fails_
                 'name = "web"\nreplicas = 6\nmax = 12\n'
                 "[template]\n"
                 'command = ["sleep", "600"]\ncpu = 0.05\nmem_gib = 0.05\n'
-                "[spread]\nmax_per_node = 4\nacross = [\"node\"]\n"
+                '[spread]\nmax_per_node = 4\nacross = ["node"]\n'
             )
             done = await asyncio.to_thread(cli, central, "service", "apply", str(job))
             assert done.returncode == 0, done.stderr
