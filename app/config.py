@@ -451,6 +451,10 @@ class CentralConfig:
     #: connected and its document fresh, is placed again (a node that ignored it: a task of
     #: its own with that id). 0: never.
     take_up_s: float = 30.0
+    #: The services' autoscaler runs on a clock this many times faster than real time (its
+    #: 5-minute load bins, its decisions every 15 s, the scale-in delay, a report's
+    #: freshness): for a demo replaying a day at accelerated time. 1 in production.
+    autoscale_time_scale: float = 1.0
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
@@ -726,6 +730,9 @@ def _parse_central(t: _Table) -> CentralConfig:
             lease_ttl_s=t.number("lease_ttl_s", d.lease_ttl_s, low=2),
             silent_after_s=t.number("silent_after_s", d.silent_after_s, low=0),
             take_up_s=t.number("take_up_s", d.take_up_s, low=0),
+            autoscale_time_scale=t.number(
+                "autoscale_time_scale", d.autoscale_time_scale, low=1, high=100_000
+            ),
             cold_after_s=t.number("cold_after_s", d.cold_after_s, low=0),
             replica_cold_after_s=t.number("replica_cold_after_s", d.replica_cold_after_s, low=0),
             resync_per_s=t.number("resync_per_s", d.resync_per_s, low=0, low_open=True),

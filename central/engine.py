@@ -295,7 +295,9 @@ class CentralEngine:
         self.demand = ClassDemand()  # what each workload class asks of the fleet, 5-min bins
         self.forecast_cpu: float | None = None
         self.fleet_series = FleetSeries()  # the day, a point a minute (GET /v1/fleet)
-        self.services = ServiceController(self, self.clock)  # replicas kept at their count
+        self.services = ServiceController(  # replicas kept at their count
+            self, self.clock, config.central.autoscale_time_scale
+        )
 
     @property
     def store(self) -> Store:
@@ -1527,10 +1529,7 @@ class CentralEngine:
                     self.fleet_series.observe(self.fleet_sample())
                 except ValueError as exc:  # (as the forecast: a view, never a stop)
                     log.error("fleet sample skipped: %s", exc)
-                try:
-                    self.services.observe(self.clock())
-                except ValueError as exc:  # (advice too)
-                    log.error("service load sample skipped: %s", exc)
+
             if closed:
                 with contextlib.suppress(StoreError):
                     await self.store.set_meta("class_demand", json.dumps(self.demand.to_json()))

@@ -12,9 +12,11 @@ assignment cancelled, which its node hears (a cut-off node on heal). Every scali
 (manual, load, forecast) and every rollout step is an event on the timeline.
 
 The autoscaler (:func:`edgesched.core.service.recommend`) reads the load reported for the
-service and the 15-minute forecast of it: the load is folded into 5-minute bins per service
-(:class:`ClassDemand` under the template's workload class, so the per-class forecast model
-applies to the classes it knows) and forecast on each closed bin.
+service and the 15-minute forecast of it: each report is folded into 5-minute bins per service
+as it arrives (:class:`ClassDemand` under the template's workload class, so the per-class
+forecast model applies to the classes it knows) and forecast on each closed bin. It runs on
+its own clock, real time unless ``[central] autoscale_time_scale`` speeds it up (a demo's
+accelerated day). A service without a fresh report (5 minutes) keeps its count.
 """
 
 from __future__ import annotations
@@ -111,9 +113,16 @@ class ServiceController:
     """The service half of central's control step; its engine's lock is held around every
     call (the API's and the step's)."""
 
-    def __init__(self, engine: ServiceHost, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        engine: ServiceHost,
+        clock: Callable[[], float] = time.time,
+        time_scale: float = 1.0,
+    ) -> None:
         self.engine = engine
         self.clock = clock
+        #: the autoscaler's clock runs this much faster ([central] autoscale_time_scale)
+        self.time_scale = time_scale
         self._autoscaled: dict[str, _Autoscaled] = {}
         self._reconciled_at = float("-inf")
         self._seen_version = -1
@@ -245,11 +254,34 @@ class ServiceController:
         return deleted
 
     def report_load(self, name: str, load: float) -> LoadReport:
-        """The load service ``name`` serves now (cores): its autoscaler's signal."""
-        self._entry(name)
+        """The load service ``name`` serves now (cores): its autoscaler's signal, folded into
+        its 5-minute bins (forecast on each closed bin) as it arrives."""
+        entry = self._entry(name)
         report = LoadReport(load=float(load), at=self.clock())
         self._fleet().set_load(name, report)
+        spec = entry.service
+        if spec.autoscale is not None and not entry.deleted:
+            self._observe(name, spec, report.load)
         return report
+
+    def auto_now(self) -> float:
+        """The autoscaler's clock (real time, times ``time_scale``)."""
+        return self.clock() * self.time_scale
+
+    def _fresh(self, report: LoadReport | None) -> float | None:
+        """The load of ``report`` if it is recent enough to act on (autoscaler time)."""
+        if report is None or (self.clock() - report.at) * self.time_scale > LOAD_FRESH_S:
+            return None
+        return report.load
+
+    def _observe(self, name: str, spec: ServiceSpec, load: float) -> None:
+        auto = self._auto(name)
+        workload = spec.template.workload
+        if auto.demand.observe(self.auto_now(), {workload: load}):
+            forecaster = self.engine.forecaster_for()
+            history = auto.demand.histories().get(workload)
+            if forecaster is not None and history is not None:
+                auto.forecast = peak_over_classes({workload: history}, forecaster)
 
     # --- the control step --------------------------------------------------------------------
 
@@ -267,7 +299,7 @@ class ServiceController:
             if entry.deleted:
                 spec = replace(spec, replicas=0, min=0)
             elif spec.autoscale is not None:
-                spec = self._autoscale(name, entry, spec, now)
+                spec = self._autoscale(name, spec)
             replicas = self.replicas(name)
             if entry.deleted and not any(r.live for r in replicas):
                 self._fleet().drop_service(name)
@@ -351,45 +383,22 @@ class ServiceController:
 
     # --- autoscaling -------------------------------------------------------------------------
 
-    def observe(self, now: float) -> None:
-        """Fold each autoscaled service's reported load into its 5-minute bins; forecast the
-        next 15 minutes of it on each closed bin (central's forecast loop calls this)."""
-        loads = self._fleet().loads() if self.engine.fleet is not None else {}
-        for name, entry in self.entries().items():
-            spec = entry.service
-            if spec.autoscale is None or entry.deleted:
-                self._autoscaled.pop(name, None)
-                continue
-            auto = self._auto(name)
-            report = loads.get(name)
-            if report is None or now - report.at > LOAD_FRESH_S:
-                continue
-            workload = spec.template.workload
-            if auto.demand.observe(now, {workload: report.load}):
-                forecaster = self.engine.forecaster_for()
-                if forecaster is not None:
-                    auto.forecast = peak_over_classes(
-                        {workload: auto.demand.histories()[workload]}, forecaster
-                    )
-
     def _auto(self, name: str) -> _Autoscaled:
         auto = self._autoscaled.get(name)
         if auto is None:
             auto = self._autoscaled[name] = _Autoscaled(ScaleState(), ClassDemand())
         return auto
 
-    def _autoscale(
-        self, name: str, entry: ServiceEntry, spec: ServiceSpec, now: float
-    ) -> ServiceSpec:
+    def _autoscale(self, name: str, spec: ServiceSpec) -> ServiceSpec:
         """Re-decide ``spec``'s count every :data:`AUTOSCALE_EVERY_S`; written when it
         changes, with its reason."""
         auto = self._auto(name)
+        now = self.auto_now()
         if now - auto.decided_at < AUTOSCALE_EVERY_S:
             return spec
         auto.decided_at = now
-        report = self._fleet().loads().get(name)
-        load = None if report is None or now - report.at > LOAD_FRESH_S else report.load
-        rec = recommend(spec, load, auto.forecast, auto.state, now)
+        load = self._fresh(self._fleet().loads().get(name))
+        rec = recommend(spec, load, auto.forecast if load is not None else None, auto.state, now)
         auto.state = rec.state
         if rec.replicas == spec.replicas:
             return spec

@@ -207,3 +207,51 @@ def test_scaled_down_while_a_node_is_cut_off_the_heal_stops_its_excess() -> None
         assert any("scaled to 3" in d for d in events)
     finally:
         machine.teardown()
+
+
+def test_the_autoscaler_follows_the_reported_load_and_waits_to_scale_in() -> None:
+    """Load reported at central's API scales the service out at once (step limits aside) and
+    in only after the scale-in delay, a step at a time; each decision says why."""
+    fleet = Fleet()
+    try:
+        spec = ServiceSpec.from_json(
+            {
+                "name": "api",
+                "template": {"command": ["srv"], "cpu": 0.5},
+                "replicas": 1,
+                "min": 1,
+                "max": 6,
+                "autoscale": {
+                    "metric": "load", "target_per_replica": 1.0, "scale_in_delay_s": 60.0,
+                    "max_step_out": 4, "max_step_in": 1,
+                },
+            }
+        )  # fmt: skip
+        engine = fleet.engine
+        asyncio.run(engine.apply_service(spec))
+        fleet.step()
+
+        def report(cores: float) -> None:
+            asyncio.run(engine.report_service_load("api", cores))
+            fleet.clock.now += 16.0  # (a decision every 15 s)
+            fleet.step()
+
+        report(3.5)
+        view = engine.services.view("api")
+        assert view is not None and view["replicas"] == 4 and view["running"] == 4, view
+        assert view["reason"].startswith("load: 1 -> 4 replicas (load 3.50 cores"), view["reason"]
+        report(0.5)
+        assert engine.services.view("api")["replicas"] == 4  # type: ignore[index]
+        for _ in range(2):
+            report(0.5)  # decided at t=48 and t=64: the want of 4 (t=16) is within 60 s
+        assert engine.services.view("api")["replicas"] == 4  # type: ignore[index]
+        report(0.5)  # t=80: every want of the last 60 s was 1: one step in
+        assert engine.services.view("api")["replicas"] == 3  # type: ignore[index]
+        report(0.5)  # t=96: and the next
+        view = engine.services.view("api")
+        assert view is not None and view["replicas"] == 2 and view["running"] == 2, view
+        scaled = [e.detail for e in engine.events if e.kind == "scaled"]
+        assert scaled[-2].startswith("api: load: 4 -> 3 replicas"), scaled
+        assert "wanted at most 1 for 60 s" in scaled[-1], scaled
+    finally:
+        fleet.teardown()
