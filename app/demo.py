@@ -55,6 +55,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from edgesched import demoservice
 from edgesched.core.campus import BIN_S, BINS_PER_DAY, arrival_rate_curve, workload_classes
 from edgesched.edge.fakehw import SERVER_KINDS, ServerKind, build_server
 from edgesched.edge.hal import default_power_model, discover, to_node
@@ -506,6 +507,7 @@ class Measurements:
     late_s: list[float] = field(default_factory=lambda: [0.0, 0.0])
     planned: int = 0
     unsent: int = 0  # submissions still unanswered DRAIN_TIMEOUT_S after the last one
+    gates: demoservice.ScaleLog = field(default_factory=demoservice.ScaleLog)
 
     def add_sample(self, sim_s: float, docs: dict[str, dict[str, Any]]) -> None:
         alloc: dict[str, tuple[float, int]] = {}
@@ -703,6 +705,8 @@ async def _run_in(
                     "snapshot_s": 1.0,
                     "cycle_s": 0.5,
                     "failover_after_s": failover,
+                    # the autoscaler's 5-minute bins and its delays, in simulated time
+                    "autoscale_time_scale": opts.speed,
                 },
                 "central.mqtt": mqtt,
                 "policy": {"mode": "priority"},
@@ -904,6 +908,32 @@ async def _day(
             m.merge_error = f"{cut.id} not merged within {MERGE_TIMEOUT_S:g}s of the heal"
             ui.note(clock.now(), m.merge_error)
 
+    async def gate_service() -> None:
+        """The autoscaled gate front end: created at the start, its load reported every
+        simulated 5 minutes, each change of its count recorded (app/demoservice.py)."""
+        fleet_cpu = sum(n.cpu for n in fleet.sim.values())
+        curve = demoservice.load_curve(fleet_cpu)
+        body = demoservice.service_body(
+            curve,
+            env={TASK_MARKER: str(fleet.workdir)},
+            cwd=str(fleet.workdir / "tasks"),
+            real_s=tl.real(tl.end_s),
+        )
+        code, reply = await capi.call("POST", "/v1/services", body)
+        if code != 201:
+            raise DemoError(f"central refused the gate service: {code} {reply}")
+        ui.note(clock.now(), f"service {demoservice.NAME} created: autoscaled by the forecast")
+        at = tl.start_s
+        while at < tl.end_s:
+            await clock.until(at)
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                load = demoservice.load_at(curve, at)
+                await capi.call("POST", f"/v1/services/{demoservice.NAME}/load", {"cores": load})
+                code, view = await capi.call("GET", f"/v1/services/{demoservice.NAME}")
+                if code == 200 and m.gates.seen(clock.now(), view):
+                    ui.note(clock.now(), f"{demoservice.NAME}: {view['reason']}")
+            at += BIN_S
+
     async def control(group: asyncio.TaskGroup) -> None:
         moments: list[tuple[float, str]] = [(tl.energy_at, "energy")]
         if cut is not None and tl.cut_at is not None and tl.heal_at is not None:
@@ -938,8 +968,10 @@ async def _day(
         sampler = group.create_task(sample(), name="sample")
         driver = group.create_task(drive(group), name="drive")
         controller = group.create_task(control(group), name="control")
+        gates = group.create_task(gate_service(), name="gate-service")
         await driver
         await controller
+        await gates
         await clock.until(tl.end_s)
         await sampler
         ui.tick(tl.end_s, "checking the fleet")
@@ -1070,6 +1102,7 @@ def _report(
         "nodes": nodes_out,
         "partition": partition,
         "policy_switch": {"at": clock_text(tl.energy_at), "mode": "energy"},
+        "service": m.gates.summary(clock_text),
         "failovers": kinds.get("failover", 0),
         "reconciled": kinds.get("reconciled", 0),
         "events": dict(sorted(kinds.items())),
@@ -1176,6 +1209,19 @@ def print_summary(result: dict[str, Any], console: Console) -> None:
             "after the heal",
             highlight=False,
         )
+    gates = result["service"]
+    lead = gates["forecast_lead_min"]
+    console.print(
+        f"service {gates['name']}: {len(gates['changes'])} changes of its count, up to "
+        f"{gates['peak_replicas']} replicas; "
+        + (
+            f"the forecast scaled it out at {gates['forecast_scale_out_at']}, {lead} min "
+            f"before the {gates['morning_peak_at']} gate peak"
+            if lead is not None
+            else "no forecast scale-out before the morning peak in this run"
+        ),
+        highlight=False,
+    )
     console.print(
         f"failovers: {result['failovers']}, conflicts reconciled: {result['reconciled']}; "
         f"policy switched to {result['policy_switch']['mode']} at {result['policy_switch']['at']}",

@@ -121,6 +121,28 @@ def test_short_run_cuts_a_node_off_and_merges_it_back(tmp_path: Path) -> None:
     no_leftovers(workdir, [p for p in result["processes"].values() if p])
 
 
+def test_the_forecast_scales_the_gate_service_out_before_the_morning_peak(
+    tmp_path: Path,
+) -> None:
+    """The gate front end (an autoscaled service, metric forecast) grows ahead of the 07:00
+    face-recognition peak: its first scale-out is the forecast's, before 07:00, and its count
+    follows the load up to the peak's (issue 15)."""
+    workdir = tmp_path / "wd"
+    result = run_json(workdir, "--start", "04:00", "--hours", "3.5", "--no-partition")
+    assert result["ok"], result["checks"]
+    gates = result["service"]
+    changes = gates["changes"]
+    assert changes[0]["reason"].startswith("manual: created with 1 replicas"), changes
+    first_out = next(c for c in changes[1:] if c["replicas"] > 1)
+    assert first_out["reason"].startswith("forecast: 1 -> "), changes
+    assert first_out["at"] < "07:00" and gates["forecast_scale_out_at"] == first_out["at"]
+    assert gates["forecast_lead_min"] > 0
+    assert gates["peak_replicas"] >= 5, changes  # the load at the peak wants 5-6
+    counts = [c["replicas"] for c in changes]
+    assert counts == sorted(counts), changes  # a rising morning: no scale-in yet
+    no_leftovers(workdir, [p for p in result["processes"].values() if p])
+
+
 def test_sigint_in_the_middle_stops_everything(tmp_path: Path) -> None:
     workdir = tmp_path / "wd"
     proc = subprocess.Popen(
