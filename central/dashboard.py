@@ -15,7 +15,10 @@ A snapshot is one JSON object: ``status``, ``policy``, ``nodes`` (as ``GET /v1/n
 burst of placements may have pushed out of those). It is built at most once per interval for
 all clients, and holds no task: at 100,000 tasks building every view took seconds of central's
 loop each second. The page reads the tasks a page at a time (``GET /v1/tasks``), the day's
-series from ``GET /v1/fleet`` and a task's detail from ``GET /v1/tasks/{id}``.
+series from ``GET /v1/fleet``, a task's detail from ``GET /v1/tasks/{id}``, and the services
+from ``GET /v1/services`` (every 2 s only while their panel is on screen, and when a service
+event comes in the snapshot; the open service from ``GET /v1/services/{name}``): the snapshot
+grows with no service.
 
     GET /favicon.ico        the page's icon (public, as the page)
 

@@ -7,9 +7,11 @@ open streams ending as soon as central stops.
 In headless Chromium (Playwright driving the system's /usr/bin/chromium; no browser is ever
 downloaded): central and two edge nodes as real processes through a real Mosquitto, one of
 them behind a fault proxy. The page lists both nodes connected, switches the fleet to energy
-mode, shows the cut-off node suspect then partitioned, renders on a phone without horizontal
-scrolling, tells a missing or rejected token, and shows the node connected again after the
-heal. ``EDGESCHED_UPDATE_SCREENSHOT=1`` writes the laptop screenshot to docs/dashboard.png
+mode, shows services (created and scaled through the REST API: their counts, the reason of
+the last change, a service's replicas and replica-count chart, the timeline's scaling events
+reason first), shows the cut-off node suspect then partitioned, renders on a phone without
+horizontal scrolling, tells a missing or rejected token, and shows the node connected again
+after the heal. ``EDGESCHED_UPDATE_SCREENSHOT=1`` writes the laptop screenshot to docs/dashboard.png
 (otherwise it goes to the test's tmp dir, so a test run leaves the tree clean).
 """
 
@@ -229,6 +231,79 @@ async def test_a_client_that_stops_reading_is_dropped(
 # --- in a browser, against real processes ----------------------------------------------------
 
 
+async def services_scenario(page: Page, central: EdgeNode, tmp: Path) -> None:
+    """Services through central's REST API, as the panel, its detail and the timeline show
+    them."""
+    await expect(page.locator("#services")).to_contain_text("No services")
+    await expect(page.locator("#services")).to_contain_text("edgesched service apply <file>")
+    web_service = {"name": "web", "replicas": 2, "max": 6, "template": {
+        "command": ["sleep", "300"], "cpu": 0.05, "mem_gib": 0.05}}  # fmt: skip
+    status, reply = await asyncio.to_thread(central.request, "POST", "/v1/services", web_service)
+    assert status == 201, reply
+    row = page.locator('#services tr[data-service="web"]')
+    await expect(row.locator(".svc-wanted")).to_have_text("2")
+    await expect(row.locator(".svc-running")).to_have_text("2")
+    await expect(row.locator(".svc-live")).to_have_text("2")
+    await expect(row.locator(".last-change")).to_contain_text("manual created with 2 replicas")
+    await expect(row).to_contain_text(reply["revision"])
+    await expect(row).to_contain_text("up to date")
+    await expect(row).to_have_attribute("data-state", "ok")
+
+    # Scaled: the count and the reason change, on the panel and on the timeline.
+    status, reply = await asyncio.to_thread(
+        central.request, "POST", "/v1/services/web/scale", {"replicas": 3}
+    )
+    assert status == 200 and reply["replicas"] == 3, reply
+    await expect(row.locator(".svc-wanted")).to_have_text("3")
+    await expect(row.locator(".last-change .why")).to_have_text("manual")
+    await expect(row.locator(".last-change")).to_contain_text("2 → 3 replicas")
+    await expect(row.locator(".svc-running")).to_have_text("3")
+    scaled = page.locator('#events li[data-kind="scaled"]').first
+    await expect(scaled.locator(".kind")).to_have_text("scaled")
+    await expect(scaled.locator(".detail")).to_have_text("manual web: 2 → 3 replicas")
+    await expect(page.locator('#events li[data-kind="service"] .kind').first).to_have_text(
+        "service created"
+    )
+    await expect(page.locator("#services-info")).to_contain_text("3 of 3 replicas running")
+
+    # The detail: each replica's slot, revision, phase and node; the count over time.
+    await row.click()
+    detail = page.locator("#service-detail")
+    await expect(detail).to_be_visible()
+    await expect(page.locator("#service-detail-title")).to_have_text("web · 3 of 3 running")
+    replicas = page.locator("#service-replicas tr[data-replica]")
+    await expect(replicas).to_have_count(3)
+    for slot in range(3):
+        replica = page.locator(f'#service-replicas tr[data-slot="{slot}"]')
+        await expect(replica).to_have_attribute("data-phase", "running")
+        await expect(replica).to_contain_text(reply["revision"])
+    await expect(page.locator("#service-chart")).to_have_attribute("data-wanted", "2,3")
+    await page.locator("#services-section").screenshot(path=str(tmp / "dashboard-services.png"))
+    # A replica's node opens that node's detail.
+    link = page.locator("#service-replicas .replica-node button").first
+    node_id = (await link.text_content() or "").strip()
+    assert node_id in ("gw-a", "gw-b"), node_id
+    await link.click()
+    await expect(page.locator("#node-detail-title")).to_contain_text(f"{node_id} · connected")
+    await page.locator("#service-detail-close").click()
+    await expect(detail).to_be_hidden()
+
+    # An autoscaled service shows its load (its scale-out is checked later in the scenario).
+    api_service = {"name": "api", "replicas": 0, "max": 4, "template": {
+        "command": ["sleep", "300"], "cpu": 0.05, "mem_gib": 0.05},
+        "autoscale": {"metric": "forecast", "target_per_replica": 0.5}}  # fmt: skip
+    status, reply = await asyncio.to_thread(central.request, "POST", "/v1/services", api_service)
+    assert status == 201, reply
+    status, reply = await asyncio.to_thread(
+        central.request, "POST", "/v1/services/api/load", {"cores": 1.0}
+    )
+    assert status == 200, reply
+    api_row = page.locator('#services tr[data-service="api"]')
+    await expect(api_row.locator("td[data-label=autoscale]")).to_contain_text(
+        "by forecast: load 1.0 cores · no forecast yet · 0.5 cores a replica"
+    )
+
+
 def chromium_or_fail() -> str:
     if not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         pytest.fail(
@@ -367,6 +442,8 @@ async def browser_scenario(
         "title", "input central refused since start\nstatus · malformed: 1"
     )
 
+    await services_scenario(page, central, tmp)
+
     # Cut gw-b silently: suspect first (offline < failover_after_s), then partitioned.
     proxy.blackhole()
     await node_state(page, "gw-b", "suspect")
@@ -428,6 +505,13 @@ async def browser_scenario(
     await expect(page.locator("#count-connected")).to_have_text("2")
     await expect(page.locator("#events")).to_contain_text("gw-b is online")
     await expect(page.locator("#stale")).to_be_hidden()
+
+    # The autoscaled service's load (reported in services_scenario) scaled it out, with its
+    # reason on the panel (the first decision after the report comes within 15 s).
+    api_row = page.locator('#services tr[data-service="api"]')
+    await expect(api_row.locator(".last-change .why")).to_have_text("load", timeout=WAIT_MS)
+    await expect(api_row.locator(".last-change")).to_contain_text("0 → 2 replicas")
+    await expect(api_row.locator(".svc-wanted")).to_have_text("2")
 
     # Central goes away: the view says it is stale, unmistakably, instead of showing green.
     await asyncio.to_thread(central.kill, signal.SIGTERM)

@@ -18,6 +18,23 @@
   const BACKOFF_MIN_MS = 1000;
   const BACKOFF_MAX_MS = 30000;
   const STATES = ["connected", "suspect", "partitioned", "dead"];
+  const SERVICES_REFRESH_MS = TASKS_REFRESH_MS; // the services, while their panel is on screen
+  const SERVICE_SAMPLES_KEEP = 500; // changes of a service's counts this page keeps
+  const LOAD_FRESH_S = 300; // an autoscaler acts on no older load report (central's services.py)
+  // Events of services (central/services.py), with how the timeline names them.
+  const EVENT_LABELS = {
+    service: "service created",
+    "service-changed": "service changed",
+    scaled: "scaled",
+    "replica-started": "replica started",
+    "replica-stopped": "replica stopped",
+    "rollout-stalled": "rollout stalled",
+    "service-deleted": "service deleted",
+  };
+  const SERVICE_EVENT_KINDS = new Set(Object.keys(EVENT_LABELS));
+  const SCALE_KINDS = new Set(["service", "service-changed", "scaled"]); // may set the count
+  // "<service>: <reason>: <what>", the reason first (manual, load or forecast)
+  const REASON_RE = /^([a-z0-9](?:[a-z0-9-]*[a-z0-9])?): (manual|load|forecast): ([\s\S]*)$/;
 
   const $ = (id) => document.getElementById(id);
 
@@ -45,6 +62,20 @@
     selected: null,
   };
   let fleetSeries = [];
+  let serverOffset = 0; // central's clock minus this page's, from the last snapshot (s)
+  const serviceView = {
+    rows: [],
+    loaded: false,
+    error: "",
+    busy: false,
+    again: false, // a load was asked for while one was under way
+    onScreen: true, // the panel is in the viewport (an IntersectionObserver says)
+    selected: null,
+    detail: null, // the open service's GET /v1/services/{name}
+    wantedEvents: [], // the open service's counts from its events: [{at, to, from}]
+    samples: new Map(), // service -> [{at, wanted, running, live}], a point per change
+    eventsSeenAt: 0,
+  };
 
   // --- token ---------------------------------------------------------------------------------
 
@@ -155,11 +186,13 @@
       const first = lastSnapshot === null;
       lastSnapshot = snap;
       lastSnapshotAt = Date.now();
+      if (typeof snap.at === "number") serverOffset = snap.at - Date.now() / 1000;
       setLink("live", "live");
       render(snap);
       if (first) {
         loadTasks();
         loadFleet();
+        loadServices();
       }
     });
     es.onerror = () => {
@@ -882,6 +915,404 @@
     }
   }
 
+  // --- services ------------------------------------------------------------------------------
+  // GET /v1/services (a summary per service) every SERVICES_REFRESH_MS while the panel is on
+  // screen and the stream is live, and at once when the stream brings a service event; the
+  // open service's GET /v1/services/{name} with it. The replica-count chart's "wanted" steps
+  // come from the service's scaling events (GET /v1/events once when it is opened, then the
+  // stream's); its "running" steps are what this page saw since it was loaded (a point kept
+  // per change, for every service listed).
+
+  function serverNow() {
+    return Date.now() / 1000 + serverOffset;
+  }
+
+  // "web: forecast: 3 -> 5 replicas (...)" -> [service, reason, the rest]
+  function scaleReason(detail) {
+    const m = REASON_RE.exec(detail || "");
+    return m ? { service: m[1], why: m[2], rest: m[3] } : null;
+  }
+
+  function arrows(text) {
+    return String(text).replace(/ -> /g, " → ");
+  }
+
+  // The replica count an event of a service set (and the one before, if it says): null if
+  // it set none (a template change alone, a replica started).
+  function wantedFrom(event, name) {
+    const detail = event.detail || "";
+    if (!detail.startsWith(name + ": ")) return null;
+    if (event.kind === "service-deleted") return { at: event.at, to: 0, from: null };
+    if (!SCALE_KINDS.has(event.kind)) return null;
+    let m = /created with (\d+) replicas/.exec(detail);
+    if (m) return { at: event.at, to: Number(m[1]), from: null };
+    m = /(?:^|[:;] )(?:replicas )?(\d+) -> (\d+)(?: replicas)?(?:$|[;( ])/.exec(detail.slice(name.length + 2));
+    return m ? { at: event.at, to: Number(m[2]), from: Number(m[1]) } : null;
+  }
+
+  function noteServiceSample(s, at) {
+    let points = serviceView.samples.get(s.name);
+    if (!points) {
+      points = [];
+      serviceView.samples.set(s.name, points);
+    }
+    const last = points[points.length - 1];
+    if (last && last.wanted === s.replicas && last.running === s.running && last.live === s.live) return;
+    points.push({ at, wanted: s.replicas, running: s.running, live: s.live });
+    if (points.length > SERVICE_SAMPLES_KEEP) points.splice(0, points.length - SERVICE_SAMPLES_KEEP);
+  }
+
+  async function loadServices() {
+    if (!token || authFailed) return;
+    if (serviceView.busy) {
+      serviceView.again = true;
+      return;
+    }
+    serviceView.busy = true;
+    try {
+      const reply = await api("GET", "/v1/services");
+      if (reply.ok && reply.data && Array.isArray(reply.data.services)) {
+        const at = serverNow();
+        serviceView.rows = reply.data.services;
+        serviceView.error = "";
+        const names = new Set();
+        for (const s of serviceView.rows) {
+          names.add(s.name);
+          noteServiceSample(s, at);
+        }
+        for (const name of [...serviceView.samples.keys()]) {
+          if (!names.has(name)) serviceView.samples.delete(name);
+        }
+      } else {
+        serviceView.error = "central refused the list: " + problemText(reply);
+      }
+      serviceView.loaded = true;
+      renderServices();
+      if (serviceView.selected) await loadServiceDetail();
+    } catch (err) {
+      serviceView.error = "central unreachable: " + err;
+      renderServices();
+    } finally {
+      serviceView.busy = false;
+    }
+    if (serviceView.again) {
+      serviceView.again = false;
+      loadServices();
+    }
+  }
+
+  function rolloutText(s) {
+    const r = s.rollout || {};
+    const outdated = r.outdated || 0;
+    const slots = outdated + (outdated === 1 ? " slot" : " slots");
+    if (r.stalled) return "stalled: " + slots + " keep the old revision";
+    return outdated ? slots + " to roll out" : "up to date";
+  }
+
+  function loadText(s) {
+    const load = s.load;
+    if (!load || typeof load.cores !== "number") return "no load reported";
+    const old = serverNow() - load.at > LOAD_FRESH_S ? " (stale)" : "";
+    return "load " + fmtCores(load.cores) + " cores" + old;
+  }
+
+  function autoscaleCell(s) {
+    const rule = (s.spec || {}).autoscale;
+    if (!rule) return cell("autoscale", "manual", "muted");
+    const parts = [loadText(s)];
+    if (rule.metric === "forecast") {
+      parts.push(
+        typeof s.forecast_peak === "number"
+          ? "forecast peak " + fmtCores(s.forecast_peak) + " cores"
+          : "no forecast yet",
+      );
+    }
+    parts.push(rule.target_per_replica + " cores a replica");
+    return el(
+      "td",
+      { "data-label": "autoscale", title: "autoscaled on " + rule.metric },
+      el("span", { class: "autoscale", text: "by " + rule.metric + ": " + parts.join(" · ") }),
+    );
+  }
+
+  function reasonCell(s) {
+    const parsed = scaleReason(s.name + ": " + (s.reason || ""));
+    const content = parsed
+      ? [el("span", { class: "why", "data-why": parsed.why, text: parsed.why }), " " + arrows(parsed.rest)]
+      : [arrows(s.reason || dash)];
+    const when = el("span", { class: "muted", text: " · " + fmtTime(s.at) });
+    return el("td", { "data-label": "last change", class: "last-change" }, el("span", {}, ...content, when));
+  }
+
+  function serviceState(s) {
+    if (s.deleted) return "deleting";
+    if ((s.rollout || {}).stalled) return "stalled";
+    return s.running < s.replicas ? "short" : "ok";
+  }
+
+  function serviceRow(s) {
+    const phases = Object.entries(s.phases || {}).sort().map(([p, n]) => p + " " + n).join(", ");
+    const spec = s.spec || {};
+    const label = el("span", {}, el("span", { class: "mono svc-name", text: s.name }));
+    if (s.deleted) label.append(" ", el("span", { class: "badge", "data-state": "dead", text: "deleting" }));
+    const name = el("td", { "data-label": "service" }, label);
+    const row = el(
+      "tr",
+      {
+        class: "service" + (serviceView.selected === s.name ? " selected" : ""),
+        "data-service": s.name,
+        "data-state": serviceState(s),
+        tabIndex: 0,
+      },
+      name,
+      el("td", { "data-label": "wanted", title: "within [" + spec.min + ", " + spec.max + "]" },
+        el("span", { class: "num svc-wanted", text: String(s.replicas) })),
+      el("td", { "data-label": "running" }, el("span", { class: "num svc-running", text: String(s.running) })),
+      el("td", { "data-label": "live", title: phases ? "live by phase: " + phases : "no live replica" },
+        el("span", { class: "num svc-live", text: String(s.live) })),
+      cell("revision", s.revision, "mono"),
+      cell("rollout", rolloutText(s), (s.rollout || {}).stalled ? "stale" : ""),
+      reasonCell(s),
+      autoscaleCell(s),
+    );
+    row.addEventListener("click", () => selectService(s.name));
+    row.addEventListener("keydown", (e) => e.key === "Enter" && selectService(s.name));
+    return row;
+  }
+
+  function renderServices() {
+    const body = $("services").tBodies[0];
+    const rows = serviceView.rows.map(serviceRow);
+    if (!rows.length) {
+      let td;
+      if (serviceView.error) td = el("td", { colSpan: 8, text: serviceView.error });
+      else if (!serviceView.loaded) td = el("td", { colSpan: 8, text: "Loading services…" });
+      else {
+        td = el(
+          "td",
+          { colSpan: 8 },
+          "No services. Create one with ",
+          el("code", { text: "edgesched service apply <file>" }),
+          " or ",
+          el("code", { text: "POST /v1/services" }),
+          ".",
+        );
+      }
+      rows.push(el("tr", { class: "empty" }, td));
+    } else if (serviceView.error) {
+      rows.push(el("tr", { class: "empty" }, el("td", { colSpan: 8, text: "⚠ " + serviceView.error })));
+    }
+    body.replaceChildren(...rows);
+    const all = serviceView.rows;
+    const wanted = all.reduce((n, s) => n + (s.replicas || 0), 0);
+    const running = all.reduce((n, s) => n + (s.running || 0), 0);
+    $("services-info").textContent = all.length
+      ? "· " + all.length + (all.length === 1 ? " service" : " services") + " · " + running + " of " + wanted + " replicas running"
+      : "";
+  }
+
+  function selectService(name) {
+    if (serviceView.selected !== name) serviceView.wantedEvents = [];
+    serviceView.selected = name;
+    serviceView.detail = null;
+    $("service-detail").hidden = false;
+    $("service-detail-title").textContent = name;
+    renderServices();
+    loadServiceEvents(name);
+    loadServiceDetail();
+  }
+
+  // The service's scaling events central still keeps (its notable ring holds 1,000).
+  async function loadServiceEvents(name) {
+    try {
+      const kinds = [...SCALE_KINDS, "service-deleted"].join(",");
+      const reply = await api("GET", "/v1/events?limit=1000&kind=" + encodeURIComponent(kinds));
+      if (serviceView.selected !== name || !reply.ok || !reply.data) return;
+      mergeServiceEvents(reply.data.events || []);
+      drawServiceChart();
+    } catch (_) {
+      // central unreachable: the stream's reconnect says so
+    }
+  }
+
+  function mergeServiceEvents(events) {
+    const name = serviceView.selected;
+    if (!name) return;
+    const known = new Set(serviceView.wantedEvents.map((w) => w.at + "|" + w.to));
+    for (const e of events) {
+      const w = wantedFrom(e, name);
+      if (w && !known.has(w.at + "|" + w.to)) {
+        known.add(w.at + "|" + w.to);
+        serviceView.wantedEvents.push(w);
+      }
+    }
+    serviceView.wantedEvents.sort((a, b) => a.at - b.at);
+  }
+
+  async function loadServiceDetail() {
+    const name = serviceView.selected;
+    if (!name) return;
+    let reply;
+    try {
+      reply = await api("GET", "/v1/services/" + encodeURIComponent(name));
+    } catch (_) {
+      return;
+    }
+    if (serviceView.selected !== name) return;
+    if (!reply.ok || !reply.data) {
+      serviceView.detail = null;
+      $("service-detail-title").textContent = name + (reply.status === 404 ? " · gone" : "");
+      $("service-detail-kv").replaceChildren(el("dt", { text: "error" }), el("dd", { text: problemText(reply) }));
+      $("service-replicas").tBodies[0].replaceChildren();
+      drawServiceChart();
+      return;
+    }
+    const s = reply.data;
+    serviceView.detail = s;
+    noteServiceSample(s, serverNow());
+    renderServiceDetail(s);
+  }
+
+  function renderServiceDetail(s) {
+    const spec = s.spec || {};
+    const template = spec.template || {};
+    const spread = spec.spread || {};
+    const phases = Object.entries(s.phases || {}).sort().map(([p, n]) => p + " " + n).join(", ");
+    $("service-detail-title").textContent =
+      s.name + " · " + s.running + " of " + s.replicas + " running" + (s.deleted ? " · deleting" : "");
+    const kv = [
+      ["replicas", s.replicas + " wanted (min " + spec.min + ", max " + spec.max + ") · " + s.live + " live"],
+      ["live by phase", phases || dash],
+      ["revision", s.revision],
+      ["rollout", rolloutText(s)],
+      ["last change", arrows(s.reason || dash) + " · " + fmtTime(s.at)],
+      ["autoscale", spec.autoscale ? "by " + spec.autoscale.metric + ": " + loadText(s) +
+        (typeof s.forecast_peak === "number" ? " · forecast peak " + fmtCores(s.forecast_peak) + " cores" : "") +
+        " · " + spec.autoscale.target_per_replica + " cores a replica" : "manual"],
+      ["spread", (spread.max_per_node ? "at most " + spread.max_per_node + " a node" : "no per-node bound") +
+        ((spread.across || []).length ? " · across " + spread.across.join(", ") : "")],
+      ["template", (Array.isArray(template.command) ? template.command.join(" ") : dash) +
+        (template.cpu != null ? " · " + template.cpu + " CPU · " + (template.mem_gib ?? 0) + " GiB" : "")],
+    ];
+    $("service-detail-kv").replaceChildren(...kv.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: String(v) })]));
+    const tasks = (s.tasks || []).slice().sort((a, b) => a.slot - b.slot || a.id.localeCompare(b.id));
+    $("service-replicas").tBodies[0].replaceChildren(
+      ...(tasks.length
+        ? tasks.map((r) => {
+            const node = r.node
+              ? el("button", {
+                  type: "button",
+                  class: "linkish mono",
+                  text: r.node,
+                  title: "open node " + r.node,
+                  onclick: (event) => {
+                    event.stopPropagation();
+                    selectNode(r.node);
+                    $("node-detail").scrollIntoView({ block: "nearest" });
+                  },
+                })
+              : dash;
+            return el(
+              "tr",
+              { "data-replica": r.id, "data-slot": String(r.slot), "data-phase": r.phase },
+              cell("slot", r.slot, "num"),
+              cell("revision", r.revision + (r.revision !== s.revision ? " (old)" : ""), "mono"),
+              cell("phase", r.phase + (r.stopping ? " (stopping)" : ""), "tstate-" + r.phase),
+              el("td", { "data-label": "node", class: "replica-node" }, node),
+              cell("task", r.id, "mono muted"),
+            );
+          })
+        : [el("tr", { class: "empty" }, el("td", { colSpan: 5, text: "No replica." }))]),
+    );
+    drawServiceChart();
+  }
+
+  function stepLine(ctx, pts, t1, x, y, colour, dashed) {
+    if (!pts.length) return;
+    ctx.beginPath();
+    ctx.moveTo(x(pts[0].at), y(pts[0].v));
+    for (let i = 1; i < pts.length; i++) {
+      ctx.lineTo(x(pts[i].at), y(pts[i - 1].v));
+      ctx.lineTo(x(pts[i].at), y(pts[i].v));
+    }
+    ctx.lineTo(x(t1), y(pts[pts.length - 1].v));
+    ctx.setLineDash(dashed ? [4, 3] : []);
+    ctx.strokeStyle = colour;
+    ctx.lineWidth = 1.5;
+    ctx.stroke();
+    ctx.setLineDash([]);
+  }
+
+  // Wanted: the scaling events' steps (else this page's samples); running: this page's samples.
+  function drawServiceChart() {
+    const canvas = $("service-chart");
+    const name = serviceView.selected;
+    const samples = (name && serviceView.samples.get(name)) || [];
+    const now = serverNow();
+    let wanted = [];
+    const events = serviceView.wantedEvents;
+    if (events.length) {
+      if (events[0].from !== null) wanted.push({ at: events[0].at - 1, v: events[0].from });
+      wanted.push(...events.map((w) => ({ at: w.at, v: w.to })));
+    }
+    const current = serviceView.detail;
+    if (current && (!wanted.length || wanted[wanted.length - 1].v !== current.replicas)) {
+      // a count the kept events do not show (a change older than them): as the samples saw it
+      wanted = wanted.concat(samples.filter((p) => !wanted.length || p.at > wanted[wanted.length - 1].at)
+        .map((p) => ({ at: p.at, v: p.wanted })));
+    }
+    const running = samples.map((p) => ({ at: p.at, v: p.running }));
+    canvas.dataset.wanted = wanted.map((p) => p.v).filter((v, i, a) => i === 0 || a[i - 1] !== v).join(",");
+    canvas.dataset.running = running.map((p) => p.v).join(",");
+    const c = prepare(canvas);
+    if (!c) return;
+    const { ctx, width, height } = c;
+    if (!wanted.length && !running.length) {
+      ctx.fillStyle = cssVar("--muted");
+      ctx.font = "11px system-ui, sans-serif";
+      ctx.fillText("no count known yet", 6, height / 2);
+      return;
+    }
+    const first = Math.min(...[...wanted, ...running].map((p) => p.at));
+    const t1 = now;
+    const t0 = t1 - Math.min(Math.max(30, (t1 - first) * 1.08), 86400); // (a day at most)
+    const clip = (pts) => {
+      const before = pts.filter((p) => p.at <= t0);
+      const after = pts.filter((p) => p.at > t0);
+      return before.length ? [{ at: t0, v: before[before.length - 1].v }, ...after] : after;
+    };
+    const max = Math.max(1, ...wanted.map((p) => p.v), ...running.map((p) => p.v));
+    const x = (t) => ((t - t0) / Math.max(1, t1 - t0)) * (width - 4) + 2;
+    const y = (v) => height - 14 - (v / max) * (height - 28);
+    stepLine(ctx, clip(running), t1, x, y, cssVar("--connected"), false);
+    stepLine(ctx, clip(wanted), t1, x, y, cssVar("--cpu"), true);
+    axes(ctx, width, height, t0, t1, "max " + max + " replicas");
+  }
+
+  function closeService() {
+    serviceView.selected = null;
+    serviceView.detail = null;
+    serviceView.wantedEvents = [];
+    $("service-detail").hidden = true;
+    renderServices();
+  }
+
+  // Called with every snapshot: a service event newer than the last one seen reloads the list
+  // (when the panel is on screen) and adds to the open service's chart.
+  function serviceEvents(snap) {
+    const fresh = (snap.events || []).filter(
+      (e) => SERVICE_EVENT_KINDS.has(e.kind) && e.at > serviceView.eventsSeenAt,
+    );
+    if (!fresh.length) return;
+    serviceView.eventsSeenAt = Math.max(...fresh.map((e) => e.at));
+    mergeServiceEvents(fresh);
+    if (servicesShown()) loadServices();
+  }
+
+  function servicesShown() {
+    return serviceView.onScreen && !document.hidden;
+  }
+
   // --- events ------------------------------------------------------------------------------
 
   function renderEvents(snap) {
@@ -889,7 +1320,7 @@
     const kinds = new Set((snap.events || []).map((e) => e.kind));
     for (const kind of [...kinds].sort()) {
       if (![...filter.options].some((o) => o.value === "kind:" + kind)) {
-        filter.append(el("option", { value: "kind:" + kind, text: kind }));
+        filter.append(el("option", { value: "kind:" + kind, text: EVENT_LABELS[kind] || kind }));
       }
     }
     const chosen = filter.value;
@@ -909,13 +1340,25 @@
             "li",
             { "data-kind": e.kind },
             el("time", { text: fmtTime(e.at), dateTime: new Date(e.at * 1000).toISOString() }),
-            el("span", { class: "kind", "data-kind": e.kind, text: e.kind }),
-            el("span", { class: "detail", text: e.detail }),
+            el("span", { class: "kind", "data-kind": e.kind, text: EVENT_LABELS[e.kind] || e.kind }),
+            eventDetail(e),
           ),
         ),
       );
     }
     drawStrip(snap);
+  }
+
+  // A service event's reason (manual, load, forecast) comes first, as a chip.
+  function eventDetail(e) {
+    const parsed = SERVICE_EVENT_KINDS.has(e.kind) ? scaleReason(e.detail) : null;
+    if (!parsed) return el("span", { class: "detail", text: e.detail });
+    return el(
+      "span",
+      { class: "detail" },
+      el("span", { class: "why", "data-why": parsed.why, text: parsed.why }),
+      " " + parsed.service + ": " + arrows(parsed.rest),
+    );
   }
 
   function drawStrip(snap) {
@@ -953,6 +1396,8 @@
     renderFleet(snap);
     renderNodes(snap);
     renderEvents(snap);
+    serviceEvents(snap);
+    if (serviceView.selected) drawServiceChart(); // (its right edge is now)
     $("updated").textContent = "updated " + fmtTime(snap.at);
     // how long the last snapshot took to render, for bench/bench_dashboard.py
     document.body.dataset.renderMs = (performance.now() - began).toFixed(2);
@@ -982,6 +1427,7 @@
       backoff = BACKOFF_MIN_MS;
       connect();
       resetTaskPages();
+      loadServices();
     });
     // nodes: filter and pages (client-side: the stream holds every node)
     const nodesAgain = () => lastSnapshot && renderNodes(lastSnapshot);
@@ -1047,6 +1493,15 @@
     });
     $("task-logs-load").addEventListener("click", loadTaskLogs);
     $("event-filter").addEventListener("change", () => lastSnapshot && renderEvents(lastSnapshot));
+    $("service-detail-close").addEventListener("click", closeService);
+    if ("IntersectionObserver" in window) {
+      new IntersectionObserver((entries) => {
+        const shown = entries.some((e) => e.isIntersecting);
+        const was = serviceView.onScreen;
+        serviceView.onScreen = shown;
+        if (shown && !was && lastSnapshot) loadServices(); // scrolled back to: fresh at once
+      }).observe($("services-section"));
+    }
   }
 
   function start() {
@@ -1059,6 +1514,7 @@
         backoff = BACKOFF_MIN_MS;
         connect();
         resetTaskPages();
+        loadServices();
       }
     });
     window.addEventListener("resize", () => lastSnapshot && render(lastSnapshot));
@@ -1068,6 +1524,10 @@
       if (live && !document.hidden && !taskView.busy) loadTasks();
     }, TASKS_REFRESH_MS);
     setInterval(loadFleet, FLEET_POLL_MS);
+    setInterval(() => {
+      const live = source !== null && staleSince === null && lastSnapshot !== null;
+      if (live && servicesShown() && !serviceView.busy) loadServices();
+    }, SERVICES_REFRESH_MS);
     setInterval(() => {
       // a stream that went quiet without an error (a proxy holding it) is stale too
       if (lastSnapshot !== null && staleSince === null && Date.now() - lastSnapshotAt > STALE_AFTER_MS) {
