@@ -53,7 +53,7 @@ from edgesched.central.leases import ShardLeases, shard_of
 from edgesched.central.liveness import Hearing, Liveness, NodeStatus
 from edgesched.central.metrics import CentralMetrics
 from edgesched.central.placement import Choice, assignment_entry, place_all, place_pinned
-from edgesched.central.power import PARKED, power_orders
+from edgesched.central.power import PARKED, Move, power_plan
 from edgesched.central.replicas import NODE_DOC_PREFIX, NodeReplicas
 from edgesched.central.services import ServiceController, ServiceRefused
 from edgesched.central.telemetry import TelemetryCollector
@@ -943,20 +943,8 @@ class CentralEngine:
             choice = self._choose([spec], {spec.id: target})[spec.id]
             if choice.node_id is None:
                 raise TaskRefused(422, "node", choice.reason)
-            now = self.clock()
-            epoch = entry.epoch
-            fleet.assign(
-                task_id,
-                assignment_entry(
-                    spec, target, central=self.central.central_id, epoch=epoch + 1,
-                    replacement=False, score=choice.score, at=now,
-                    reason=f"migrated from {source} by the operator: {choice.reason}",
-                    lease=self._lease_of(task_id),
-                ),
-            )  # fmt: skip
-            if source:  # (stopped there once the target runs it: see _finish_migrations)
-                self._migrations[task_id] = _Migration(source, epoch, target, epoch + 1)
-            self._await_take_up(task_id, target, epoch + 1, now)
+            reason = f"migrated from {source} by the operator: {choice.reason}"
+            self._move(task_id, entry, choice, reason, self.clock())
             self._event("migrated", f"{task_id}: {source} -> {target}", node=target, task=task_id)
             self.sync_index()  # projected now (see submit)
         await _need(self._fleet_journal).flushed()  # the assignment on disk
@@ -1430,13 +1418,71 @@ class CentralEngine:
         busy = {table.nodes[row].id for row, placed in enumerate(table.on_node) if placed}
         reports = {n: m.power for n, m in index.members.items()}
         config = self._policy_config()
+        orders, moves = power_plan(cluster, busy, waiting, config, index.orders, reports)
         with fleet.doc.transaction():
-            for order in power_orders(cluster, busy, waiting, config, index.orders, reports):
+            for order in orders:
                 fleet.set_power(order.node_id, order.to_order())
                 verb = "park" if order.state == PARKED else "wake"
                 self._event(verb, f"{order.node_id}: {order.reason}", node=order.node_id)
+            by_source: dict[str, list[Move]] = {}
+            for move in moves:
+                by_source.setdefault(move.source, []).append(move)
+            for source_moves in by_source.values():
+                self._consolidate(source_moves, now)
         self.sync_index()
         self._power_at = (index.version, now)
+
+    def _consolidate(self, moves: Sequence[Move], now: float) -> None:
+        """Carry out the core's consolidation moves off one node: each a service's replica
+        migrated make-before-break (its target runs it, then its source stops it). All or
+        none: the moves empty the node for parking, and one that cannot be made (the target
+        no longer takes it; a replica of a service spread across domains, which the operator
+        asked to keep apart) leaves the node busy anyway."""
+        planned: list[tuple[Move, AssignmentEntry, Choice]] = []
+        entries = self.services.entries()
+        for move in moves:
+            entry = self.index.assignments.get(move.task_id)
+            ref = parse_replica_id(move.task_id)
+            service = None if ref is None else entries.get(ref.service)
+            if (
+                entry is None
+                or not entry.active
+                or entry.node != move.source
+                or move.task_id in self._migrations
+                or service is None
+                or service.service.spread.across
+            ):
+                return
+            spec = entry.task_spec
+            choice = self._choose([spec], {spec.id: move.target})[spec.id]
+            if choice.node_id is None:
+                return
+            planned.append((move, entry, choice))
+        for move, entry, choice in planned:
+            self._move(move.task_id, entry, choice, f"{move.reason}: {choice.reason}", now)
+            self._event(
+                "migrated", f"{move.task_id}: {move.source} -> {move.target} ({move.reason})",
+                node=move.target, task=move.task_id,
+            )  # fmt: skip
+
+    def _move(
+        self, task_id: str, entry: AssignmentEntry, choice: Choice, reason: str, now: float
+    ) -> None:
+        """Place an active task on ``choice``'s node under a new epoch, and stop its copy on
+        the node it leaves once the new one runs (:meth:`_finish_migrations`)."""
+        assert choice.node_id is not None
+        source, epoch = entry.node, entry.epoch
+        _need(self.fleet).assign(
+            task_id,
+            assignment_entry(
+                entry.task_spec, choice.node_id, central=self.central.central_id,
+                epoch=epoch + 1, replacement=False, score=choice.score, at=now, reason=reason,
+                lease=self._lease_of(task_id),
+            ),
+        )  # fmt: skip
+        if source:
+            self._migrations[task_id] = _Migration(source, epoch, choice.node_id, epoch + 1)
+        self._await_take_up(task_id, choice.node_id, epoch + 1, now)
 
     def _reconcile(self, now: float, mine: Shards | None = None) -> None:
         with _need(self.fleet).doc.transaction():  # one update of the fleet for the step

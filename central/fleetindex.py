@@ -36,7 +36,7 @@ import itertools
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from sortedcontainers import SortedList
@@ -53,6 +53,7 @@ from edgesched.central.placement import (
 from edgesched.central.power import PARKED, powered, reported
 from edgesched.core.model import Node, Placement, Task
 from edgesched.core.nodetable import NodeTable
+from edgesched.core.service import parse_replica_id
 from edgesched.core.task import RestartPolicy
 from edgesched.sync.reconcile import ReconcilePolicy
 from edgesched.sync.schema import (
@@ -136,7 +137,10 @@ def _sum_exactly(member: _Member) -> None:
 
 def _spec_task(entry: AssignmentEntry) -> Task:
     """An assignment not reported by its node yet, as the core sees its footprint there."""
-    return entry.task_spec.to_task(entry.at)
+    task = entry.task_spec.to_task(entry.at)
+    if parse_replica_id(task.id) is not None:  # a service's replica: consolidation moves it
+        return replace(task, migratable=True)
+    return task
 
 
 class FleetIndex:

@@ -28,6 +28,7 @@ from edgesched.core.model import DecisionKind, Node, Placement, Resources, Task
 from edgesched.core.nodetable import NodeTable
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.scheduler import ClusterView, schedule
+from edgesched.core.service import parse_replica_id
 from edgesched.core.spread import SpreadGroup
 from edgesched.core.task import RestartPolicy, TaskSpec, TaskState
 from edgesched.sync.reconcile import Claim, ReconcilePolicy, losers, winner
@@ -61,13 +62,15 @@ def registered_node(node_id: str, registration: Registration | None) -> Node:
 
 
 def report_task(task_id: str, report: TaskReport) -> Task:
-    """What a node reports of a task, as the core sees its footprint."""
+    """What a node reports of a task, as the core sees its footprint (a replica of a service
+    central placed is migratable: the core's consolidation may move it)."""
     return Task(
         id=task_id,
         workload=report.workload,
         priority=report.priority,
         demand=Resources.shared(report.cpu, report.mem_gib, report.accel),
         submitted_at=report.updated_at,
+        migratable=report.assignment is not None and parse_replica_id(task_id) is not None,
     )
 
 

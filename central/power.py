@@ -11,8 +11,10 @@ wakes parked nodes ahead of a peak or for waiting work, and parks nodes idle lon
 *waking* (no placement target); a node cut off from central wakes itself when local work
 arrives (autonomy first), and reports that.
 
-Central only parks a node that reports no active task, whatever the core's consolidation
-planned: moving work to empty a node is left to explicit migration.
+Central only parks a node that reports no active task. The core's consolidation moves only
+migratable work: at central, a service's replicas (:mod:`edgesched.central.services`), which
+central migrates make-before-break (:meth:`CentralEngine.migrate`'s path: the target runs
+it, then the source stops it); anything else stays where it runs, and its node awake.
 """
 
 from __future__ import annotations
@@ -80,6 +82,17 @@ def powered(node: Node, report: PowerReport, standing: schema.PowerOrder | None)
     return replace(node, state=NodeState.ACTIVE, idle_since=report.idle_since)
 
 
+@dataclass(frozen=True, slots=True)
+class Move:
+    """The core's consolidation: move ``task_id`` from ``source`` to ``target`` (to empty
+    ``source`` for parking). Only migratable tasks (a service's replicas, at central) move."""
+
+    task_id: str
+    source: str
+    target: str
+    reason: str
+
+
 def power_orders(
     cluster: ClusterView,
     busy: Collection[str],
@@ -88,6 +101,18 @@ def power_orders(
     orders: Mapping[str, schema.PowerOrder],
     reports: Mapping[str, PowerReport],
 ) -> list[PowerOrder]:
+    """The park and wake orders of :func:`power_plan`."""
+    return power_plan(cluster, busy, waiting, policy, orders, reports)[0]
+
+
+def power_plan(
+    cluster: ClusterView,
+    busy: Collection[str],
+    waiting: Sequence[Task],
+    policy: PolicyConfig,
+    orders: Mapping[str, schema.PowerOrder],
+    reports: Mapping[str, PowerReport],
+) -> tuple[list[PowerOrder], list[Move]]:
     """The park and wake orders the core gives for ``cluster`` (its nodes' power states as
     :func:`with_power` gives them, the forecast in ``forecast_cpu``), leaving out orders
     already standing and parks of ``busy`` nodes (those that run anything). An order is
@@ -95,10 +120,14 @@ def power_orders(
     was given (a node that woke itself for local work, or was busy when a park order came,
     gets a new one when it has been idle long enough again)."""
     if not policy.parks_nodes:
-        return []
+        return [], []
     result = schedule(cluster, list(waiting), policy)
     out: list[PowerOrder] = []
+    moves: list[Move] = []
     for d in result.decisions:
+        if d.kind is DecisionKind.MIGRATE and d.task_id is not None and d.from_node:
+            moves.append(Move(d.task_id, d.from_node, d.node_id, d.reason))
+            continue
         if d.kind is DecisionKind.PARK and d.node_id not in busy:
             state = PARKED
         elif d.kind is DecisionKind.WAKE:
@@ -111,4 +140,4 @@ def power_orders(
         if standing is not None and standing.state == state and standing.at >= since:
             continue
         out.append(PowerOrder(d.node_id, state, d.reason, cluster.now))
-    return out
+    return out, moves

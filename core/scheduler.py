@@ -510,7 +510,10 @@ def _wake_for_forecast(cycle: _Cycle, target: float) -> None:
 
 
 def _consolidate(cycle: _Cycle, target: float) -> None:
-    """Move migratable work off lightly used nodes so they can be parked."""
+    """Move migratable work off lightly used nodes so they can be parked, the least used
+    first. A node is a destination unless it is being emptied or was emptied this cycle;
+    one that took work this cycle is no longer emptied (so nothing moves twice, and when
+    every node is lightly used the work gathers on some of them)."""
     table = cycle.table
     budget = cycle.policy.max_migrations_per_cycle
     if budget == 0:
@@ -523,9 +526,12 @@ def _consolidate(cycle: _Cycle, target: float) -> None:
         if all(p.task.migratable for p in cycle.on_node[int(r)])
     ]
     sources.sort(key=lambda r: (util[r], table.efficiency[r], r))
-    draining: set[int] = set(sources)
+    emptied: set[int] = set()
+    received: set[int] = set()
     awake = cycle.awake_cpu()
     for src in sources:
+        if src in received:
+            continue
         moves = sorted(cycle.on_node[src], key=lambda p: p.task.id)
         if len(moves) > budget or awake - table.capacity[src, 0] < target:
             continue
@@ -535,7 +541,7 @@ def _consolidate(cycle: _Cycle, target: float) -> None:
             demand = resource_vector(placement.task.demand)
             ok = cycle.eligible(placement.task, demand)
             ok &= np.all(table.used + extra + demand <= table.capacity + _EPS, axis=1)
-            ok[list(draining)] = False
+            ok[[src, *emptied]] = False
             rows = np.flatnonzero(ok)
             if not len(rows):
                 break
@@ -560,8 +566,9 @@ def _consolidate(cycle: _Cycle, target: float) -> None:
                     scores={"source_util": float(util[src])},
                 )
             )
+            received.add(dst)
         budget -= len(plan)
-        draining.discard(src)
+        emptied.add(src)
         awake -= float(table.capacity[src, 0])
 
 

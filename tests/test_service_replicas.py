@@ -23,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from test_service_runs_once import GRACE_S, NODES, Fleet
 
+from edgesched.core.policy import PolicyMode
 from edgesched.core.service import ServiceSpec, parse_replica_id
 from edgesched.core.task import TaskState
 
@@ -253,5 +255,52 @@ def test_the_autoscaler_follows_the_reported_load_and_waits_to_scale_in() -> Non
         scaled = [e.detail for e in engine.events if e.kind == "scaled"]
         assert scaled[-2].startswith("api: load: 4 -> 3 replicas"), scaled
         assert "wanted at most 1 for 60 s" in scaled[-1], scaled
+    finally:
+        fleet.teardown()
+
+
+def test_energy_consolidation_migrates_replicas_make_before_break() -> None:
+    """In energy mode with parking on, the core drains lightly used nodes of migratable work:
+    a service's replicas are moved (the target runs the copy before the source stops its
+    own); a service spread across nodes is left spread."""
+    fleet = Fleet()
+    try:
+        engine = fleet.engine
+
+        def service(name: str, spread: dict[str, object]) -> None:
+            body = {"name": name, "template": {"command": ["srv"], "cpu": 1.0},
+                    "replicas": 2, "spread": spread}  # fmt: skip
+            asyncio.run(engine.apply_service(ServiceSpec.from_json(body)))
+            fleet.step()
+
+        service("web", {})
+        service("kept", {"across": ["node"]})
+        where = {t: n for n in NODES for t, c in fleet.copies[n].items()}
+        web = sorted(t for t in where if t.startswith("web."))
+        assert len({where[t] for t in web}) == 2, where  # priority mode spread them
+
+        policy = replace(engine.config.policy, mode=PolicyMode.ENERGY, min_spare_cpu=0.0)
+        engine.config = replace(engine.config, policy=policy)
+        engine.central = replace(engine.central, park_nodes=True)
+        for _ in range(4):
+            fleet.clock.now += 6.0  # (the power stage runs every 5 s)
+            fleet.step(rounds=3)
+        running = {
+            t: n for n in NODES for t, c in fleet.copies[n].items() if c.state is TaskState.RUNNING
+        }
+        assert len({running[t] for t in web}) == 1, running  # moved together
+        kept = sorted(t for t in running if t.startswith("kept."))
+        assert len(kept) == 2 and len({running[t] for t in kept}) == 2, running  # still apart
+        moved = [e.detail for e in engine.events if e.kind == "migrated"]
+        assert moved and all("consolidate: drain" in d for d in moved), moved
+        assert not any(d.startswith("kept.") for d in moved), moved
+        for task_id in web:  # the source copy stopped only after the target ran it
+            copies = [c for n in NODES if (c := fleet.copies[n].get(task_id)) is not None]
+            assert sorted(c.state.value for c in copies) in (
+                ["running"],
+                ["cancelled", "running"],
+            ), copies
+        view = engine.services.view("web")
+        assert view is not None and view["running"] == 2, view
     finally:
         fleet.teardown()
