@@ -12,7 +12,9 @@ Accounting, integrated exactly between events:
 * fleet utilization: used CPU / all CPU;
 * energy: each awake node draws ``idle + (peak - idle) * u`` with ``u`` the larger of its CPU
   and accelerator allocation, a waking node draws its idle power, a parked one ``parked_w``;
-  cost multiplies by the tariff of the hour;
+  cost multiplies by the tariff of the hour; ``draw`` may say that a task's CPU allocation
+  draws dynamic power only in part (a service's replica that reserves cores it does not fill);
+  utilization stays on the allocation;
 * SLO: a task whose wait before its (last) start exceeds its class's ``slo_wait_s``, or that
   never starts, is a miss; a preempted task goes back to the queue and restarts from scratch.
 """
@@ -121,6 +123,23 @@ class SimReport:
         return out
 
 
+#: Samples Holt's trend needs before :func:`heuristic_peak` trusts it.
+MIN_TREND_SAMPLES = 6
+
+
+def heuristic_peak(history: DemandHistory, horizon_s: float = 900.0) -> float:
+    """The simulator's 15-minute peak forecast of a demand history that starts at midnight of
+    day 0: Holt's damped trend once it has :data:`MIN_TREND_SAMPLES` samples (from a cold
+    start it would extrapolate the first ramp; before that, the last sample), and after a
+    whole day also the value a day ago (seasonal naive), whichever is higher."""
+    values = history.values
+    trusted = len(values) >= MIN_TREND_SAMPLES
+    peak = peak_next(Ewma(), history, horizon_s) if trusted else values[-1]
+    if len(values) * history.step_s >= SECONDS_PER_DAY:
+        peak = max(peak, peak_next(SeasonalNaive(), history, horizon_s))
+    return peak
+
+
 @dataclass(slots=True)
 class _Run:
     """Mutable simulation state for one strategy."""
@@ -148,8 +167,10 @@ def simulate(
     sample_s: float = 300.0,
     forecast: bool = True,
     progress: Callable[[float], None] | None = None,
+    draw: Mapping[str, float] | None = None,
 ) -> SimReport:
-    """Run ``strategy`` over ``scenario`` and account for what it did."""
+    """Run ``strategy`` over ``scenario`` and account for what it did. ``draw``: task id ->
+    the fraction (0..1) of its CPU allocation that draws dynamic power (default 1: all)."""
     horizon = scenario.days * SECONDS_PER_DAY
     nodes = sorted(scenario.nodes, key=lambda n: n.id)
     idx = {n.id: i for i, n in enumerate(nodes)}
@@ -159,6 +180,7 @@ def simulate(
     peak_w = np.array([n.power.peak_w for n in nodes])
     parked_w = np.array([n.power.parked_w for n in nodes])
     used_cpu = np.zeros(len(nodes))
+    drawn_cpu = np.zeros(len(nodes))  # the part of used_cpu that draws dynamic power
     used_acc = np.zeros(len(nodes))
     tasks_on = np.zeros(len(nodes), dtype=np.int64)
     awake = np.ones(len(nodes), dtype=bool)
@@ -202,12 +224,10 @@ def simulate(
     next_sample = 0.0
     window = [0.0, 0.0, 0.0]  # used core-s, awake core-s, joules in the current sample window
     cycle_at: float | None = None
-    fc_ewma, fc_seasonal = Ewma(), SeasonalNaive()
-    min_trend_samples = 6
     now = 0.0
 
     def power_now() -> float:
-        util = np.maximum(used_cpu / cap_cpu, used_acc / cap_acc)
+        util = np.maximum(drawn_cpu / cap_cpu, used_acc / cap_acc)
         p = np.where(active, idle_w + (peak_w - idle_w) * np.clip(util, 0, 1), idle_w)
         return float(np.where(awake, p, parked_w).sum())
 
@@ -248,6 +268,8 @@ def simulate(
     def set_util(node_id: str, task: Task, sign: int) -> None:
         row = idx[node_id]
         used_cpu[row] = max(used_cpu[row] + sign * task.demand.cpu, 0.0)
+        share = 1.0 if draw is None else draw.get(task.id, 1.0)
+        drawn_cpu[row] = max(drawn_cpu[row] + sign * task.demand.cpu * share, 0.0)
         used_acc[row] = max(used_acc[row] + sign * task.demand.accel, 0.0)
         tasks_on[row] += sign
         node = run.nodes[node_id]
@@ -266,12 +288,7 @@ def simulate(
     def forecast_cpu() -> float | None:
         if not forecast or not history:
             return None
-        hist = DemandHistory(sample_s, tuple(history), len(history) * sample_s)
-        # Holt's trend needs some history: from a cold start it extrapolates the first ramp.
-        peak = peak_next(fc_ewma, hist) if len(history) >= min_trend_samples else history[-1]
-        if len(history) * sample_s >= SECONDS_PER_DAY:
-            peak = max(peak, peak_next(fc_seasonal, hist))
-        return peak
+        return heuristic_peak(DemandHistory(sample_s, tuple(history), len(history) * sample_s))
 
     def run_cycle() -> None:
         counts["cycles"] += 1

@@ -68,6 +68,15 @@ def test_energy_and_utilization_are_integrated_exactly() -> None:
     assert r.classes["a"].slo_misses == 0
 
 
+def test_draw_charges_dynamic_power_for_a_share_of_the_allocation() -> None:
+    # As above, but the task's 5 cores draw dynamic power for half of them (a replica that its
+    # requests half fill): 0.5 h at 100 + 100 * 0.25 W + 0.5 h at 100 W = 112.5 Wh.
+    sc = Scenario((mknode("a"),), (mktask("t", 0.0, 1800.0),), {"a": Cls("a", 10, 5)})
+    r = simulate(sc, FirstFit(), batch_s=0.0, draw={"t": 0.5})
+    assert r.energy_kwh == pytest.approx(0.1125, rel=1e-6)
+    assert r.utilization_awake == pytest.approx(0.25, rel=1e-6)  # on the allocation
+
+
 def test_waiting_past_the_slo_is_a_miss_and_never_started_is_a_miss() -> None:
     tasks = (
         mktask("first", 0.0, 600.0, cpu=10),
