@@ -1169,6 +1169,7 @@ class CentralEngine:
         acting, mine = self._acting()
         self._acted = acting
         if not acting:
+            self.services.take_changes()  # (the acting replica reconciles them)
             return
         now = self.clock()
         self.services.step(now, mine)  # replicas started and stopped; placed below if waiting

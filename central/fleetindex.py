@@ -170,6 +170,9 @@ class FleetIndex:
         self.orders: dict[str, PowerOrder] = {}
         self.parked: set[str] = set()  # nodes that report themselves parked
         self._reconcile_due: set[str] = set()
+        #: Services' replicas whose report or assignment changed since the service controller
+        #: last looked (it drains this: a step reconciles only the services they belong to)
+        self.replicas_touched: set[str] = set()
         self._stops_due: set[str] = set()
         self._prune_heap: list[tuple[float, str]] = []
         self._prune_at: dict[str, float] = {}
@@ -220,6 +223,8 @@ class FleetIndex:
                     self._add_holder(task_id, node_id)
             self._refresh_pair(task_id, node_id)
             self._reconcile_due.add(task_id)
+            if parse_replica_id(task_id) is not None:
+                self.replicas_touched.add(task_id)
             key = f"{task_id}@{node_id}"
             if key in self.stops:
                 self._stops_due.add(key)
@@ -351,6 +356,8 @@ class FleetIndex:
         for node_id in sorted(nodes):
             self._refresh_pair(task_id, node_id)
         self._reconcile_due.add(task_id)
+        if parse_replica_id(task_id) is not None:
+            self.replicas_touched.add(task_id)
         self._schedule_prune(task_id)
         self.version += 1
 

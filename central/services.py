@@ -76,8 +76,9 @@ class ServiceHost(Protocol):
 
 log = logging.getLogger("edgesched.central.services")
 
-#: How often the services are reconciled when nothing about them changed (a rollout's health
-#: wait, a scale-in delay and a lost replica's replacement come due on time).
+#: How often every service is reconciled when nothing about it changed (a rollout's health
+#: wait and the autoscaler's decisions come due on time); a change to a replica's report or
+#: assignment has its service reconciled at the next step.
 RECONCILE_EVERY_S = 1.0
 #: How often each autoscaled service is re-decided.
 AUTOSCALE_EVERY_S = 15.0
@@ -125,7 +126,7 @@ class ServiceController:
         self.time_scale = time_scale
         self._autoscaled: dict[str, _Autoscaled] = {}
         self._reconciled_at = float("-inf")
-        self._seen_version = -1
+        self._dirty = True  # the services themselves changed: reconcile them all
         #: service -> (rollout slots outdated, stalled), as the last plan said
         self.rollouts: dict[str, tuple[int, bool]] = {}
 
@@ -250,7 +251,7 @@ class ServiceController:
         deleted = replace(entry, deleted=True, at=self.clock(), reason="manual: deleted")
         self._fleet().put_service(name, deleted)
         self.engine.record_event("service-deleted", f"{name}: deleted; its replicas stop")
-        self._seen_version = -1
+        self._dirty = True
         return deleted
 
     def report_load(self, name: str, load: float) -> LoadReport:
@@ -286,13 +287,20 @@ class ServiceController:
     # --- the control step --------------------------------------------------------------------
 
     def step(self, now: float, mine: Callable[[str], bool] | None) -> None:
-        """Reconcile every service this central acts on (``mine``: of its shards; None: all),
-        at most every :data:`RECONCILE_EVERY_S` unless the fleet index moved."""
-        version = self.engine.index.version
-        if version == self._seen_version and now - self._reconciled_at < RECONCILE_EVERY_S:
-            return
-        self._reconciled_at = now
-        for name, entry in sorted(self.entries().items()):
+        """Reconcile the services this central acts on (``mine``: of its shards; None: all):
+        those whose replicas changed since the last step, and every one of them each
+        :data:`RECONCILE_EVERY_S` (a rollout's health wait, an autoscaling decision) or after
+        a change to the services themselves. O(the services due x their replicas)."""
+        touched = self.take_changes()
+        entries = self.entries()
+        if self._dirty or now - self._reconciled_at >= RECONCILE_EVERY_S:
+            self._dirty = False
+            self._reconciled_at = now
+            names = sorted(entries)
+        else:
+            names = sorted({t.split(".", 1)[0] for t in touched} & entries.keys())
+        for name in names:
+            entry = entries[name]
             if mine is not None and not mine(name):
                 continue
             spec = entry.service
@@ -314,8 +322,16 @@ class ServiceController:
                 used = 1 + max(incarnation for _, incarnation in todo.start)
                 current = self.entries()[name]
                 self._fleet().put_service(name, replace(current, incarnations=used))
-        self.engine.sync_index()
-        self._seen_version = self.engine.index.version
+        if names:
+            self.engine.sync_index()
+            self.take_changes()  # (what this step did itself: seen)
+
+    def take_changes(self) -> set[str]:
+        """The replicas touched since the last call (the index's set, drained). A central
+        replica that does not act drains it too, each step: it never grows."""
+        index = self.engine.index
+        touched, index.replicas_touched = index.replicas_touched, set()
+        return touched
 
     def _act(self, spec: ServiceSpec, replicas: Sequence[Replica], todo: Plan, now: float) -> None:
         name = spec.name
@@ -417,7 +433,7 @@ class ServiceController:
         )  # fmt: skip
         self._fleet().put_service(spec.name, entry)
         self.engine.record_event(kind, f"{spec.name}: {why}")
-        self._seen_version = -1  # reconcile at the next step
+        self._dirty = True  # reconcile at the next step
         return entry
 
     def _entry(self, name: str) -> ServiceEntry:
