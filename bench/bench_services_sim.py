@@ -26,11 +26,13 @@ none waits over ``ready_s``), and the SLO misses of the other classes in the fle
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from edgesched.core.campus import campus_scenario
+from edgesched.core.campus import CampusScenario, campus_scenario
 from edgesched.core.experiment import build_strategies
 from edgesched.core.forecast import DemandHistory, peak_next
 from edgesched.core.servicesim import (
@@ -63,6 +65,77 @@ def _onnx(fleet_cpu: float) -> PeakForecast:
     return peak
 
 
+@dataclass(frozen=True, slots=True)
+class Way:
+    """One way to size the services, its runs and (unless skipped) the fleet's report."""
+
+    label: str
+    runs: tuple[ServiceRun, ...]
+    report: SimReport | None
+    seconds: float
+
+
+def measure(
+    scenario: CampusScenario, fleet_strategy: str = "tidal+energy", with_fleet: bool = True
+) -> list[Way]:
+    """The four ways over ``scenario``, the fixed deployment first."""
+    models = campus_services()
+    ways: list[tuple[str, str, PeakForecast]] = [
+        ("fixed", "fixed", _holt),
+        ("load", "load", _holt),
+        ("forecast (holt)", "forecast", _holt),
+        ("forecast (onnx)", "forecast", _onnx(scenario.fleet_cpu)),
+    ]
+    out: list[Way] = []
+    for label, strategy, forecast in ways:
+        t0 = time.perf_counter()
+        runs = size_services(scenario, models, strategy, forecast)
+        report = None
+        if with_fleet:
+            fleet, draw = fleet_scenario(scenario, runs)
+            (policy,) = build_strategies(fleet, campus_profile(), only=[fleet_strategy])
+            report = simulate(fleet, policy, draw=draw)
+        out.append(Way(label, runs, report, time.perf_counter() - t0))
+    return out
+
+
+def table(scenario: CampusScenario, ways: list[Way]) -> list[str]:
+    """The markdown table, each way against the first (the fixed deployment). The leads are
+    those of the last whole day's morning."""
+    day = max(math.floor(scenario.days + 1e-9) - 1, 0)
+    base = ways[0]
+    base_rh = sum(r.replica_hours for r in base.runs)
+    names = [r.model.name for r in base.runs]
+    short = {"face-recognition": "FR", "video-conferencing": "VC"}
+    header = ["strategy", "replica-hours", "vs fixed"]
+    header += [f"misses {short.get(n, n)}" for n in names]
+    header += ["energy kWh", "vs fixed"]
+    header += [f"lead {short.get(n, n)}, min" for n in names]
+    header += ["replicas late", "other classes' misses"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for way in ways:
+        rh = sum(r.replica_hours for r in way.runs)
+        row = [way.label, f"{rh:,.0f}", f"{rh / base_rh:.2f}"]
+        row += [f"{r.miss_fraction:.2%} ({r.misses:,})" for r in way.runs]
+        if way.report is None or base.report is None:
+            row += ["-", "-"]
+        else:
+            kwh, base_kwh = way.report.energy_kwh, base.report.energy_kwh
+            row += [f"{kwh:.0f}", f"{kwh / base_kwh:.3f}"]
+        for r in way.runs:
+            lead = morning_lead(r, requests_of(scenario.tasks, r.model.workload), day)
+            row.append("all day" if r.strategy == "fixed" else _minutes(lead.minutes))
+        if way.report is None:
+            row += ["-", "-"]
+        else:
+            classes = way.report.classes
+            late = sum(classes[n].slo_misses for n in names if n in classes)
+            others = sum(c.slo_misses for n, c in classes.items() if n not in names)
+            row += [f"{late:,}", f"{others:,}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0)
@@ -74,73 +147,29 @@ def main() -> None:
     )
     args = parser.parse_args()
     scenario = campus_scenario(seed=args.seed, days=args.days, scale=args.scale)
-    models = campus_services()
-    ways: list[tuple[str, str, PeakForecast]] = [
-        ("fixed", "fixed", _holt),
-        ("load", "load", _holt),
-        ("forecast (holt)", "forecast", _holt),
-        ("forecast (onnx)", "forecast", _onnx(scenario.fleet_cpu)),
-    ]
-    day = max(int(args.days + 0.5) - 1, 0)  # the lead is measured on the last whole day
     print(
         f"campus seed {args.seed}, {args.days:g} day(s), scale {args.scale:g}: "
         f"{len(scenario.nodes)} nodes; services "
         + ", ".join(
             f"{m.name} ({m.replica_cores:g}-core replicas, target {m.target_per_replica:g})"
-            for m in models
+            for m in campus_services()
         )
-        + f"; fleet strategy {args.fleet}"
+        + ("" if args.services_only else f"; fleet strategy {args.fleet}")
     )
-    results: dict[str, tuple[tuple[ServiceRun, ...], SimReport | None]] = {}
-    for label, strategy, forecast in ways:
-        t0 = time.perf_counter()
-        runs = size_services(scenario, models, strategy, forecast)
-        report = None
-        if not args.services_only:
-            fleet, draw = fleet_scenario(scenario, runs)
-            (fleet_strategy,) = build_strategies(fleet, campus_profile(), only=[args.fleet])
-            report = simulate(fleet, fleet_strategy, draw=draw)
-        results[label] = (runs, report)
-        print(f"  {label}: {time.perf_counter() - t0:.1f} s")
-    base_runs, base_report = results["fixed"]
-    base_rh = sum(r.replica_hours for r in base_runs)
-    names = [m.name for m in models]
-    short = {"face-recognition": "FR", "video-conferencing": "VC"}
-    header = ["strategy", "replica-hours", "vs fixed"]
-    header += [f"misses {short.get(n, n)}" for n in names]
-    header += ["energy kWh", "vs fixed"]
-    header += [f"lead {short.get(n, n)}, min" for n in names]
-    header += ["replicas late", "other classes' misses"]
+    ways = measure(scenario, args.fleet, not args.services_only)
+    for way in ways:
+        print(f"  {way.label}: {way.seconds:.1f} s")
     print()
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for label, (runs, report) in results.items():
-        rh = sum(r.replica_hours for r in runs)
-        row = [label, f"{rh:,.0f}", f"{rh / base_rh:.2f}"]
-        row += [f"{r.miss_fraction:.2%} ({r.misses:,})" for r in runs]
-        if report is None or base_report is None:
-            row += ["-", "-"]
-        else:
-            row += [f"{report.energy_kwh:.0f}", f"{report.energy_kwh / base_report.energy_kwh:.3f}"]
-        for r in runs:
-            lead = morning_lead(r, requests_of(scenario.tasks, r.model.workload), day)
-            row.append("all day" if r.strategy == "fixed" else _minutes(lead.minutes))
-        if report is None:
-            row += ["-", "-"]
-        else:
-            late = sum(report.classes[n].slo_misses for n in names if n in report.classes)
-            others = sum(c.slo_misses for n, c in report.classes.items() if n not in names)
-            row += [f"{late:,}", f"{others:,}"]
-        print("| " + " | ".join(row) + " |")
+    print("\n".join(table(scenario, ways)))
     print()
-    for label, (runs, _) in results.items():
+    for way in ways:
         print(
-            f"{label}: "
+            f"{way.label}: "
             + "; ".join(
                 f"{r.model.name} peak {r.peak_replicas} replicas, "
                 f"{r.replica_hours:,.0f} replica-h, {len(r.decisions) - 1} changes, "
                 f"wait p99 {r.wait_p99_s:.1f} s"
-                for r in runs
+                for r in way.runs
             )
         )
 
