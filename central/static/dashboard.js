@@ -1035,13 +1035,20 @@
     );
   }
 
+  // The reason chip and what changed; the why in brackets (the autoscaler's arithmetic) is in
+  // the tooltip and the service's detail, to keep the row short.
   function reasonCell(s) {
     const parsed = scaleReason(s.name + ": " + (s.reason || ""));
-    const content = parsed
-      ? [el("span", { class: "why", "data-why": parsed.why, text: parsed.why }), " " + arrows(parsed.rest)]
-      : [arrows(s.reason || dash)];
+    const what = parsed ? parsed.rest : s.reason || dash;
+    const cut = what.indexOf(" (");
+    const content = [arrows(cut > 0 ? what.slice(0, cut) : what)];
+    if (parsed) content.unshift(el("span", { class: "why", "data-why": parsed.why, text: parsed.why }), " ");
     const when = el("span", { class: "muted", text: " · " + fmtTime(s.at) });
-    return el("td", { "data-label": "last change", class: "last-change" }, el("span", {}, ...content, when));
+    return el(
+      "td",
+      { "data-label": "last change", class: "last-change", title: arrows(s.reason || "") },
+      el("span", {}, ...content, when),
+    );
   }
 
   function serviceState(s) {
