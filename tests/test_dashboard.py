@@ -512,6 +512,13 @@ async def browser_scenario(
     await expect(api_row.locator(".last-change .why")).to_have_text("load", timeout=WAIT_MS)
     await expect(api_row.locator(".last-change")).to_contain_text("0 → 2 replicas")
     await expect(api_row.locator(".svc-wanted")).to_have_text("2")
+    # Deleted: its replicas stop, then it leaves the panel; the timeline says so.
+    status, reply = await asyncio.to_thread(central.request, "DELETE", "/v1/services/web")
+    assert status == 200 and reply["deleted"], reply
+    deleted = page.locator('#events li[data-kind="service-deleted"]').first
+    await expect(deleted.locator(".kind")).to_have_text("service deleted")
+    await expect(page.locator('#services tr[data-service="web"]')).to_have_count(0)
+    await expect(page.locator("#services-info")).to_contain_text("1 service ·")
 
     # Central goes away: the view says it is stale, unmistakably, instead of showing green.
     await asyncio.to_thread(central.kill, signal.SIGTERM)
