@@ -497,6 +497,7 @@ async def browser_scenario(
     await viewer.locator("#mode-select").select_option("balance")
     await expect(viewer.locator("#policy-result")).to_contain_text("read-only token")
     await expect(viewer.locator("#policy-mode")).to_have_text("energy")
+    await expect(viewer.locator('#services tr[data-service="web"] .svc-wanted')).to_have_text("3")
     await viewer.context.close()
 
     # Heal: gw-b is connected again.
