@@ -290,6 +290,10 @@ class TelemetrySource(StrEnum):
 _TELEMETRY_SOURCES = tuple(m.value for m in TelemetrySource)
 
 
+#: The finest time-slicing share of one accelerator ``[edge] accel_time_slices`` may ask.
+MAX_ACCEL_TIME_SLICES = 64
+
+
 @dataclass(frozen=True, slots=True)
 class EdgeConfig:
     """The edge sub-engine: identity, state directory, local API, lease and loop timings.
@@ -315,6 +319,9 @@ class EdgeConfig:
     server the node registered as, from what its placed and running tasks reserve and its
     registered power model (a simulated node, ``hal_root`` elsewhere: several of them share
     one host, whose measurements would describe none of them).
+    ``accel_time_slices``: the time-slicing share of each compute accelerator that offers no
+    hardware slices (MIG instances, SR-IOV virtual functions): a task may ask ``accel_slices``
+    of one (1..this); 1 (the default): whole devices only (see :mod:`edgesched.core.slices`).
     """
 
     node_id: str = ""
@@ -336,9 +343,15 @@ class EdgeConfig:
     container_runtime: str = ""
     history_retention_s: float = 86_400.0
     telemetry_source: TelemetrySource = TelemetrySource.HOST
+    accel_time_slices: int = 1
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
+        if not 1 <= self.accel_time_slices <= MAX_ACCEL_TIME_SLICES:
+            raise ValueError(
+                f"accel_time_slices must be an integer in [1, {MAX_ACCEL_TIME_SLICES}], "
+                f"got {self.accel_time_slices}"
+            )
         if self.telemetry_source not in _TELEMETRY_SOURCES:
             raise ValueError(
                 f"telemetry_source must be one of {', '.join(_TELEMETRY_SOURCES)}, got "
@@ -694,6 +707,7 @@ def _parse_edge(t: _Table) -> EdgeConfig:
                 "history_retention_s", d.history_retention_s, low=0, low_open=True
             ),
             telemetry_source=t.choice("telemetry_source", d.telemetry_source),
+            accel_time_slices=t.integer("accel_time_slices", d.accel_time_slices, low=1),
             mqtt=mqtt,
         )
     )

@@ -55,15 +55,21 @@ class DecisionKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Resources:
-    """A vector of schedulable resources: CPU cores, memory (GiB), accelerators, storage IOPS."""
+    """A vector of schedulable resources: CPU cores, memory (GiB), accelerators, storage IOPS.
+
+    ``accel`` counts whole accelerators; ``accel_slices`` counts slices of one (MIG
+    instances, SR-IOV virtual functions, time-slicing shares; see
+    :mod:`edgesched.core.slices`): a node's capacity sums its devices' slices (0: it offers
+    none), a task's demand is the slices it asks of one device (0 for a whole-device task)."""
 
     cpu: float = 0.0
     mem_gib: float = 0.0
     accel: int = 0
     iops_k: float = 0.0
+    accel_slices: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("cpu", "mem_gib", "accel", "iops_k"):
+        for name in ("cpu", "mem_gib", "accel", "iops_k", "accel_slices"):
             if getattr(self, name) < 0:
                 raise ValueError(f"resource {name} must be >= 0, got {getattr(self, name)}")
 
@@ -83,6 +89,7 @@ class Resources:
             self.mem_gib + other.mem_gib,
             self.accel + other.accel,
             self.iops_k + other.iops_k,
+            self.accel_slices + other.accel_slices,
         )
 
     def fits_in(self, capacity: Resources) -> bool:
@@ -93,6 +100,7 @@ class Resources:
             and self.mem_gib <= capacity.mem_gib + eps
             and self.accel <= capacity.accel
             and self.iops_k <= capacity.iops_k + eps
+            and self.accel_slices <= capacity.accel_slices
         )
 
 

@@ -51,7 +51,7 @@ _FIXED = (True, False, True, True, False, True, True, True, True)
 
 def natural_class(task: Task) -> ServerClass:
     """The server class a task belongs on when it has a choice (keeps scarce hardware free)."""
-    if task.demand.accel > 0:
+    if task.demand.accel > 0 or task.demand.accel_slices > 0:
         return ServerClass.AI_ACCELERATOR
     if task.demand.iops_k > 0:
         return ServerClass.STORAGE_DENSE

@@ -27,6 +27,14 @@ from edgesched.core.nodetable import (
     NodeTable,
     natural_class,
 )
+from edgesched.core.slices import (
+    HELD_LABEL,
+    LAYOUT_LABEL,
+    Request,
+    fits_on_node,
+    node_devices,
+    parse_held_label,
+)
 
 FilterFn = Callable[[NodeTable, Task, FloatArray], BoolArray]
 ScoreFn = Callable[[NodeTable, Task, FloatArray], FloatArray]
@@ -81,7 +89,48 @@ def resources_fit(table: NodeTable, task: Task, demand: FloatArray) -> BoolArray
     mask: BoolArray = used[:, 0] + demand[0] <= cap[:, 0] + _EPS
     for k in _asked(demand)[1:]:
         mask &= used[:, k] + demand[k] <= cap[:, k] + _EPS
+    if task.demand.accel_slices or (demand[2] > 0 and mask.any()):
+        mask &= _slices_fit(table, task, mask)
     return mask
+
+
+def _slices_fit(table: NodeTable, task: Task, candidates: BoolArray) -> BoolArray:
+    """Accelerator slices (:mod:`edgesched.core.slices`): a task asking slices fits only a
+    node that offers slices with one device keeping that many free; a whole-device task on a
+    sliced node only where enough devices have every slice free. The node's devices are its
+    capacity split evenly, and its running tasks are granted in (start, id) order by the
+    same rule the node plans with (the node holds the real grants and checks again when it
+    starts the task; its own core reads its uneven devices from the node's layout label and
+    the grants it holds from its held label, so its view is exact). Unsliced nodes pass
+    whole-device tasks as the count already did."""
+    asked = slice_request(task)
+    out = np.zeros(len(table), dtype=np.bool_)
+    for row in np.flatnonzero(candidates):
+        node = table.nodes[int(row)]
+        cap = node.capacity
+        if not cap.accel_slices:
+            out[row] = not asked.slices  # unsliced: whole devices counted by the fit
+            continue
+        running = sorted(table.on_node[int(row)], key=lambda p: (p.started_at, p.task.id))
+        holders = [
+            (p.task.id, slice_request(p.task))
+            for p in running
+            if p.task.demand.accel or p.task.demand.accel_slices
+        ]
+        if not asked.slices and not any(r.slices for _, r in holders):
+            out[row] = True  # no slices in use: the whole-device count is exact
+            continue
+        labels = node.labels
+        devices = node_devices(cap.accel, cap.accel_slices, labels.get(LAYOUT_LABEL))
+        held = parse_held_label(labels.get(HELD_LABEL))
+        out[row] = fits_on_node(devices, holders, task.id, asked, held)
+    return out
+
+
+def slice_request(task: Task) -> Request:
+    """What ``task`` asks of a node's accelerators, as :func:`~edgesched.core.slices.plan`
+    takes it."""
+    return Request(devices=task.demand.accel, slices=task.demand.accel_slices)
 
 
 def accelerator_reserve(table: NodeTable, task: Task, demand: FloatArray) -> BoolArray:
@@ -259,8 +308,17 @@ class FilterChain:
         static: BoolArray | None = None,
     ) -> BoolArray:
         """Nodes passing every stage that evictions cannot change (the non-resolvable ones):
-        where preemption and consolidation may look."""
-        return self._run(table, task, demand, static, self._hard)
+        where preemption and consolidation may look.
+
+        For a task asking accelerators, also the nodes where its slices or whole devices fit
+        per device now (:func:`_slices_fit`): preemption and consolidation weigh the
+        resource vector alone, which counts whole devices, not how slices sit on them, so a
+        sliced node is a candidate only where no eviction is needed for the devices (a
+        preemptor does not evict slices to make room)."""
+        mask = self._run(table, task, demand, static, self._hard)
+        if task.demand.accel_slices or (demand[2] > 0 and mask.any()):
+            mask &= _slices_fit(table, task, mask)
+        return mask
 
     def evaluate(
         self, table: NodeTable, task: Task, demand: FloatArray

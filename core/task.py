@@ -49,7 +49,7 @@ _SPEC_FIELDS = frozenset(
     {
         "id", "command", "workload", "priority", "cpu", "mem_gib", "accel", "threads",
         "env", "cwd", "restart", "max_restarts", "limits", "archs", "server_classes",
-        "preemptible", "duration_s", "reconcile", "images",
+        "preemptible", "duration_s", "reconcile", "images", "accel_slices",
     }
 )  # fmt: skip
 _NUMBER = (int, float)
@@ -115,6 +115,9 @@ class TaskSpec:
     #: Which copy survives if this task ends up placed twice across a partition (see
     #: :mod:`edgesched.sync.reconcile`); empty: central's default.
     reconcile: str = ""
+    #: Slices of one accelerator (MIG instances, SR-IOV virtual functions, time-slicing
+    #: shares; see :mod:`edgesched.core.slices`), instead of ``accel`` whole devices.
+    accel_slices: int = 0
 
     def __post_init__(self) -> None:
         ident = self.id
@@ -148,6 +151,11 @@ class TaskSpec:
             raise SpecError("cpu: must be > 0")
         if self.accel < 0 or self.threads < 0 or self.max_restarts < 0:
             raise SpecError("accel, threads and max_restarts must be >= 0")
+        if self.accel_slices:
+            if self.accel_slices < 0:
+                raise SpecError("accel_slices: must be >= 0")
+            if self.accel:
+                raise SpecError("accel_slices: ask whole devices (accel) or slices, not both")
         if self.threads > MAX_THREADS:
             raise SpecError(f"threads: at most {MAX_THREADS}")
         if self.duration_s is not None and (
@@ -163,7 +171,9 @@ class TaskSpec:
             id=self.id,
             workload=self.workload,
             priority=self.priority,
-            demand=Resources.shared(self.cpu, self.mem_gib, self.accel),
+            demand=Resources.shared(self.cpu, self.mem_gib, self.accel)
+            if not self.accel_slices
+            else Resources(self.cpu, self.mem_gib, accel_slices=self.accel_slices),
             submitted_at=submitted_at,
             duration_s=self.duration_s,
             archs=self.archs,
@@ -178,6 +188,8 @@ class TaskSpec:
         if self.images:  # only when set: a node or central of an older release refuses the
             # unknown field, so specs without images stay readable across a rolling upgrade
             data["images"] = {a.value: ref for a, ref in sorted(self.images.items())}
+        if self.accel_slices:  # likewise: only a sliced task carries the field
+            data["accel_slices"] = self.accel_slices
         return data
 
     def _to_json(self) -> dict[str, Any]:
@@ -337,6 +349,9 @@ class TaskSpec:
         preemptible = get("preemptible", True)
         if type(preemptible) is not bool:
             preemptible = _field(data, "preemptible", bool, True)
+        accel_slices = get("accel_slices", 0)
+        if type(accel_slices) is not int or not -MAX_SPEC_INT <= accel_slices <= MAX_SPEC_INT:
+            accel_slices = _field(data, "accel_slices", int, 0)
         values = (  # in the order of TaskSpec's fields (_SPEC_ORDER)
             # (interned: central holds every spec of the fleet, and the same id is the key of
             # its index, and the same commands and workloads recur across thousands of specs)
@@ -359,6 +374,7 @@ class TaskSpec:
             preemptible,
             float(duration) if duration is not None else None,
             reconcile,
+            accel_slices,
         )
         return _new_spec(values) if cls is TaskSpec else cls(*values)
 
@@ -442,7 +458,7 @@ def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], de
 _SPEC_ORDER = (
     "id", "command", "workload", "priority", "cpu", "mem_gib", "accel", "threads", "env",
     "cwd", "restart", "max_restarts", "limits", "archs", "images", "server_classes",
-    "preemptible", "duration_s", "reconcile",
+    "preemptible", "duration_s", "reconcile", "accel_slices",
 )  # fmt: skip
 if tuple(f.name for f in fields(TaskSpec)) != _SPEC_ORDER:  # a field added or moved
     raise TypeError("TaskSpec's fields changed: update _SPEC_ORDER and TaskSpec.from_json")

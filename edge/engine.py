@@ -53,6 +53,15 @@ from edgesched.config import EdgeschedConfig, TelemetrySource, builtin_profiles
 from edgesched.core.classdemand import ClassDemand
 from edgesched.core.model import Decision, DecisionKind, Node, Placement, Resources
 from edgesched.core.scheduler import ClusterView, schedule
+from edgesched.core.slices import (
+    HELD_LABEL,
+    Device,
+    Grant,
+    Request,
+    device_env,
+    held_label,
+    plan,
+)
 from edgesched.core.task import (
     RestartPolicy,
     SpecError,
@@ -62,7 +71,13 @@ from edgesched.core.task import (
 )
 from edgesched.edge.agent import Agent, Sample
 from edgesched.edge.executor import Executor, ExecutorError, ExitEvent
-from edgesched.edge.hal import HardwareProfile, default_power_model, discover, to_node
+from edgesched.edge.hal import (
+    HardwareProfile,
+    accel_devices,
+    default_power_model,
+    discover,
+    to_node,
+)
 from edgesched.edge.link import CentralLink
 from edgesched.edge.logserve import LogServer
 from edgesched.edge.metrics import EdgeMetrics
@@ -95,6 +110,8 @@ DOC_RETENTION_S = 86_400.0
 #: Central's desired-state document (see :class:`edgesched.sync.doc.PolicyDoc`).
 POLICY_DOC = "policy"
 _HELD = (TaskState.PLACED, TaskState.RUNNING)
+#: The store's meta key of the accelerator units the node's tasks hold (JSON list of grants).
+ACCEL_GRANTS_META = "accel_grants"
 _ACTIVE = tuple(s for s in TaskState if not s.terminal)
 _TERMINAL = tuple(s for s in TaskState if s.terminal)
 _POWER = (DecisionKind.PARK, DecisionKind.WAKE)
@@ -165,6 +182,10 @@ class EdgeEngine:
         self._ready = asyncio.Event()
         self._lock = asyncio.Lock()  # one cycle or state change at a time
         self._not_before: dict[str, float] = {}  # restart backoff
+        #: This node's accelerators as devices to slice, and the unit each task holds
+        #: (edgesched.core.slices); kept in the store's meta (ACCEL_GRANTS_META).
+        self._accel_devices: tuple[Device, ...] = ()
+        self._grants: dict[str, Grant] = {}
         self._pins: dict[str, frozenset[int]] = {}
         self._store: Store | None = None
         self._executor: Executor | None = None
@@ -223,8 +244,16 @@ class EdgeEngine:
             power = default_power_model(self.profile)
             perf, iops_k = self._qualification()
             self.node = to_node(
-                self.profile, self.edge.node_id, self.edge.site, power, iops_k=iops_k, perf=perf
+                self.profile,
+                self.edge.node_id,
+                self.edge.site,
+                power,
+                iops_k=iops_k,
+                perf=perf,
+                accel_time_slices=self.edge.accel_time_slices,
             )
+            self._accel_devices = accel_devices(self.profile, self.edge.accel_time_slices)
+            self._grants = await self._load_grants()
             self._executor = Executor(
                 self.state_dir / "run",
                 arch=self.profile.arch,
@@ -307,6 +336,7 @@ class EdgeEngine:
                 cpu=self.node.capacity.cpu,
                 mem_gib=round(self.node.capacity.mem_gib, 3),
                 accel=self.node.capacity.accel,
+                accel_slices=self.node.capacity.accel_slices,
                 perf=self.node.perf,
                 cpu_model=self.profile.cpu_model,
                 reads_packed=True,
@@ -737,6 +767,15 @@ class EdgeEngine:
         ):
             if want > have + 1e-9:
                 raise SubmitError(422, name, f"asks for {want:g}, this node has {have:g} in all")
+        if spec.accel_slices:
+            most = max((d.slices for d in self._accel_devices if d.slices > 1), default=0)
+            if spec.accel_slices > most:
+                offer = f"its devices offer at most {most}" if most else "it offers none"
+                raise SubmitError(
+                    422,
+                    "accel_slices",
+                    f"asks for {spec.accel_slices} slices of one device; this node: {offer}",
+                )
         program = spec.command[0]
         if spec.images and self.edge.container_runtime:  # the command runs inside its image
             program = self.edge.container_runtime
@@ -924,7 +963,7 @@ class EdgeEngine:
                 Placement(r.spec.to_task(r.submitted_at), node.id, r.updated_at) for r in held
             )
             view = ClusterView(
-                (node,),
+                (self._with_held_units(node),),
                 running,
                 now,
                 forecast_cpu=self.forecast_cpu,
@@ -1001,8 +1040,19 @@ class EdgeEngine:
         task_id = record.spec.id
         if d.kind is DecisionKind.PLACE:
             cores = self._pins.get(task_id)
+            unit = await self._grant_unit(record, by_id)
+            if unit is None:  # no device has the unit free now: back to the queue
+                self._not_before[task_id] = self.clock() + self.edge.cycle_s
+                outcome[task_id] = by_id[task_id] = record.with_state(
+                    TaskState.ACCEPTED,
+                    self.clock(),
+                    reason="waiting for an accelerator unit (no device has it free)",
+                )
+                return
             try:
-                handle = await self.executor.start(record.spec, self._host_cores(cores))
+                handle = await self.executor.start(
+                    record.spec, self._host_cores(cores), accel_env=unit
+                )
             except ExecutorError as exc:
                 failed = record.with_state(TaskState.FAILED, self.clock(), reason=str(exc))
                 outcome[task_id] = failed
@@ -1023,6 +1073,48 @@ class EdgeEngine:
             if record.state is TaskState.RUNNING:
                 with contextlib.suppress(ExecutorError):
                     self.executor.pin(task_id, self._host_cores(d.cores) or d.cores)
+
+    async def _grant_unit(
+        self, record: TaskRecord, by_id: dict[str, TaskRecord]
+    ) -> dict[str, str] | None:
+        """The environment that hands ``record``'s task its accelerator unit, planned next to
+        the units the node's other placed and running tasks hold (``{}`` for a task that
+        asks none, or a node without accelerators); None when none is free now."""
+        spec = record.spec
+        request = Request(devices=spec.accel, slices=spec.accel_slices)
+        if request.empty or not self._accel_devices:
+            return {}
+        held = {t for t, r in by_id.items() if r.state in _HELD and t != spec.id}
+        grants = {t: g for t, g in self._grants.items() if t in held}
+        grant = plan(self._accel_devices, grants.values(), spec.id, request)
+        if grant is None:
+            return None
+        grants[spec.id] = grant
+        self._grants = grants
+        await self.store.set_meta(
+            ACCEL_GRANTS_META, json.dumps([g.to_json() for g in grants.values()])
+        )
+        return device_env(self._accel_devices, grant)
+
+    def _with_held_units(self, node: Node) -> Node:
+        """``node`` as this cycle's core sees it: with the units its tasks hold in its
+        labels (``accel_held``), so the core packs slices around the real grants, not a
+        replay of them (which a release can make differ)."""
+        if not self._grants:
+            return node
+        return replace(node, labels={**node.labels, HELD_LABEL: held_label(self._grants.values())})
+
+    async def _load_grants(self) -> dict[str, Grant]:
+        """The units the tasks held when the engine last ran (its processes keep them)."""
+        raw = await self.store.get_meta(ACCEL_GRANTS_META)
+        if not raw:
+            return {}
+        try:
+            grants = [Grant.from_json(g) for g in json.loads(raw)]
+        except (ValueError, TypeError, AttributeError):
+            log.warning("accelerator grants in the store unreadable; starting with none")
+            return {}
+        return {g.task_id: g for g in grants}
 
     def _host_cores(self, cores: Iterable[int] | None) -> list[int] | None:
         """The CPUs of this machine to pin a task to. A simulated node (``hal_root`` other than

@@ -69,7 +69,14 @@ import psutil
 
 from edgesched.core.model import Arch
 from edgesched.core.task import TaskSpec
-from edgesched.edge.container import NoImage, container_argv, image_env, image_for
+from edgesched.edge.container import (
+    ARCH_ENV,
+    IMAGE_ENV,
+    NoImage,
+    container_argv,
+    image_env,
+    image_for,
+)
 from edgesched.edge.hal import UnsupportedHardware, arch_of
 from edgesched.sync.session import wait_event
 
@@ -164,10 +171,19 @@ class Executor:
 
     # ----------------------------------------------------------------- public API
 
-    async def start(self, spec: TaskSpec, cores: Sequence[int] | None = None) -> ProcessHandle:
+    async def start(
+        self,
+        spec: TaskSpec,
+        cores: Sequence[int] | None = None,
+        accel_env: Mapping[str, str] | None = None,
+    ) -> ProcessHandle:
         """Start ``spec.command`` in its own session, limited, optionally pinned to ``cores``.
 
-        The environment is the engine's overlaid with ``spec.env``. Raises
+        The environment is the engine's overlaid with ``spec.env``, then with ``accel_env``:
+        the accelerator unit the node granted the task (``CUDA_VISIBLE_DEVICES``,
+        ``EDGESCHED_VF_PCI``, ``EDGESCHED_ACCEL_SLICE``; see
+        :func:`edgesched.core.slices.device_env`), which the task's own env cannot override.
+        Raises
         :class:`ExecutorError`, before spawning anything, when the command is not found or
         not executable, ``cwd`` is not a directory, or the task is already running.
         """
@@ -184,12 +200,12 @@ class Executor:
                 f"{task_id}: already running as pid {survivor[0]} from an earlier engine; "
                 "adopt it instead of starting it twice"
             )
-        env = {**os.environ, **spec.env}
+        env = {**os.environ, **spec.env, **(accel_env or {})}
         cwd = spec.cwd
         if cwd is not None and not os.path.isdir(cwd):
             raise ExecutorError(f"{task_id}: cwd {cwd!r} is not a directory")
         cpus = _check_cores(task_id, cores) if cores is not None else None
-        command = self._command(spec, env, cpus)
+        command = self._command(spec, env, cpus, tuple(accel_env or ()))
         _resolve_command(task_id, command[0], env.get("PATH", os.defpath), cwd)
 
         exit_path = self._path(task_id, ".exit")
@@ -272,10 +288,15 @@ class Executor:
         return handle
 
     def _command(
-        self, spec: TaskSpec, env: dict[str, str], cpus: Sequence[int] | None
+        self,
+        spec: TaskSpec,
+        env: dict[str, str],
+        cpus: Sequence[int] | None,
+        extra_names: tuple[str, ...] = (),
     ) -> tuple[str, ...]:
         """What to run for ``spec``: its command, or its image's (edge/container.py); ``env``
-        gains the image's variables."""
+        gains the image's variables. ``extra_names``: more variables passed into a container
+        (the accelerator unit's)."""
         if not spec.images:
             return spec.command
         try:
@@ -287,7 +308,10 @@ class Executor:
         env.update(image_env(image, arch))
         if not self.container_runtime:
             return spec.command
-        return container_argv(self.container_runtime, spec, image, cores=cpus)
+        if not extra_names:
+            return container_argv(self.container_runtime, spec, image, cores=cpus)
+        names = dict.fromkeys({*spec.env, IMAGE_ENV, ARCH_ENV, *extra_names}, "")
+        return container_argv(self.container_runtime, spec, image, cores=cpus, env=names)
 
     def adopt(self, task_id: str, pid: int, started_at: float) -> ProcessHandle | None:
         """Track a task an earlier engine started, identified by ``(pid, started_at)``.

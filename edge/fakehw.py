@@ -113,6 +113,41 @@ def drm_card(root: Path, card: str, device_rel: str, *, render: bool) -> None:
         (root / device_rel / "drm/renderD128").mkdir(parents=True, exist_ok=True)
 
 
+def sriov_vfs(root: Path, pf_addr: str, total: int, enabled: int) -> list[str]:
+    """SR-IOV on the PCI device at ``pf_addr``: ``sriov_totalvfs``, ``sriov_numvfs`` and,
+    for each enabled virtual function, a PCI device of its own (next functions of the same
+    slot, then the next slots) with a ``physfn`` link back and a ``virtfn<N>`` link to it.
+    Returns the virtual functions' addresses."""
+    pf_rel = f"sys/devices/pci0000:00/{pf_addr}"
+    write(root, f"{pf_rel}/sriov_totalvfs", str(total))
+    write(root, f"{pf_rel}/sriov_numvfs", str(enabled))
+    domain, bus, rest = pf_addr.split(":")
+    slot = int(rest.split(".")[0], 16)
+    vendor = (root / pf_rel / "vendor").read_text().strip()
+    device = (root / pf_rel / "device").read_text().strip()
+    pci_class = (root / pf_rel / "class").read_text().strip()
+    out: list[str] = []
+    for n in range(enabled):
+        number = n + 1  # function 0 is the physical function itself
+        addr = f"{domain}:{bus}:{slot + number // 8:02x}.{number % 8}"
+        vf_rel = pci_device(root, addr, vendor, device, pci_class)
+        link(root, f"{vf_rel}/physfn", pf_rel)
+        link(root, f"{pf_rel}/virtfn{n}", vf_rel)
+        out.append(addr)
+    return out
+
+
+def nvidia_smi_list(gpus: int, mig: dict[int, int]) -> str:
+    """The text ``nvidia-smi -L`` prints for ``gpus`` A100s, GPU i split into ``mig[i]``
+    instances (``MIG-<gpu>-<n>`` UUIDs, fake but of the printed shape)."""
+    lines: list[str] = []
+    for i in range(gpus):
+        lines.append(f"GPU {i}: NVIDIA A100-SXM4-40GB (UUID: GPU-0000000{i}-fake)")
+        for n in range(mig.get(i, 0)):
+            lines.append(f"  MIG 1g.5gb     Device  {n}: (UUID: MIG-{i}-{n}-fake)")
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------- ready-made servers
 
 _KUNPENG = "CPU implementer\t: 0x48\nCPU part\t: 0xd01"

@@ -42,10 +42,11 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgesched.core.model import Arch, CoreTopology, Node, PowerModel, Resources, ServerClass
+from edgesched.core.slices import LAYOUT_LABEL, Device
 from edgesched.edge.sysfs import listdir, read_int, read_text
 
 #: How long ``nvidia-smi`` may take before discovery gives up on it.
@@ -126,6 +127,10 @@ class Accelerator:
     model: str
     path: str
     compute: bool = False
+    #: Hardware slices it offers: ``"mig"`` (NVIDIA MIG instances, ``units`` their UUIDs)
+    #: or ``"sriov"`` (enabled virtual functions, ``units`` their PCI addresses); empty: none.
+    slicing: str = ""
+    units: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +184,7 @@ class HardwareProfile:
                     "model": a.model,
                     "path": a.path,
                     "compute": a.compute,
+                    **({"slicing": a.slicing, "units": list(a.units)} if a.slicing else {}),
                 }
                 for a in self.accelerators
             ],
@@ -516,7 +522,12 @@ def _run_nvidia_smi(warn: list[str]) -> tuple[tuple[str, str], ...]:
     return parse_nvidia_smi(done.stdout)
 
 
-def _accelerators(root: Path, nvidia: tuple[tuple[str, str], ...]) -> tuple[Accelerator, ...]:
+def _accelerators(
+    root: Path,
+    nvidia: tuple[tuple[str, str], ...],
+    mig: Mapping[int, tuple[str, ...]] | None = None,
+) -> tuple[Accelerator, ...]:
+    mig = mig or {}
     pci_ids: str | None = None
     loaded = False
 
@@ -542,6 +553,8 @@ def _accelerators(root: Path, nvidia: tuple[tuple[str, str], ...]) -> tuple[Acce
             acc = _pci_accelerator("npu", accel / "device", root, names())
             found.setdefault(_bus_id(acc.path), acc)
     for device in listdir(root / "sys/bus/pci/devices"):
+        if (device / "physfn").exists():
+            continue  # an SR-IOV virtual function: a slice of its physical function
         pci_class = (read_text(device / "class") or "").lower()
         vendor = PCI_VENDORS.get((read_text(device / "vendor") or "").lower(), "")
         bus = _bus_id(_rel(root, device))
@@ -557,7 +570,71 @@ def _accelerators(root: Path, nvidia: tuple[tuple[str, str], ...]) -> tuple[Acce
             found[bus] = Accelerator("gpu", "nvidia", name, known.path, compute=True)
         else:
             found[bus] = Accelerator("gpu", "nvidia", name, f"nvidia-smi:{bus}", compute=True)
+    for bus, acc in found.items():
+        vfs = _virtual_functions(root, acc.path) if acc.compute else ()
+        if vfs:
+            found[bus] = replace(acc, slicing="sriov", units=vfs)
+    for index, uuids in mig.items():
+        if index < len(nvidia) and uuids and nvidia[index][0] in found:
+            found[nvidia[index][0]] = replace(found[nvidia[index][0]], slicing="mig", units=uuids)
     return tuple(found[k] for k in sorted(found))
+
+
+def _virtual_functions(root: Path, path: str) -> tuple[str, ...]:
+    """The PCI addresses of a physical function's enabled SR-IOV virtual functions
+    (``sriov_numvfs`` of them, from its ``virtfn<N>`` links in N's order)."""
+    if not path.startswith("/sys/"):
+        return ()
+    device = root / path.lstrip("/")
+    enabled = read_int(device / "sriov_numvfs") or 0
+    if enabled <= 0:
+        return ()
+    links = [p for p in listdir(device) if re.fullmatch(r"virtfn\d+", p.name)]
+    links.sort(key=lambda p: int(p.name[6:]))
+    out: list[str] = []
+    for vf in links[:enabled]:
+        try:
+            out.append(vf.resolve().name)
+        except (OSError, RuntimeError):
+            continue
+    return tuple(out)
+
+
+def parse_nvidia_mig(text: str) -> dict[int, tuple[str, ...]]:
+    """Parse ``nvidia-smi -L`` output into GPU index -> its MIG instances' UUIDs (in the
+    listed order); a GPU without MIG instances is absent."""
+    out: dict[int, list[str]] = {}
+    gpu: int | None = None
+    for line in text.splitlines():
+        top = re.match(r"GPU (\d+):", line)
+        if top:
+            gpu = int(top.group(1))
+            continue
+        m = re.match(r"\s+MIG .*\(UUID: (MIG-[^)\s]+)\)", line)
+        if m and gpu is not None:
+            out.setdefault(gpu, []).append(m.group(1))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _run_nvidia_smi_list(warn: list[str]) -> dict[int, tuple[str, ...]]:
+    """MIG instances per GPU index, from ``nvidia-smi -L`` (none when it fails)."""
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        return {}
+    try:
+        done = subprocess.run(
+            [binary, "-L"],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        warn.append(f"nvidia-smi -L failed: {exc}")
+        return {}
+    if done.returncode != 0:
+        return {}
+    return parse_nvidia_mig(done.stdout)
 
 
 # --------------------------------------------------------------------------- storage
@@ -661,7 +738,8 @@ def discover(
     online = _online_cpus(root, cpuinfo, warn)
     topology, topology_source = _topology(root, arch, online, warn)
     run_smi = nvidia_smi if nvidia_smi is not None else root.resolve() == Path("/")
-    accelerators = _accelerators(root, _run_nvidia_smi(warn) if run_smi else ())
+    nvidia = _run_nvidia_smi(warn) if run_smi else ()
+    accelerators = _accelerators(root, nvidia, _run_nvidia_smi_list(warn) if nvidia else None)
     storage = _storage(root, warn)
     server_class, reason = classify(accelerators, storage, len(online))
     return HardwareProfile(
@@ -774,11 +852,14 @@ def to_node(
     *,
     iops_k: float | None = None,
     perf: float = 1.0,
+    accel_time_slices: int = 1,
 ) -> Node:
     """The scheduling core's view of this server.
 
     Capacity: every online logical CPU, all memory, the compute accelerators, and ``iops_k``
-    (default :func:`estimated_iops_k`). ``power`` defaults to :func:`default_power_model`.
+    (default :func:`estimated_iops_k`), and the slices its accelerators offer
+    (:func:`accel_devices`; 0 when none is sliced). ``power`` defaults to
+    :func:`default_power_model`.
     Labels record the CPU model, raw machine name, classification reason and whether power and
     IOPS are estimated.
     """
@@ -793,6 +874,9 @@ def to_node(
     }
     if profile.llc_kib is not None:
         labels["llc_kib"] = str(profile.llc_kib)
+    devices = accel_devices(profile, accel_time_slices)
+    if slices_offered(devices):
+        labels[LAYOUT_LABEL] = ",".join(str(d.slices) for d in devices)
     return Node(
         id=node_id,
         arch=profile.arch,
@@ -802,6 +886,7 @@ def to_node(
             mem_gib=profile.mem_gib,
             accel=len(profile.compute_accelerators),
             iops_k=estimated_iops_k(profile.storage) if iops_k is None else iops_k,
+            accel_slices=slices_offered(devices),
         ),
         power=model,
         topology=profile.topology,
@@ -809,3 +894,33 @@ def to_node(
         site=site,
         labels=labels,
     )
+
+
+# --------------------------------------------------------------------------- sliced accelerators
+
+
+def accel_devices(profile: HardwareProfile, time_slices: int = 1) -> tuple[Device, ...]:
+    """The compute accelerators as :mod:`edgesched.core.slices` devices, indexed in
+    discovery order (PCI bus order, what CUDA numbers them by with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``): a MIG GPU offers its instances, an SR-IOV device its
+    enabled virtual functions, any other ``time_slices`` shares (``[edge]
+    accel_time_slices``; 1: whole)."""
+    if time_slices < 1:
+        raise ValueError(f"time_slices must be >= 1, got {time_slices}")
+    out: list[Device] = []
+    for index, acc in enumerate(profile.compute_accelerators):
+        address = _bus_id(acc.path)
+        if acc.slicing and acc.units:
+            out.append(Device(index, len(acc.units), acc.slicing, acc.units, address))
+        elif time_slices > 1:
+            out.append(Device(index, time_slices, "time", (), address))
+        else:
+            out.append(Device(index, 1, "whole", (), address))
+    return tuple(out)
+
+
+def slices_offered(devices: Iterable[Device]) -> int:
+    """A node's ``accel_slices`` capacity: its devices' slices in all, 0 when none is
+    sliced (then tasks asking slices go elsewhere)."""
+    devs = tuple(devices)
+    return sum(d.slices for d in devs) if any(d.slices > 1 for d in devs) else 0

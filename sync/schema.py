@@ -520,10 +520,21 @@ class Registration(Entry):
     #: in its desired-state document: central writes them so only to a node that says it
     #: (a node of an older version reads nested values only, and lacks the field).
     reads_packed: bool = False
+    #: Slices its accelerators offer in all (:mod:`edgesched.core.slices`); written only
+    #: when set, so a registration without slices reads as before in an older central.
+    accel_slices: int = 0
 
     def __post_init__(self) -> None:
         if self.cpu <= 0 or self.mem_gib < 0 or self.accel < 0 or self.perf <= 0:
             raise SchemaError(self.KIND, "", "cpu > 0, mem_gib >= 0, accel >= 0, perf > 0")
+        if self.accel_slices < 0:
+            raise SchemaError(self.KIND, "accel_slices", "must be >= 0")
+
+    def to_entry(self) -> dict[str, Any]:
+        out = Entry.to_entry(self)
+        if not self.accel_slices:
+            del out["accel_slices"]
+        return out
 
     def to_node(self, node_id: str) -> Node:
         """The core's :class:`~edgesched.core.model.Node` (power defaults by core count)."""
@@ -533,7 +544,12 @@ class Registration(Entry):
                 id=node_id,
                 arch=self.arch,
                 server_class=self.server_class,
-                capacity=Resources(cpu=self.cpu, mem_gib=self.mem_gib, accel=self.accel),
+                capacity=Resources(
+                    cpu=self.cpu,
+                    mem_gib=self.mem_gib,
+                    accel=self.accel,
+                    accel_slices=self.accel_slices,
+                ),
                 power=CorePowerModel(
                     idle_w=p.idle_w if p else 10.0 * self.cpu,
                     peak_w=p.peak_w if p else 25.0 * self.cpu,
@@ -608,8 +624,12 @@ class TaskReport(Entry):
     accepted_at: float = 0.0
     started_at: float | None = None
     assignment: AssignmentRef | None = None
+    #: Accelerator slices the task asks (written only when set, like the registration's).
+    accel_slices: int = 0
 
     def __post_init__(self) -> None:
+        if self.accel_slices < 0:
+            raise SchemaError(self.KIND, "accel_slices", "must be >= 0")
         if self.cpu < 0 or self.mem_gib < 0 or self.accel < 0 or self.restarts < 0:
             raise SchemaError(self.KIND, "", "cpu, mem_gib, accel and restarts must be >= 0")
         if abs(self.priority) > MAX_SPEC_INT:
@@ -631,6 +651,7 @@ class TaskReport(Entry):
             cpu=record.spec.cpu,
             mem_gib=record.spec.mem_gib,
             accel=record.spec.accel,
+            accel_slices=record.spec.accel_slices,
             restarts=record.restarts,
             exit_code=record.exit_code,
             accepted_at=record.submitted_at,
@@ -644,6 +665,8 @@ class TaskReport(Entry):
             del out["assignment"]  # local tasks carry none (as before: no null key)
         if self.started_at is None:
             del out["started_at"]
+        if not self.accel_slices:
+            del out["accel_slices"]
         return out
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from edgesched.core.model import Arch
+from edgesched.core.slices import Device, Grant, Request, device_env, plan
 from edgesched.core.task import Limits, TaskSpec
 from edgesched.edge.executor import Executor, ExecutorError, ExitEvent, ProcessHandle
 
@@ -158,6 +160,47 @@ async def test_env_and_cwd_applied(ex: Executor, tmp_path: Path) -> None:
     )
     assert (await next_exit(ex)).exit_code == 0
     assert handle.log_path.read_text().splitlines() == ["bar baz", str(work)]
+
+
+async def test_accel_unit_handed_to_the_process(ex: Executor) -> None:
+    """The granted accelerator unit reaches the process's environment and wins over the
+    task's own (a task cannot pick another device than the node granted it)."""
+    devices = (Device(0, 1), Device(1, 4, "time"))
+    unit = device_env(devices, plan(devices, [], "acc", Request(slices=2)) or Grant("acc", ()))
+    handle = await ex.start(
+        spec(
+            "acc",
+            "sh",
+            "-c",
+            'echo "$CUDA_VISIBLE_DEVICES|$EDGESCHED_ACCEL_SLICE"',
+            env={"CUDA_VISIBLE_DEVICES": "0"},
+            accel_slices=2,
+        ),
+        accel_env=unit,
+    )
+    assert (await next_exit(ex)).exit_code == 0
+    assert handle.log_path.read_text().splitlines() == ["1|1:0,1/4"]
+
+
+async def test_accel_unit_passed_into_a_container(run_dir: Path, tmp_path: Path) -> None:
+    """Under a container runtime the unit's variables are passed in by name (``-e``)."""
+    runtime = tmp_path / "fake-docker"
+    runtime.write_text('#!/bin/sh\necho "$@"\necho "$EDGESCHED_VF_PCI"\n')
+    runtime.chmod(0o755)
+    executor = Executor(
+        run_dir, cgroup_parent=None, poll_s=0.05, arch=Arch.X86_64, container_runtime=str(runtime)
+    )
+    try:
+        task = spec("vf", "infer", images={Arch.X86_64: "infer:1"}, accel_slices=1)
+        handle = await executor.start(
+            task, accel_env={"EDGESCHED_VF_PCI": "0000:3b:00.1", "EDGESCHED_ACCEL_SLICE": "0:0/4"}
+        )
+        assert (await next_exit(executor)).exit_code == 0
+        argv, vf = handle.log_path.read_text().splitlines()
+        assert "-e EDGESCHED_VF_PCI" in argv and "-e EDGESCHED_ACCEL_SLICE" in argv
+        assert vf == "0000:3b:00.1"
+    finally:
+        await executor.aclose()
 
 
 async def test_missing_command_raises_naming_it(ex: Executor, tmp_path: Path) -> None:

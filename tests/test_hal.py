@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgesched.core.model import Arch, CoreTopology, PowerModel, ServerClass
+from edgesched.core.slices import Device, Grant, device_env
 from edgesched.edge.fakehw import (
     GIB_KB,
     PCI_IDS,
@@ -28,19 +29,24 @@ from edgesched.edge.fakehw import (
     cpu_tree,
     drm_card,
     link,
+    nvidia_smi_list,
     pci_device,
+    sriov_vfs,
     write,
+    x86_ai_4gpu,
 )
 from edgesched.edge.hal import (
     Accelerator,
     HardwareProfile,
     StorageDevice,
     UnsupportedHardware,
+    accel_devices,
     arch_of,
     classify,
     default_power_model,
     discover,
     parse_cpulist,
+    parse_nvidia_mig,
     parse_nvidia_smi,
     pci_device_name,
     to_node,
@@ -436,3 +442,99 @@ def test_demo_servers_classify_as_intended(tmp_path: Path) -> None:
     }
     with pytest.raises(FileExistsError):
         build_server(SERVER_KINDS[0], tmp_path / "arm48")
+
+
+# --------------------------------------------------------------------------- sliced accelerators
+
+
+def test_sriov_virtual_functions_are_slices_of_their_device(tmp_path: Path) -> None:
+    x86_ai_4gpu(tmp_path)
+    vfs = sriov_vfs(tmp_path, "0000:3b:00.0", total=16, enabled=3)
+    assert vfs == ["0000:3b:00.1", "0000:3b:00.2", "0000:3b:00.3"]
+    p = discover(tmp_path)
+    # the virtual functions are not accelerators of their own
+    assert len(p.compute_accelerators) == 4
+    sliced = [a for a in p.accelerators if a.slicing]
+    assert [(a.slicing, a.units) for a in sliced] == [("sriov", tuple(vfs))]
+    devices = accel_devices(p)
+    assert [(d.index, d.slices, d.kind) for d in devices] == [
+        (0, 1, "whole"),
+        (1, 3, "sriov"),
+        (2, 1, "whole"),
+        (3, 1, "whole"),
+    ]
+    node = to_node(p, "n1")
+    assert node.capacity.accel == 4 and node.capacity.accel_slices == 6
+    assert device_env(devices, Grant("t", ((1, (1,)),)))["EDGESCHED_VF_PCI"] == "0000:3b:00.2"
+    entry = json.loads(json.dumps(p.to_json()))["accelerators"][1]
+    assert entry["slicing"] == "sriov" and entry["units"] == vfs
+    # without SR-IOV the profile's JSON is what it was
+    assert "slicing" not in json.loads(json.dumps(p.to_json()))["accelerators"][0]
+
+
+def test_sriov_with_no_enabled_vfs_is_whole(tmp_path: Path) -> None:
+    x86_ai_4gpu(tmp_path)
+    sriov_vfs(tmp_path, "0000:17:00.0", total=8, enabled=0)
+    p = discover(tmp_path)
+    assert not any(a.slicing for a in p.accelerators)
+    assert to_node(p, "n").capacity.accel_slices == 0
+
+
+def test_time_slicing_is_a_configured_share(tmp_path: Path) -> None:
+    x86_ai_4gpu(tmp_path)
+    p = discover(tmp_path)
+    assert to_node(p, "n").capacity.accel_slices == 0
+    node = to_node(p, "n", accel_time_slices=4)
+    assert node.capacity.accel == 4 and node.capacity.accel_slices == 16
+    assert {(d.slices, d.kind) for d in accel_devices(p, 4)} == {(4, "time")}
+    devices = accel_devices(p, 4)
+    assert device_env(devices, Grant("t", ((2, (0, 1)),))) == {
+        "CUDA_VISIBLE_DEVICES": "2",
+        "EDGESCHED_ACCEL_SLICE": "2:0,1/4",
+    }
+    with pytest.raises(ValueError):
+        accel_devices(p, 0)
+
+
+def test_mig_instances_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    x86_ai_4gpu(tmp_path)
+    listing = nvidia_smi_list(4, {1: 3})
+    write(tmp_path, "nvidia-l.txt", listing)
+    script = write(
+        tmp_path,
+        "bin/nvidia-smi",
+        "#!/bin/sh\n"
+        f'if [ "$1" = "-L" ]; then cat {tmp_path}/nvidia-l.txt; exit 0; fi\n'
+        + "".join(
+            f"echo '00000000:{bus}:00.0, NVIDIA A100-SXM4-40GB'\n"
+            for bus in ("17", "3B", "86", "AF")
+        ),
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    p = discover(tmp_path, nvidia_smi=True)
+    mig = [a for a in p.accelerators if a.slicing == "mig"]
+    assert len(mig) == 1 and mig[0].path.endswith("0000:3b:00.0")
+    assert mig[0].units == ("MIG-1-0-fake", "MIG-1-1-fake", "MIG-1-2-fake")
+    # MIG on one GPU, time-slicing on the others: the hardware's slices win where it has them
+    devices = accel_devices(p, 2)
+    assert [(d.slices, d.kind) for d in devices] == [
+        (2, "time"),
+        (3, "mig"),
+        (2, "time"),
+        (2, "time"),
+    ]
+    assert device_env(devices, Grant("t", ((1, (2,)),)))["CUDA_VISIBLE_DEVICES"] == "MIG-1-2-fake"
+
+
+def test_parse_nvidia_mig() -> None:
+    text = (
+        "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d5ba0d9)\n"
+        "  MIG 3g.20gb     Device  0: (UUID: MIG-7f5e1c2a-aaaa)\n"
+        "  MIG 3g.20gb     Device  1: (UUID: MIG-7f5e1c2a-bbbb)\n"
+        "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-6e6cb1ea)\n"
+        "No devices were found\n"
+    )
+    assert parse_nvidia_mig(text) == {0: ("MIG-7f5e1c2a-aaaa", "MIG-7f5e1c2a-bbbb")}
+    assert parse_nvidia_mig("") == {}
+    assert Device(0, 2, "mig", ("a", "b")).slices == 2
