@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgesched.core.model import Arch, Task
+from edgesched.core.model import Arch, Node, Task
 from edgesched.core.nodetable import (
     ARCH_CODES,
     CLASS_CODES,
@@ -104,13 +104,12 @@ def _slices_fit(table: NodeTable, task: Task, candidates: BoolArray) -> BoolArra
     the grants it holds from its held label, so its view is exact). Unsliced nodes pass
     whole-device tasks as the count already did."""
     asked = slice_request(task)
-    out = np.zeros(len(table), dtype=np.bool_)
-    for row in np.flatnonzero(candidates):
+    sliced = _sliced_rows(table)
+    # unsliced nodes: whole devices are counted by the fit, and no slices are offered
+    out: BoolArray = np.zeros(len(table), dtype=np.bool_) if asked.slices else ~sliced
+    for row in np.flatnonzero(candidates & sliced):
         node = table.nodes[int(row)]
         cap = node.capacity
-        if not cap.accel_slices:
-            out[row] = not asked.slices  # unsliced: whole devices counted by the fit
-            continue
         running = sorted(table.on_node[int(row)], key=lambda p: (p.started_at, p.task.id))
         holders = [
             (p.task.id, slice_request(p.task))
@@ -125,6 +124,27 @@ def _slices_fit(table: NodeTable, task: Task, candidates: BoolArray) -> BoolArra
         held = parse_held_label(labels.get(HELD_LABEL))
         out[row] = fits_on_node(devices, holders, task.id, asked, held)
     return out
+
+
+#: The rows of recent tables whose nodes offer slices, by the identity of the table's node
+#: tuple (forks share it; a patched table has a new one): a memo, so the fit of a task asking
+#: accelerators costs no Python per node on a fleet without slices.
+_SLICED_ROWS: dict[int, tuple[tuple[Node, ...], BoolArray]] = {}
+_SLICED_ROWS_KEPT = 8
+
+
+def _sliced_rows(table: NodeTable) -> BoolArray:
+    nodes = table.nodes
+    hit = _SLICED_ROWS.get(id(nodes))
+    if hit is not None and hit[0] is nodes:
+        return hit[1]
+    rows = np.zeros(len(nodes), dtype=np.bool_)
+    for row in np.flatnonzero(table.capacity[:, 2] > 0):  # only nodes with accelerators
+        rows[row] = nodes[int(row)].capacity.accel_slices > 0
+    while len(_SLICED_ROWS) >= _SLICED_ROWS_KEPT:
+        del _SLICED_ROWS[next(iter(_SLICED_ROWS))]
+    _SLICED_ROWS[id(nodes)] = (nodes, rows)
+    return rows
 
 
 def slice_request(task: Task) -> Request:
