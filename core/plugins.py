@@ -89,9 +89,15 @@ def resources_fit(table: NodeTable, task: Task, demand: FloatArray) -> BoolArray
     mask: BoolArray = used[:, 0] + demand[0] <= cap[:, 0] + _EPS
     for k in _asked(demand)[1:]:
         mask &= used[:, k] + demand[k] <= cap[:, k] + _EPS
-    if task.demand.accel_slices or (demand[2] > 0 and mask.any()):
+    if _slices_matter(table, task, demand):
         mask &= _slices_fit(table, task, mask)
     return mask
+
+
+def _slices_matter(table: NodeTable, task: Task, demand: FloatArray) -> bool:
+    """Whether the slice check can change the fit: the task asks slices, or whole devices
+    where some node offers slices."""
+    return bool(task.demand.accel_slices) or (demand[2] > 0 and bool(_sliced_rows(table).any()))
 
 
 def _slices_fit(table: NodeTable, task: Task, candidates: BoolArray) -> BoolArray:
@@ -336,7 +342,7 @@ class FilterChain:
         sliced node is a candidate only where no eviction is needed for the devices (a
         preemptor does not evict slices to make room)."""
         mask = self._run(table, task, demand, static, self._hard)
-        if task.demand.accel_slices or (demand[2] > 0 and mask.any()):
+        if _slices_matter(table, task, demand):
             mask &= _slices_fit(table, task, mask)
         return mask
 
