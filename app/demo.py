@@ -928,7 +928,8 @@ async def _day(
             await clock.until(at)
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 load = demoservice.load_at(curve, at)
-                await capi.call("POST", f"/v1/services/{demoservice.NAME}/load", {"cores": load})
+                report = {"cores": load, "at": demoservice.SIM_EPOCH_S + at}
+                await capi.call("POST", f"/v1/services/{demoservice.NAME}/load", report)
                 code, view = await capi.call("GET", f"/v1/services/{demoservice.NAME}")
                 if code == 200 and m.gates.seen(clock.now(), view):
                     ui.note(clock.now(), f"{demoservice.NAME}: {view['reason']}")

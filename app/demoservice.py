@@ -25,6 +25,9 @@ CLASS = "face-recognition"
 PEAK_REPLICAS = 6
 #: When the morning gate peak starts (the campus model's face recognition plateau).
 MORNING_PEAK_S = 7 * 3600.0
+#: The simulated day's midnight as unix time (UTC), for the load reports' ``at``: the
+#: forecast reads the time of day (2026-01-05, a Monday).
+SIM_EPOCH_S = 1_767_571_200.0
 
 
 def load_curve(fleet_cpu: float) -> tuple[float, ...]:
@@ -94,18 +97,24 @@ class ScaleLog:
         return True
 
     def summary(self, clock_text: Any) -> dict[str, Any]:
-        """The report's ``service`` section: the changes, and the first scale-out the
-        forecast made before the morning peak (None if it made none)."""
-        ahead = next(
-            (
-                c
-                for c in self.changes
-                if c["reason"].startswith("forecast:")
-                and c["at_s"] % 86_400 < MORNING_PEAK_S
-                and c["at_s"] % 86_400 >= MORNING_PEAK_S - 3 * 3600
-            ),
-            None,
-        )
+        """The report's ``service`` section: the changes, and the scale-out the forecast made
+        ahead of the morning peak: the last change before the peak that took the count up
+        from its night level, if the forecast made it and nothing before the peak undid it
+        (None otherwise)."""
+        morning = [c for c in self.changes if c["at_s"] % 86_400 < MORNING_PEAK_S]
+        ahead = None
+        for i, change in enumerate(morning):
+            later = morning[i + 1 :]
+            held = all(c["replicas"] >= change["replicas"] for c in later)
+            before = morning[i - 1]["replicas"] if i else None
+            if (
+                change["reason"].startswith("forecast:")
+                and before is not None
+                and change["replicas"] > before
+                and held
+            ):
+                ahead = change
+                break
         return {
             "name": NAME,
             "changes": [{**c, "at": clock_text(c["at_s"])} for c in self.changes],

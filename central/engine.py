@@ -908,9 +908,11 @@ class CentralEngine:
             self._wake.set()
         return await self._service_answer(name)
 
-    async def report_service_load(self, name: str, load: float) -> dict[str, Any]:
+    async def report_service_load(
+        self, name: str, load: float, at: float | None = None
+    ) -> dict[str, Any]:
         async with self._lock:
-            report = self.services.report_load(name, load)
+            report = self.services.report_load(name, load, at)
         await _need(self._fleet_journal).flushed()
         return {"name": name, "load": report.load, "at": report.at}
 

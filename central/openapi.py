@@ -319,7 +319,19 @@ def _central_schemas() -> dict[str, Schema]:
             {"services": {"type": "array", "items": oa.ref("ServiceView")}},
         ),
         "Scale": oa.obj({"replicas": oa.INT}),
-        "Load": oa.obj({"cores": {"type": "number", "minimum": 0, "maximum": 1e9}}),
+        "Load": oa.obj(
+            {
+                "cores": {"type": "number", "minimum": 0, "maximum": 1e9},
+                "at": {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": 2**40,
+                    "description": "when it was measured on a simulated clock (read only "
+                    "with [central] autoscale_time_scale > 1)",
+                },
+            },
+            required=["cores"],
+        ),
         "LoadReport": oa.obj({"name": oa.STR, "load": oa.NUMBER, "at": oa.NUMBER}),
         "TaskList": oa.obj(
             {

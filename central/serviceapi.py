@@ -6,7 +6,8 @@
 - ``GET /v1/services/{name}``: one service, each replica with its slot, revision, phase, node;
 - ``POST /v1/services/{name}/scale``: ``{"replicas": n}``;
 - ``POST /v1/services/{name}/load``: ``{"cores": x}``, the load the service serves now (its
-  autoscaler's signal, from whatever measures it: a metrics adapter, the app itself);
+  autoscaler's signal, from whatever measures it: a metrics adapter, the app itself); with
+  ``[central] autoscale_time_scale`` > 1 (a demo), ``"at"``: its simulated time;
 - ``DELETE /v1/services/{name}``: stop every replica; the service goes once none runs.
 
 Writes need the admin token (the API's guard); every answer is the service's view, after its
@@ -109,15 +110,23 @@ async def report_load(request: web.Request) -> web.Response:
     cores = body.get("cores") if isinstance(body, dict) else None
     if (
         not isinstance(body, dict)
-        or set(body) != {"cores"}
+        or "cores" not in body
+        or not set(body) <= {"cores", "at"}
         or isinstance(cores, bool)
         or not isinstance(cores, int | float)
         or not math.isfinite(cores)
         or not 0 <= cores <= 1e9
     ):
         return problem(400, "Load refused", 'expected {"cores": <a number in [0, 1e9]>}', "cores")
+    at = body.get("at")
+    if at is not None and (
+        isinstance(at, bool) or not isinstance(at, int | float) or not 0 <= at <= 2**40
+    ):
+        return problem(400, "Load refused", "unix seconds of a simulated clock", "at")
     try:
-        answer = await _engine(request).report_service_load(request.match_info["name"], cores)
+        answer = await _engine(request).report_service_load(
+            request.match_info["name"], cores, None if at is None else float(at)
+        )
     except ServiceRefused as exc:
         return problem(exc.status, "Load refused", exc.message, exc.field)
     return web.json_response(answer)

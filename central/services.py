@@ -76,12 +76,19 @@ class ServiceHost(Protocol):
 
 log = logging.getLogger("edgesched.central.services")
 
-#: How often every service is reconciled when nothing about it changed (a rollout's health
-#: wait and the autoscaler's decisions come due on time); a change to a replica's report or
-#: assignment has its service reconciled at the next step.
+#: How often the services with a timer running are looked at (a rollout's health wait; the
+#: autoscaler's decisions, each :data:`AUTOSCALE_EVERY_S`); a change to a replica's report or
+#: assignment has its service reconciled at the next step, whatever the time.
 RECONCILE_EVERY_S = 1.0
+#: How often every service is reconciled whatever changed (a safety net: a change the index
+#: did not name, an assignment forgotten past its retention).
+FULL_PASS_S = 30.0
 #: How often each autoscaled service is re-decided.
 AUTOSCALE_EVERY_S = 15.0
+#: Closed 5-minute bins of load a service needs before its forecast is read (30 minutes: a
+#: forecaster given one or two bins extrapolates noise, and scaled a demo's service out at
+#: 04:05 for a 07:00 peak).
+MIN_FORECAST_BINS = 6
 #: A load report older than this is not acted on (its reporter went away).
 LOAD_FRESH_S = 300.0
 #: Services central holds at most (each is a few hundred bytes of the fleet document and a
@@ -124,8 +131,10 @@ class ServiceController:
         self.clock = clock
         #: the autoscaler's clock runs this much faster ([central] autoscale_time_scale)
         self.time_scale = time_scale
+        #: (real time, autoscaler time) it last agreed on: a simulated report's (time_scale > 1)
+        self._anchor = (0.0, 0.0)
         self._autoscaled: dict[str, _Autoscaled] = {}
-        self._reconciled_at = float("-inf")
+        self._reconciled_at = self._timers_at = float("-inf")
         self._dirty = True  # the services themselves changed: reconcile them all
         #: service -> (rollout slots outdated, stalled), as the last plan said
         self.rollouts: dict[str, tuple[int, bool]] = {}
@@ -254,11 +263,20 @@ class ServiceController:
         self._dirty = True
         return deleted
 
-    def report_load(self, name: str, load: float) -> LoadReport:
+    def report_load(self, name: str, load: float, at: float | None = None) -> LoadReport:
         """The load service ``name`` serves now (cores): its autoscaler's signal, folded into
-        its 5-minute bins (forecast on each closed bin) as it arrives."""
+        its 5-minute bins (forecast on each closed bin) as it arrives. ``at``: when it was
+        measured, on a simulated clock (read only with ``time_scale`` > 1: a demo replaying
+        a day says which time of the day it is, which the forecast reads; the autoscaler's
+        clock then follows it). Central's own time otherwise."""
         entry = self._entry(name)
-        report = LoadReport(load=float(load), at=self.clock())
+        if at is not None and self.time_scale > 1:
+            self._anchor = (self.clock(), at)
+            for auto in self._autoscaled.values():
+                if auto.decided_at > at:  # the simulated clock went back (a new day, replay)
+                    auto.decided_at = float("-inf")
+                    auto.state = ScaleState()
+        report = LoadReport(load=float(load), at=self.auto_now())
         self._fleet().set_load(name, report)
         spec = entry.service
         if spec.autoscale is not None and not entry.deleted:
@@ -266,12 +284,16 @@ class ServiceController:
         return report
 
     def auto_now(self) -> float:
-        """The autoscaler's clock (real time, times ``time_scale``)."""
-        return self.clock() * self.time_scale
+        """The autoscaler's clock: central's, or with ``time_scale`` > 1 a clock that many
+        times faster, from the simulated time the last report gave (else from real time)."""
+        if self.time_scale == 1:
+            return self.clock()
+        real, auto = self._anchor
+        return auto + (self.clock() - real) * self.time_scale
 
     def _fresh(self, report: LoadReport | None) -> float | None:
         """The load of ``report`` if it is recent enough to act on (autoscaler time)."""
-        if report is None or (self.clock() - report.at) * self.time_scale > LOAD_FRESH_S:
+        if report is None or self.auto_now() - report.at > LOAD_FRESH_S:
             return None
         return report.load
 
@@ -281,24 +303,37 @@ class ServiceController:
         if auto.demand.observe(self.auto_now(), {workload: load}):
             forecaster = self.engine.forecaster_for()
             history = auto.demand.histories().get(workload)
-            if forecaster is not None and history is not None:
+            if history is None or len(history.values) < MIN_FORECAST_BINS:
+                auto.forecast = None  # (too little history: the load alone decides)
+            elif forecaster is not None:
                 auto.forecast = peak_over_classes({workload: history}, forecaster)
 
     # --- the control step --------------------------------------------------------------------
 
     def step(self, now: float, mine: Callable[[str], bool] | None) -> None:
-        """Reconcile the services this central acts on (``mine``: of its shards; None: all):
-        those whose replicas changed since the last step, and every one of them each
-        :data:`RECONCILE_EVERY_S` (a rollout's health wait, an autoscaling decision) or after
-        a change to the services themselves. O(the services due x their replicas)."""
+        """Reconcile the services this central acts on (``mine``: of its shards; None: all)
+        that are due: those whose replicas changed since the last step, those with a timer
+        running (a rollout's health wait, an autoscaling decision), and every one of them
+        after a change to the services themselves and each :data:`FULL_PASS_S`.
+        O(the services due x their replicas)."""
         touched = self.take_changes()
         entries = self.entries()
-        if self._dirty or now - self._reconciled_at >= RECONCILE_EVERY_S:
+        if self._dirty or now - self._reconciled_at >= FULL_PASS_S:
             self._dirty = False
-            self._reconciled_at = now
+            self._reconciled_at = self._timers_at = now
             names = sorted(entries)
         else:
-            names = sorted({t.split(".", 1)[0] for t in touched} & entries.keys())
+            due = {t.split(".", 1)[0] for t in touched}
+            if now - self._timers_at >= RECONCILE_EVERY_S:
+                self._timers_at = now
+                due.update(n for n, (outdated, _) in self.rollouts.items() if outdated)
+                auto_now = self.auto_now()
+                due.update(
+                    n
+                    for n, auto in self._autoscaled.items()
+                    if auto_now - auto.decided_at >= AUTOSCALE_EVERY_S
+                )
+            names = sorted(due & entries.keys())
         for name in names:
             entry = entries[name]
             if mine is not None and not mine(name):

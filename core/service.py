@@ -539,10 +539,11 @@ def recommend(
 def _object(data: object, where: str, keys: frozenset[str] | set[str]) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise SpecError(f"{where}: must be a JSON object")
-    unknown = sorted(k for k in data if k not in keys)
+    unknown = sorted(str(k) for k in data if k not in keys)
     if unknown:
         prefix = "" if where == "body" else f"{where}."
-        raise SpecError(f"{prefix}{unknown[0]}: unknown field")
+        name = unknown[0] if re.fullmatch(r"[\w.-]+", unknown[0]) else repr(unknown[0])
+        raise SpecError(f"{prefix}{name}: unknown field")
     return data
 
 

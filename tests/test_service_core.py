@@ -3,6 +3,7 @@ and the core's spread of replicas (``core/service.py``, ``core/spread.py``)."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from dataclasses import replace
@@ -321,3 +322,49 @@ def test_replicas_placed_before_count_against_a_node() -> None:
     placed = [d.node_id for d in result.decisions if d.kind.value == "place"]
     assert placed == ["s0-n2"]
     assert "at most 1 a node" in result.waiting[tasks[1].id]
+
+
+# --- the decoder, fuzzed -------------------------------------------------------------------------
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
+    ),
+    max_leaves=12,
+)
+_VALID = service(
+    3, min=1, max=6, autoscale={"metric": "load"}, spread={"max_per_node": 2, "across": ["node"]}
+).to_json()
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.lists(st.tuples(st.lists(st.text(max_size=20), min_size=1, max_size=3), _JSON), max_size=4)
+)
+def test_the_service_decoder_refuses_only_with_a_spec_error(
+    edits: list[tuple[list[str], object]],
+) -> None:
+    """A REST body, a job file or a document entry: any value at any path of a valid spec
+    (or a new key) is accepted as a spec that round-trips, or refused with a SpecError naming
+    a field; nothing else escapes."""
+    body: dict[str, object] = json.loads(json.dumps(_VALID))
+    for path, value in edits:
+        target: object = body
+        for key in path[:-1]:
+            nxt = target.get(key) if isinstance(target, dict) else None
+            if not isinstance(nxt, dict):
+                break
+            target = nxt
+        if isinstance(target, dict):
+            target[path[-1]] = value
+    try:
+        spec = ServiceSpec.from_json(body)
+    except SpecError as refused:
+        assert str(refused).split(":", 1)[0], refused
+        return
+    assert ServiceSpec.from_json(spec.to_json()) == spec
