@@ -238,6 +238,12 @@ def task_spec_schema() -> Schema:
             },
             "mem_gib": {"type": "number", "minimum": 0, "default": 0.5},
             "accel": {**count, "default": 0},
+            "accel_slices": {
+                **count,
+                "default": 0,
+                "description": "slices of one accelerator (MIG instances, SR-IOV virtual "
+                "functions or time-slicing shares) instead of whole devices: not with accel",
+            },
             "threads": {
                 "type": "integer",
                 "minimum": 0,
@@ -293,6 +299,13 @@ def task_spec_schema() -> Schema:
         },
         "required": ["id", "command"],
         "additionalProperties": False,
+        "not": {  # whole devices or slices of one, not both
+            "required": ["accel", "accel_slices"],
+            "properties": {
+                "accel": {"type": "integer", "minimum": 1},
+                "accel_slices": {"type": "integer", "minimum": 1},
+            },
+        },
     }
 
 

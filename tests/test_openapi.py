@@ -105,9 +105,15 @@ def test_the_task_spec_schema_is_the_parser_s() -> None:
     spec = central_document()["components"]["schemas"]["TaskSpec"]
     props = spec["properties"]
     assert spec["required"] == ["id", "command"] and spec["additionalProperties"] is False
-    # images is written only when set (readable by an older release during an upgrade)
+    # images and accel_slices are written only when set (readable by an older release during
+    # an upgrade)
     full = TaskSpec.from_json({"id": "t", "command": ["x"], "images": {"arm64": "a"}}).to_json()
-    assert set(props) == set(full)
+    sliced = TaskSpec.from_json({"id": "t", "command": ["x"], "accel_slices": 2}).to_json()
+    assert set(props) == set(full) | set(sliced)
+    # the schema's "not": whole devices or slices, as the parser says
+    assert spec["not"]["required"] == ["accel", "accel_slices"]
+    with pytest.raises(SpecError):
+        TaskSpec.from_json({"id": "t", "command": ["x"], "accel": 1, "accel_slices": 1})
     for field, values in (
         ("restart", props["restart"]["enum"]),
         ("reconcile", props["reconcile"]["enum"]),
