@@ -358,8 +358,9 @@ class ServiceController:
                 current = self.entries()[name]
                 self._fleet().put_service(name, replace(current, incarnations=used))
         if names:
+            # (what this step wrote has its services looked at again next step: a no-op plan,
+            # unless a node's report arrived meanwhile, which must not be dropped with it)
             self.engine.sync_index()
-            self.take_changes()  # (what this step did itself: seen)
 
     def take_changes(self) -> set[str]:
         """The replicas touched since the last call (the index's set, drained). A central
@@ -388,19 +389,19 @@ class ServiceController:
                     continue
                 fleet.assign(task_id, replace(entry, state=AssignmentState.CANCELLED, at=now))
                 self.engine.record_event("replica-stopped", f"{task_id}: {why}", task=task_id)
-            specs = [spec.replica_spec(slot, incarnation) for slot, incarnation in todo.start]
-            if specs:
-                outdated = {
-                    r.ref.slot for r in replicas if r.live and r.ref.revision != spec.revision
-                }
-                for (slot, _), task in zip(todo.start, specs, strict=True):
-                    why = (
-                        f"rolling out revision {spec.revision} in slot {slot}"
-                        if slot in outdated
-                        else f"slot {slot} of {spec.replicas} has no replica"
-                    )
-                    self.engine.record_event("replica-started", f"{task.id}: {why}", task=task.id)
-                self.engine.admit_replicas(specs)
+        specs = [spec.replica_spec(slot, incarnation) for slot, incarnation in todo.start]
+        if not specs:
+            return
+        outdated = {r.ref.slot for r in replicas if r.live and r.ref.revision != spec.revision}
+        for (slot, _), task in zip(todo.start, specs, strict=True):
+            why = (
+                f"rolling out revision {spec.revision} in slot {slot}"
+                if slot in outdated
+                else f"slot {slot} of {spec.replicas} has no replica"
+            )
+            self.engine.record_event("replica-started", f"{task.id}: {why}", task=task.id)
+        with fleet.doc.transaction():  # (the stops are in the index first: the spread's
+            self.engine.admit_replicas(specs)  # counts leave the stopped replicas out)
 
     def groups_for(self, specs: Sequence[TaskSpec]) -> dict[str, SpreadGroup]:
         """task id -> its service's spread, for the replicas among ``specs`` (what the core
