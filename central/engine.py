@@ -295,6 +295,8 @@ class CentralEngine:
         self.demand = ClassDemand()  # what each workload class asks of the fleet, 5-min bins
         self.forecast_cpu: float | None = None
         self.fleet_series = FleetSeries()  # the day, a point a minute (GET /v1/fleet)
+        #: per spread key: (the table it was read from, node -> domain, how many domains)
+        self._domains: dict[str, tuple[object, dict[str, str], int]] = {}
         self.services = ServiceController(  # replicas kept at their count
             self, self.clock, config.central.autoscale_time_scale
         )
@@ -798,6 +800,39 @@ class CentralEngine:
     @property
     def central_id(self) -> str:
         return self.central.central_id
+
+    def domains(self, key: str) -> tuple[Callable[[str], str | None], int]:
+        """For a spread key (``node``, ``site``, ``arch``): each usable node's domain (None:
+        not a usable node) and how many domains the usable nodes make."""
+        table = self.index.table()
+        cached = self._domains.get(key)
+        if cached is None or cached[0] is not table:
+            if key == "node":
+                values = [n.id for n in table.nodes]
+            elif key == "site":
+                values = [n.site for n in table.nodes]
+            else:
+                values = [n.arch.value for n in table.nodes]
+            cached = (table, {n.id: v for n, v in zip(table.nodes, values, strict=True)},
+                      len(set(values)))  # fmt: skip
+            self._domains[key] = cached
+        _, of, count = cached
+        return of.get, count
+
+    def rebalance_replica(
+        self, task_id: str, reason: str, accept: Callable[[str], bool]
+    ) -> str | None:
+        """Migrate a service's replica (make before break) to where the core places it now
+        with its service's spread, if ``accept``s that node; the node, or None."""
+        entry = self.index.assignments.get(task_id)
+        if entry is None or not entry.active or task_id in self._migrations:
+            return None
+        spec = entry.task_spec
+        choice = self._choose([spec], {})[spec.id]
+        if choice.node_id is None or choice.node_id == entry.node or not accept(choice.node_id):
+            return None
+        self._move(task_id, entry, choice, f"{reason}: {choice.reason}", self.clock())
+        return choice.node_id
 
     def record_event(
         self, kind: str, detail: str, *, node: str | None = None, task: str | None = None

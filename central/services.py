@@ -38,6 +38,7 @@ from edgesched.core.service import (
     ServiceSpec,
     parse_replica_id,
     plan,
+    rebalance_donor,
     recommend,
 )
 from edgesched.core.spread import SpreadGroup
@@ -72,6 +73,12 @@ class ServiceHost(Protocol):
     def admit_replicas(self, specs: Sequence[TaskSpec]) -> None: ...
 
     def forecaster_for(self) -> Callable[[str], Forecaster] | None: ...
+
+    def domains(self, key: str) -> tuple[Callable[[str], str | None], int]: ...
+
+    def rebalance_replica(
+        self, task_id: str, reason: str, accept: Callable[[str], bool]
+    ) -> str | None: ...
 
 
 log = logging.getLogger("edgesched.central.services")
@@ -353,6 +360,8 @@ class ServiceController:
                 continue
             todo = plan(spec, replicas, now, entry.incarnations)
             self._act(spec, replicas, todo, now)
+            if todo.empty and spec.spread.across and not entry.deleted:
+                self._rebalance(spec, replicas)
             if todo.start:
                 used = 1 + max(incarnation for _, incarnation in todo.start)
                 current = self.entries()[name]
@@ -402,6 +411,39 @@ class ServiceController:
             self.engine.record_event("replica-started", f"{task.id}: {why}", task=task.id)
         with fleet.doc.transaction():  # (the stops are in the index first: the spread's
             self.engine.admit_replicas(specs)  # counts leave the stopped replicas out)
+
+    def _rebalance(self, spec: ServiceSpec, replicas: Sequence[Replica]) -> None:
+        """Even a settled service's spread out again, a replica at a time: the donor of
+        :func:`rebalance_donor` migrated make-before-break to where the core puts it, if that
+        is a domain holding fewer than the donor's would after the move."""
+        key = spec.spread.across[0]
+        domain_of, count = self.engine.domains(key)
+        found = rebalance_donor(spec, replicas, domain_of, count)
+        if found is None:
+            return
+        donor, held = found
+        source = donor.node
+        reason = f"rebalance: {key} {domain_of(source or '')} holds {held} of {spec.name}"
+        target = self.engine.rebalance_replica(
+            donor.task_id, reason, lambda node: self._fewer(node, domain_of, replicas, held)
+        )
+        if target is not None:
+            self.engine.record_event(
+                "migrated", f"{donor.task_id}: {source} -> {target} ({reason})",
+                node=target, task=donor.task_id,
+            )  # fmt: skip
+
+    @staticmethod
+    def _fewer(
+        node: str,
+        domain_of: Callable[[str], str | None],
+        replicas: Sequence[Replica],
+        held: int,
+    ) -> bool:
+        """Whether ``node``'s domain holds two or more fewer live replicas than ``held``."""
+        domain = domain_of(node)
+        there = sum(1 for r in replicas if r.live and r.node and domain_of(r.node) == domain)
+        return domain is not None and there + 1 < held
 
     def groups_for(self, specs: Sequence[TaskSpec]) -> dict[str, SpreadGroup]:
         """task id -> its service's spread, for the replicas among ``specs`` (what the core

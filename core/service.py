@@ -29,7 +29,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -49,6 +49,7 @@ __all__ = [
     "Spread",
     "parse_replica_id",
     "plan",
+    "rebalance_donor",
     "recommend",
     "replica_id",
     "revision_of",
@@ -467,6 +468,41 @@ def plan(
     return Plan(
         tuple(start), tuple(stop), outdated=len(outdated), stalled=stalled and bool(outdated)
     )
+
+
+def rebalance_donor(
+    spec: ServiceSpec,
+    replicas: Iterable[Replica],
+    domain_of: Callable[[str], str | None],
+    domains: int,
+) -> tuple[Replica, int] | None:
+    """The replica to move so that the service's spread evens out again (a node came back,
+    or joined, after the replicas were placed): when every slot runs (nothing starting or
+    stopping), the fullest domain of the first ``spread.across`` key holds two or more
+    replicas more than the emptiest (``domains``: how many domains there are, so an empty one
+    counts), the replica of the highest slot in the fullest domain (the first by name, of
+    equally full ones). Returns it with its domain's count, or None. Which node takes it is
+    the core's choice (its spread score puts it in the emptiest domain); the move is worth
+    making only if that domain then holds fewer than the donor's did."""
+    if not spec.spread.across:
+        return None
+    live = [r for r in replicas if r.live]
+    if len(live) != spec.replicas or not live:
+        return None
+    counts: dict[str, int] = {}
+    where: dict[str, str] = {}
+    for r in live:
+        domain = None if r.node is None or r.phase is not Phase.RUNNING else domain_of(r.node)
+        if domain is None:
+            return None  # (not settled: starting, lost, or on a node no longer usable)
+        counts[domain] = counts.get(domain, 0) + 1
+        where[r.task_id] = domain
+    low = 0 if domains > len(counts) else min(counts.values())
+    high = max(sorted(counts), key=lambda d: counts[d])
+    if counts[high] - low < 2:
+        return None
+    donor = max((r for r in live if where[r.task_id] == high), key=lambda r: r.ref)
+    return donor, counts[high]
 
 
 # --- the autoscaling rule ---------------------------------------------------------------------

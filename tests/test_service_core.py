@@ -25,6 +25,7 @@ from edgesched.core.service import (
     ServiceSpec,
     parse_replica_id,
     plan,
+    rebalance_donor,
     recommend,
     replica_id,
 )
@@ -368,3 +369,17 @@ def test_the_service_decoder_refuses_only_with_a_spec_error(
         assert str(refused).split(":", 1)[0], refused
         return
     assert ServiceSpec.from_json(spec.to_json()) == spec
+
+
+def test_the_rebalance_donor_is_the_highest_slot_of_the_fullest_domain() -> None:
+    spec = service(4, spread={"across": ["site"]})
+    site = {"n0": "a", "n1": "a", "n2": "a", "n3": "b"}.get
+    replicas = [replace(running(spec, s, s), node=f"n{s}") for s in range(4)]
+    donor = rebalance_donor(spec, replicas, site, domains=3)  # a: 3, b: 1, c: 0
+    assert donor is not None and donor[0].ref.slot == 2 and donor[1] == 3
+    assert rebalance_donor(spec, replicas, site, domains=2) is not None  # a: 3, b: 1
+    even = [replace(r, node="n3") if r.ref.slot == 2 else r for r in replicas]
+    assert rebalance_donor(spec, even, site, domains=2) is None  # a: 2, b: 2
+    starting = [replace(replicas[0], phase=Phase.PLACED), *replicas[1:]]
+    assert rebalance_donor(spec, starting, site, domains=3) is None  # not settled
+    assert rebalance_donor(service(4), replicas, site, domains=3) is None  # no spread asked

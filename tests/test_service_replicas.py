@@ -304,3 +304,35 @@ def test_energy_consolidation_migrates_replicas_make_before_break() -> None:
         assert view is not None and view["running"] == 2, view
     finally:
         fleet.teardown()
+
+
+def test_a_spread_that_a_failover_skewed_is_evened_out_after_the_heal() -> None:
+    """Three replicas spread across three nodes; one node is cut off and its replica fails
+    over onto another (2/1/0). After the heal the reconcile keeps one copy, and the service's
+    spread is evened out again by a make-before-break migration to the healed node (1/1/1)."""
+    fleet = Fleet()
+    try:
+        engine = fleet.engine
+        body = {"name": "web", "template": {"command": ["srv"], "cpu": 1.0}, "replicas": 3,
+                "spread": {"across": ["node"]}}  # fmt: skip
+        asyncio.run(engine.apply_service(ServiceSpec.from_json(body)))
+        fleet.step()
+
+        def running() -> Counter[str]:
+            return Counter(
+                n for n in NODES for c in fleet.copies[n].values() if c.state is TaskState.RUNNING
+            )
+
+        assert sorted(running().values()) == [1, 1, 1]
+        fleet.cut_off("gw-a")
+        fleet.time_passes(GRACE_S + 1.0)  # its replica fails over
+        fleet.heal("gw-a")
+        for _ in range(6):
+            fleet.time_passes(3.0)
+        assert sorted(running().values()) == [1, 1, 1], fleet.copies
+        moved = [e.detail for e in engine.events if e.kind == "migrated"]
+        assert any("rebalance: node" in d and "-> gw-a" in d for d in moved), moved
+        view = engine.services.view("web")
+        assert view is not None and view["running"] == 3, view
+    finally:
+        fleet.teardown()
