@@ -948,4 +948,6 @@ ENTRY_KINDS: tuple[type[Entry], ...] = (
     PowerOrder,
     ModelEntry,
     TidalEntry,
+    ServiceEntry,
+    LoadReport,
 )

@@ -22,6 +22,7 @@ from edgesched.sync.schema import (
     AssignmentRef,
     AssignmentState,
     Entry,
+    LoadReport,
     ModelEntry,
     ModelReport,
     NodeView,
@@ -30,6 +31,7 @@ from edgesched.sync.schema import (
     PowerReport,
     Registration,
     SchemaError,
+    ServiceEntry,
     StopOrder,
     TaskReport,
     TidalEntry,
@@ -76,6 +78,14 @@ SAMPLES: dict[type[Entry], Entry] = {
     PowerOrder: PowerOrder(state="parked", at=5.0, reason="idle"),
     ModelEntry: ModelEntry(sha256="cd" * 32, data="AAAA", size=3, name="m", set_at=6.0),
     TidalEntry: TidalEntry(profile="campus"),
+    ServiceEntry: ServiceEntry(
+        spec={"name": "web", "template": {"command": ["srv"]}, "replicas": 2},
+        at=7.0,
+        central="c1",
+        reason="manual: created with 2 replicas",
+        incarnations=3,
+    ),
+    LoadReport: LoadReport(load=2.5, at=8.0),
 }
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)

@@ -356,6 +356,15 @@ _VALID_FIELDS: dict[tuple[str, str], st.SearchStrategy[Any]] = {
     ("task.assignment", "central"): st.text(min_size=1, max_size=4),
     ("registration", "cpu"): st.floats(0.5, 64),
     ("registration", "perf"): st.floats(0.5, 2) | st.just(1),
+    ("service", "spec"): st.builds(
+        lambda name, replicas: {
+            "name": name,
+            "template": {"command": ["srv"]},
+            "replicas": replicas,
+        },
+        st.sampled_from(["web", "api-1"]),
+        st.integers(0, 5),
+    ),
 }
 
 
