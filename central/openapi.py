@@ -282,7 +282,18 @@ def _central_schemas() -> dict[str, Schema]:
                 "at": oa.NUMBER,
                 "deleted": oa.BOOL,
                 "rollout": oa.obj({"outdated": oa.INT, "stalled": oa.BOOL}),
-                "load": oa.nullable(oa.obj({"cores": oa.NUMBER, "at": oa.NUMBER})),
+                "load": oa.nullable(
+                    oa.obj(
+                        {
+                            "cores": oa.NUMBER,
+                            "at": {"type": "number", "description": "on the autoscaler's clock"},
+                            "fresh": {
+                                "type": "boolean",
+                                "description": "recent enough for the autoscaler to act on",
+                            },
+                        }
+                    )
+                ),
                 "forecast_peak": oa.nullable(oa.NUMBER),
                 "tasks": {
                     "type": "array",

@@ -210,7 +210,9 @@ class ServiceController:
             "at": entry.at,
             "deleted": entry.deleted,
             "rollout": {"outdated": outdated, "stalled": stalled},
-            "load": None if load is None else {"cores": load.load, "at": load.at},
+            "load": None
+            if load is None
+            else {"cores": load.load, "at": load.at, "fresh": self._fresh(load) is not None},
             "forecast_peak": None if auto is None else auto.forecast,
             "tasks": [
                 {
@@ -266,7 +268,7 @@ class ServiceController:
             return entry
         deleted = replace(entry, deleted=True, at=self.clock(), reason="manual: deleted")
         self._fleet().put_service(name, deleted)
-        self.engine.record_event("service-deleted", f"{name}: deleted; its replicas stop")
+        self.engine.record_event("service-deleted", f"{name}: manual: deleted; its replicas stop")
         self._dirty = True
         return deleted
 

@@ -1012,7 +1012,9 @@
   function loadText(s) {
     const load = s.load;
     if (!load || typeof load.cores !== "number") return "no load reported";
-    const old = serverNow() - load.at > LOAD_FRESH_S ? " (stale)" : "";
+    // central says whether its autoscaler still acts on it (its clock may run faster: a demo)
+    const stale = typeof load.fresh === "boolean" ? !load.fresh : serverNow() - load.at > LOAD_FRESH_S;
+    const old = stale ? " (stale)" : "";
     return "load " + fmtCores(load.cores) + " cores" + old;
   }
 
