@@ -240,15 +240,15 @@ def _central_schemas() -> dict[str, Schema]:
                             "metric": {"type": "string", "enum": ["load", "forecast"]},
                             "target_per_replica": {"type": "number", "exclusiveMinimum": 0},
                             "scale_in_delay_s": {"type": "number", "minimum": 0},
-                            "max_step_out": {"type": "integer", "minimum": 1, "maximum": 2**53},
-                            "max_step_in": {"type": "integer", "minimum": 1, "maximum": 2**53},
+                            "max_step_out": {"type": "integer", "minimum": 1, "maximum": 10_000},
+                            "max_step_in": {"type": "integer", "minimum": 1, "maximum": 10_000},
                         },
                         required=[],
                     )
                 ),
                 "spread": oa.obj(
                     {
-                        "max_per_node": {"type": "integer", "minimum": 0, "maximum": 2**53},
+                        "max_per_node": {"type": "integer", "minimum": 0, "maximum": 10_000},
                         "across": {
                             "type": "array",
                             "uniqueItems": True,
@@ -259,9 +259,9 @@ def _central_schemas() -> dict[str, Schema]:
                 ),
                 "rollout": oa.obj(
                     {
-                        "max_surge": {"type": "integer", "minimum": 1, "maximum": 2**53},
+                        "max_surge": {"type": "integer", "minimum": 1, "maximum": 10_000},
                         "healthy_after_s": {"type": "number", "minimum": 0},
-                        "max_failures": {"type": "integer", "minimum": 1, "maximum": 2**53},
+                        "max_failures": {"type": "integer", "minimum": 1, "maximum": 10_000},
                     },
                     required=[],
                 ),
@@ -329,7 +329,7 @@ def _central_schemas() -> dict[str, Schema]:
         "ServiceList": oa.obj(
             {"services": {"type": "array", "items": oa.ref("ServiceView")}},
         ),
-        "Scale": oa.obj({"replicas": oa.INT}),
+        "Scale": oa.obj({"replicas": {"type": "integer", "minimum": 0, "maximum": 10_000}}),
         "Load": oa.obj(
             {
                 "cores": {"type": "number", "minimum": 0, "maximum": 1e9},

@@ -89,8 +89,8 @@ class Spread:
     across: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_per_node < 0:
-            raise SpecError("spread.max_per_node: must be >= 0")
+        if not 0 <= self.max_per_node <= MAX_REPLICAS:
+            raise SpecError(f"spread.max_per_node: must be in [0, {MAX_REPLICAS}]")
         for key in self.across:
             if key not in SPREAD_KEYS:
                 raise SpecError(f"spread.across: each must be one of {', '.join(SPREAD_KEYS)}")
@@ -131,8 +131,9 @@ class Autoscale:
             raise SpecError("autoscale.target_per_replica: must be a finite number > 0")
         if not math.isfinite(self.scale_in_delay_s) or self.scale_in_delay_s < 0:
             raise SpecError("autoscale.scale_in_delay_s: must be a finite number >= 0")
-        if self.max_step_out < 1 or self.max_step_in < 1:
-            raise SpecError("autoscale.max_step_out and max_step_in: must be >= 1")
+        for name in ("max_step_out", "max_step_in"):
+            if not 1 <= getattr(self, name) <= MAX_REPLICAS:
+                raise SpecError(f"autoscale.{name}: must be in [1, {MAX_REPLICAS}]")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,12 +173,12 @@ class Rollout:
     max_failures: int = 3
 
     def __post_init__(self) -> None:
-        if self.max_surge < 1:
-            raise SpecError("rollout.max_surge: must be >= 1")
+        if not 1 <= self.max_surge <= MAX_REPLICAS:
+            raise SpecError(f"rollout.max_surge: must be in [1, {MAX_REPLICAS}]")
         if not math.isfinite(self.healthy_after_s) or self.healthy_after_s < 0:
             raise SpecError("rollout.healthy_after_s: must be a finite number >= 0")
-        if self.max_failures < 1:
-            raise SpecError("rollout.max_failures: must be >= 1")
+        if not 1 <= self.max_failures <= MAX_REPLICAS:
+            raise SpecError(f"rollout.max_failures: must be in [1, {MAX_REPLICAS}]")
 
     def to_json(self) -> dict[str, Any]:
         return {
