@@ -58,7 +58,7 @@ from edgesched.central.replicas import NODE_DOC_PREFIX, NodeReplicas
 from edgesched.central.services import ServiceController, ServiceRefused
 from edgesched.central.telemetry import TelemetryCollector
 from edgesched.config import EdgeschedConfig, builtin_profiles
-from edgesched.core.classdemand import ClassDemand
+from edgesched.core.classdemand import MAX_DEMAND, ClassDemand
 from edgesched.core.forecast import Forecaster
 from edgesched.core.lifecycle import Assigned, Copy, Lifecycle, Phase, Reach, lifecycle
 from edgesched.core.model import Node, Placement
@@ -1650,7 +1650,9 @@ class CentralEngine:
         for task_id in index.pending:
             spec = index.assignments[task_id].task_spec
             asked[spec.workload] = asked.get(spec.workload, 0.0) + spec.cpu
-        return asked
+        # each capped (a spec's cpu is only checked finite: a few of 1e308 summed to infinity,
+        # which the fleet series then served as JSON's non-standard Infinity)
+        return {w: min(cpu, MAX_DEMAND) for w, cpu in asked.items()}
 
     def fleet_sample(self) -> FleetSample:
         """The fleet now (:class:`FleetSample`): the nodes' latest telemetry (heard within

@@ -21,6 +21,7 @@ What must hold:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections import Counter
 from dataclasses import replace
@@ -32,7 +33,7 @@ from test_service_runs_once import GRACE_S, NODES, Fleet
 
 from edgesched.core.policy import PolicyMode
 from edgesched.core.service import ServiceSpec, parse_replica_id
-from edgesched.core.task import TaskState
+from edgesched.core.task import TaskSpec, TaskState
 
 SLOW = os.environ.get("EDGESCHED_SLOW") == "1"
 MIN, MAX = 2, 8
@@ -334,5 +335,22 @@ def test_a_spread_that_a_failover_skewed_is_evened_out_after_the_heal() -> None:
         assert any("rebalance: node" in d and "-> gw-a" in d for d in moved), moved
         view = engine.services.view("web")
         assert view is not None and view["running"] == 3, view
+    finally:
+        fleet.teardown()
+
+
+def test_huge_cpu_requests_keep_the_fleet_sample_finite() -> None:
+    """Tasks asking 1e308 cores each (finite, so accepted, and never placed) summed to
+    infinity in the fleet's demand, which GET /v1/fleet then served as JSON's non-standard
+    Infinity (the schemathesis fuzzer found it through a service's replicas)."""
+    fleet = Fleet()
+    try:
+        for i in range(3):
+            spec = TaskSpec(id=f"huge-{i}", command=("x",), cpu=1.2e308)
+            fleet.engine._pending(spec, None, 1, "accepted")
+        fleet.step()
+        sample = fleet.engine.fleet_sample()
+        assert sample.demand_cpu == 1e9, sample  # (capped per class)
+        json.dumps(sample.to_json(), allow_nan=False)  # (standard JSON)
     finally:
         fleet.teardown()
