@@ -63,6 +63,11 @@ def _summary(view: dict[str, Any]) -> str:
     return f"{view['name']}: {state}; {view['reason']}"
 
 
+def _echo(view: dict[str, Any], as_json: bool) -> None:
+    """A service's answer: the API's JSON, or its one-line summary."""
+    typer.echo(json.dumps(view, indent=2) if as_json else _summary(view))
+
+
 def register(app: typer.Typer) -> None:
     service_app = typer.Typer(
         help="Services: replicas of a task template kept at their count.", no_args_is_help=True
@@ -85,10 +90,7 @@ def register(app: typer.Typer) -> None:
         if replicas is not None:
             body["replicas"] = replicas
         view = call(client(addr, token, token_file), "POST", "/v1/services", body)
-        if as_json:
-            typer.echo(json.dumps(view, indent=2))
-            return
-        typer.echo(_summary(view))
+        _echo(view, as_json)
 
     @service_app.command("list")
     def list_services(
@@ -148,10 +150,7 @@ def register(app: typer.Typer) -> None:
             client(addr, token, token_file), "POST", service_path(name, "/scale"),
             {"replicas": replicas},
         )  # fmt: skip
-        if as_json:
-            typer.echo(json.dumps(view, indent=2))
-            return
-        typer.echo(_summary(view))
+        _echo(view, as_json)
 
     @service_app.command("delete")
     def delete(
@@ -163,10 +162,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Stop every replica; the service goes once none runs."""
         view = call(client(addr, token, token_file), "DELETE", service_path(name))
-        if as_json:
-            typer.echo(json.dumps(view, indent=2))
-            return
-        typer.echo(_summary(view))
+        _echo(view, as_json)
 
     @service_app.command("load")
     def load(

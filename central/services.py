@@ -33,7 +33,7 @@ from edgesched.core.lifecycle import Phase
 from edgesched.core.service import (
     Plan,
     Replica,
-    ScaleReason,
+    ReplicaRef,
     ScaleState,
     ServiceSpec,
     parse_replica_id,
@@ -154,6 +154,10 @@ class ServiceController:
 
     def replica_ids(self, name: str) -> Iterator[str]:
         """The ids of every task of service ``name`` central placed (any phase), in order."""
+        return (task_id for task_id, _ in self._replica_refs(name))
+
+    def _replica_refs(self, name: str) -> Iterator[tuple[str, ReplicaRef]]:
+        """:meth:`replica_ids`, each with what its id says."""
         prefix = f"{name}."
         assignments = self.engine.index.assignments
         for task_id in itertools.takewhile(
@@ -161,16 +165,14 @@ class ServiceController:
         ):
             ref = parse_replica_id(task_id)
             if ref is not None and ref.service == name and task_id in assignments:
-                yield task_id
+                yield task_id, ref
 
     def replicas(self, name: str) -> list[Replica]:
         """Service ``name``'s replicas as the reconcile rule reads them."""
         engine = self.engine
         out = []
-        for task_id in self.replica_ids(name):
+        for task_id, ref in self._replica_refs(name):
             entry = engine.index.assignments[task_id]
-            ref = parse_replica_id(task_id)
-            assert ref is not None
             life = engine.lifecycle_of(task_id, entry)
             out.append(
                 Replica(
@@ -463,13 +465,10 @@ class ServiceController:
             if group is None:
                 service = entries[ref.service].service
                 counts: dict[str, int] = {}
-                for task_id in self.replica_ids(ref.service):
-                    if task_id in placing:
-                        continue
-                    entry = self.engine.index.assignments[task_id]
-                    life = self.engine.lifecycle_of(task_id, entry)
-                    if life.node and not life.phase.final:  # (a finished one holds nothing)
-                        counts[life.node] = counts.get(life.node, 0) + 1
+                for r in self.replicas(ref.service):
+                    # (a finished one holds nothing; one being placed counts where it goes)
+                    if r.node and not r.phase.final and r.task_id not in placing:
+                        counts[r.node] = counts.get(r.node, 0) + 1
                 group = SpreadGroup(
                     ref.service, service.spread.max_per_node, service.spread.across, counts
                 )
@@ -527,12 +526,3 @@ class ServiceController:
         if fleet is None:
             raise RuntimeError("central engine not started")
         return fleet
-
-
-def scale_reason(why: str) -> ScaleReason:
-    """The reason an entry's ``reason`` text starts with."""
-    head = why.split(":", 1)[0]
-    try:
-        return ScaleReason(head)
-    except ValueError:
-        return ScaleReason.MANUAL

@@ -29,7 +29,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -596,13 +596,3 @@ def _number(raw: Mapping[str, Any], where: str, key: str, default: float) -> flo
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(f"{where}: must be a number")
     return float(value)
-
-
-def spread_counts(replicas: Sequence[Replica], exclude: str | None = None) -> Mapping[str, int]:
-    """node id -> live replicas there (``exclude``: a task id not to count, the one being
-    placed again)."""
-    counts: dict[str, int] = {}
-    for r in replicas:
-        if r.live and r.node and r.task_id != exclude:
-            counts[r.node] = counts.get(r.node, 0) + 1
-    return counts
