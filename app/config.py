@@ -344,9 +344,24 @@ class EdgeConfig:
     history_retention_s: float = 86_400.0
     telemetry_source: TelemetrySource = TelemetrySource.HOST
     accel_time_slices: int = 1
+    #: The other members of this node's site (the nodes behind the same site broker, listed
+    #: alike in each member's config): while central is unreachable they elect one of them
+    #: to schedule for the whole site (edgesched.edge.site). Empty: the node is alone.
+    site_peers: tuple[str, ...] = ()
+    #: How long a site member must be gone before the coordinator restarts its service
+    #: replicas on the others (while central is unreachable).
+    site_failover_s: float = 10.0
+    #: How long a local submission waits unplaced before it is offered to the site.
+    site_offer_after_s: float = 2.0
     mqtt: MqttConfig = field(default_factory=MqttConfig)
 
     def __post_init__(self) -> None:
+        for peer in self.site_peers:
+            _check_id(peer, "site_peers")
+        if self.node_id and self.node_id in self.site_peers:
+            raise ValueError("site_peers: lists the node itself; list the other members only")
+        if len(set(self.site_peers)) != len(self.site_peers):
+            raise ValueError("site_peers: a member is listed twice")
         if not 1 <= self.accel_time_slices <= MAX_ACCEL_TIME_SLICES:
             raise ValueError(
                 f"accel_time_slices must be an integer in [1, {MAX_ACCEL_TIME_SLICES}], "
@@ -375,9 +390,11 @@ class EdgeConfig:
         if self.node_id:
             _check_id(self.node_id, "node_id")
         _check_api(self.api_host, self.api_port, self.allow_remote_api)
-        _check_positive(self, "lease_s", "cycle_s", "sample_s")
+        _check_positive(self, "lease_s", "cycle_s", "sample_s", "site_failover_s")
         if self.stop_grace_s < 0:
             raise ValueError("stop_grace_s must be >= 0")
+        if not math.isfinite(self.site_offer_after_s) or self.site_offer_after_s < 0:
+            raise ValueError(f"site_offer_after_s must be >= 0, got {self.site_offer_after_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -708,6 +725,9 @@ def _parse_edge(t: _Table) -> EdgeConfig:
             ),
             telemetry_source=t.choice("telemetry_source", d.telemetry_source),
             accel_time_slices=t.integer("accel_time_slices", d.accel_time_slices, low=1),
+            site_peers=t.strings("site_peers") if "site_peers" in t.data else d.site_peers,
+            site_failover_s=t.number("site_failover_s", d.site_failover_s, low=0, low_open=True),
+            site_offer_after_s=t.number("site_offer_after_s", d.site_offer_after_s, low=0),
             mqtt=mqtt,
         )
     )

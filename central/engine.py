@@ -1557,7 +1557,7 @@ class CentralEngine:
             if entry.node != best.node_id:
                 fleet.assign(
                     settled.task_id,
-                    replace(entry, node=best.node_id, epoch=entry.epoch + 1,
+                    replace(entry, node=best.node_id, epoch=max(entry.epoch, best.epoch) + 1,
                             replacement=best.replacement, at=now,
                             reason=f"kept on {best.node_id} by {settled.policy.value}",
                             central=self.central.central_id,
@@ -1571,6 +1571,16 @@ class CentralEngine:
                               reason=f"{best.node_id} keeps it ({settled.policy.value})",
                               lease=self._lease_of(settled.task_id)),
                 )  # fmt: skip
+            if not settled.losers:
+                self._event(
+                    "reconciled",
+                    f"{settled.task_id} runs on {best.node_id}, placed there by "
+                    f"{best.decided_by} (epoch {best.epoch}) while central could not reach "
+                    f"it: central's assignment follows it",
+                    node=best.node_id,
+                    task=settled.task_id,
+                )
+                continue
             self._event(
                 "reconciled",
                 f"{settled.task_id} placed on {[c.node_id for c in (best, *settled.losers)]}: "

@@ -386,7 +386,9 @@ def settle(
 ) -> Settlement | None:
     """One task's settlement from its fresh claims: None unless it runs on two nodes or more
     and some loser has no stop order out yet; for a task cancelled at central, every copy
-    still active off its assignment's node, with no winner.
+    still active off its assignment's node, with no winner; for a task whose one running copy
+    is off its assignment's node at a later epoch (a site's failover), that copy, with no
+    loser (central's assignment follows it).
 
     A copy already ordered stopped (a stop order for its node at its epoch) competes no more.
     (A migration waiting for its target to run is not settled at all: the engine skips it.)"""
@@ -404,6 +406,19 @@ def settle(
         gone = tuple(c for c in claims if c.node_id != entry.node)
         return Settlement(task_id, None, gone, rule) if gone else None
     if len({c.node_id for c in claims}) < 2:
+        # One copy, off the assignment's node, at a later placement epoch: a cut-off site's
+        # coordinator failed the task over (edgesched.core.site) and its node runs it.
+        # Central adopts that placement (a settlement with no loser), so it does not fail
+        # the task over once more from the node it still has it on.
+        only = claims[0] if claims else None
+        if (
+            only is not None
+            and entry.state is AssignmentState.ACTIVE
+            and only.node_id != entry.node
+            and only.epoch > entry.epoch
+            and only.running
+        ):
+            return Settlement(task_id, only, (), rule)
         return None
     best = winner(claims, rule)
     lost = tuple(c for c in losers(claims, rule) if f"{task_id}@{c.node_id}" not in stops)

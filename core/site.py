@@ -140,9 +140,7 @@ def acting_term(
     return own
 
 
-def followed_term(
-    me: str, live: Collection[str], states: Mapping[str, MemberState]
-) -> Term | None:
+def followed_term(me: str, live: Collection[str], states: Mapping[str, MemberState]) -> Term | None:
     """The coordinator's term whose orders ``me`` follows: its own vote, if the holder is live
     (or ``me``) and says it acts at that epoch; else None (nobody's orders)."""
     own = states.get(me, MemberState()).vote
@@ -278,8 +276,10 @@ def plan_site(
             continue
         task, origin, epoch, replacement = pending[d.task_id]
         score = sum(d.scores.values())
-        why = f"{origin} is down: restarted on {d.node_id}" if replacement else (
-            f"offered by {origin}: placed on {d.node_id}"
+        why = (
+            f"{origin} is down: restarted on {d.node_id}"
+            if replacement
+            else (f"offered by {origin}: placed on {d.node_id}")
         )
         orders.append(
             SiteOrder(
@@ -295,9 +295,7 @@ def plan_site(
             )
         )
     placed = {o.task_id for o in orders}
-    waiting = {
-        t: result.waiting.get(t, "no member fits") for t in pending if t not in placed
-    }
+    waiting = {t: result.waiting.get(t, "no member fits") for t in pending if t not in placed}
     return SitePlan(tuple(orders), waiting)
 
 

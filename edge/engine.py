@@ -83,6 +83,7 @@ from edgesched.edge.logserve import LogServer
 from edgesched.edge.metrics import EdgeMetrics
 from edgesched.edge.power import PowerControl
 from edgesched.edge.qualify import QualificationReport
+from edgesched.edge.site import SiteMember
 from edgesched.edge.telemetry import host_telemetry, reserved_telemetry
 from edgesched.policies.models import ActiveModels
 from edgesched.rest.server import ApiStarter
@@ -215,6 +216,11 @@ class EdgeEngine:
         self._journal: DocJournal | None = None
         #: Submissions waiting for their commit (see :meth:`submit`).
         self._submissions: list[tuple[TaskRecord, asyncio.Future[Exception | None]]] = []
+        #: Our membership of a site (``[edge] site_peers``; None: a node alone).
+        self.site: SiteMember | None = None
+        #: Offered submissions our coordinator gave back to us: not offered again.
+        self._taken_back: set[str] = set()
+        self._site_persisted = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -262,6 +268,7 @@ class EdgeEngine:
             agent = Agent(self.profile, power, self.hal_root)
             self._load_models()
             await self._open_document()
+            await self._open_site()
             self._follow_models()  # the cached policy's models, before any decision
             await self._recover()
             await self._mirror_all()
@@ -538,6 +545,9 @@ class EdgeEngine:
             )
         for peer in self._peers.values():
             session.add(peer)
+        if self.site is not None:
+            for site_channel in self.site.channels():
+                session.add(site_channel)
         # central's requests for a task's output (GET /v1/tasks/{id}/logs at central)
         logs = LogServer(self.edge.node_id, self.store.get_task, self.executor.log_path)
         logs.signing = self._signing
@@ -851,6 +861,9 @@ class EdgeEngine:
                 "refused_entries": self._desired.refusals.by_kind(),
             },
             "refused": self.refused_by_channel(),
+            "site_autonomy": None
+            if self.site is None or self._doc is None
+            else self._site_status(),
             "models": self.active_models.status(),
             "power": {**self.power.state.report().to_entry(), "last_error": self.power.last_error},
             "forecast": {
@@ -872,6 +885,22 @@ class EdgeEngine:
                 "iops_k": None if self.node is None else self.node.capacity.iops_k,
             },
         }
+
+    def _site_status(self) -> dict[str, Any]:
+        site = _started(self.site)
+        vote, lease = self.doc.site_vote(), self.doc.site_lease()
+        return {
+            "members": list(site.members),
+            "live": sorted(site.presence.live()),
+            "vote": None if vote is None else {"epoch": vote.epoch, "holder": vote.holder},
+            "coordinating": None if lease is None else {"epoch": lease.epoch,
+                                                        "since": lease.since,
+                                                        "members": list(lease.members)},
+            "following": None if site.followed is None else {"epoch": site.followed.epoch,
+                                                             "holder": site.followed.holder},
+            "orders": len(self.doc.site_orders()),
+            "offered": sorted(site.offered(self.doc)),
+        }  # fmt: skip
 
     # --- loops ---------------------------------------------------------------------------------
 
@@ -921,6 +950,7 @@ class EdgeEngine:
             self._update_mode()
             try:
                 await self._relabel_after_cut()
+                await self.site_cycle()
                 await self.cycle()
             except StoreError as exc:
                 # The engine keeps running what it runs; it retries next cycle.
@@ -933,6 +963,103 @@ class EdgeEngine:
         self.metrics.store_errors.labels(
             "full" if isinstance(exc, StoreFullError) else "error"
         ).inc()
+
+    async def _open_site(self) -> None:
+        """Our site membership, with our replicas of the peers' documents as last persisted."""
+        if not self.edge.site_peers:
+            return
+        site = SiteMember(
+            self.edge.node_id,
+            self.edge.site_peers,
+            client_id=self.doc.client_id,
+            centrals=self.edge.centrals,
+            signing=self._signing,
+            failover_after_s=self.edge.site_failover_s,
+            offer_after_s=self.edge.site_offer_after_s,
+            clock=self.clock,
+        )
+        await site.open(self.store)
+        for replica in site.replicas.values():
+            replica.on_remote_change(lambda _sender: self._wake.set())
+        self.site = site
+
+    async def site_cycle(self) -> None:
+        """The site's part of a cycle (a node with site peers): vote, coordinate or follow,
+        under the engine lock; see :mod:`edgesched.edge.site`."""
+        site, node = self.site, self.node
+        if site is None or node is None:
+            return
+        to_stop: list[str] = []
+        async with self._lock:
+            now = self.clock()
+            autonomous = not self.link.live(self.edge.lease_s)
+            with self.doc.doc.transaction():
+                site.elect(self.doc, now, autonomous)
+            active = {r.spec.id: r for r in await self.store.list_tasks(_ACTIVE)}
+            acts = site.actions(self.doc, active)
+            changed: list[TaskRecord] = []
+            for task_id, peer in acts.handed:
+                record = active.pop(task_id)
+                changed.append(record.with_state(
+                    TaskState.CANCELLED, now,
+                    reason=f"moved to site peer {peer} by the site's coordinator",
+                ))  # fmt: skip
+                if record.state in _HELD:
+                    to_stop.append(task_id)
+            for task_id, why in acts.stop:
+                if task_id in active:
+                    record = active.pop(task_id)
+                    changed.append(record.with_state(
+                        TaskState.CANCELLED, now, reason=f"reconciled in the site: {why}"
+                    ))  # fmt: skip
+                    if record.state in _HELD:
+                        to_stop.append(task_id)
+            for spec, assignment, why in acts.take:
+                old = await self.store.get_task(spec.id)
+                if old is not None and (
+                    not old.state.terminal
+                    or (old.assignment is not None and old.assignment.epoch >= assignment.epoch)
+                ):
+                    continue
+                state, reason = TaskState.ACCEPTED, why
+                try:
+                    self._check_feasible(spec, node)
+                except SubmitError as exc:
+                    state, reason = TaskState.FAILED, f"ordered by the site but cannot run: {exc}"
+                record = TaskRecord(
+                    spec=spec, state=state, submitted_at=now, updated_at=now,
+                    decided_by=assignment.central, node_id=self.edge.node_id, reason=reason,
+                    assignment=assignment,
+                )  # fmt: skip
+                changed.append(record)
+                active[spec.id] = record
+            self._taken_back.update(acts.take_back)
+            if changed:
+                await self._put(*changed)
+            offer: set[str] = set()
+            if site.followed is not None and autonomous:
+                offer = {
+                    r.spec.id
+                    for r in active.values()
+                    if r.state is TaskState.ACCEPTED
+                    and r.assignment is None
+                    and r.spec.id not in self._taken_back
+                    and now - r.submitted_at >= self.edge.site_offer_after_s
+                }
+            elif not autonomous:
+                self._taken_back.clear()
+            with self.doc.doc.transaction():
+                site.keep_specs(self.doc, active, offer)
+                if site.acting is not None:
+                    site.plan(self.doc, self._with_held_units(node), now,
+                              self.active_models.policy(self.config.policy))  # fmt: skip
+            if now - self._site_persisted >= 5.0:
+                self._site_persisted = now
+                await site.persist(self.store)
+        if to_stop:
+            await self._stop_processes(to_stop)
+        if acts.take or acts.take_back:
+            self._wake.set()
 
     async def cycle(self) -> list[Decision]:
         """One scheduling cycle over this node; decisions committed before they are acted on."""
@@ -947,10 +1074,13 @@ class EdgeEngine:
             now = self.clock()
             records = await self.store.list_tasks((*_QUEUED, *_HELD))
             held = [r for r in records if r.state in _HELD]
+            offered = frozenset() if self.site is None else self.site.offered(self.doc)
             queued = [
                 r
                 for r in records
-                if r.state in _QUEUED and self._not_before.get(r.spec.id, 0) <= now
+                if r.state in _QUEUED
+                and self._not_before.get(r.spec.id, 0) <= now
+                and r.spec.id not in offered  # the site's coordinator places it
             ]
             changed = self.power.observe(bool(records))
             if queued and await self.power.wake(f"{len(queued)} task(s) to run"):

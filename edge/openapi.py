@@ -97,6 +97,27 @@ def _edge_schemas() -> dict[str, Schema]:
                     "start, by reason (frame, payload, update, sender, authorship, epoch, "
                     "schema)",
                 ),
+                "site_autonomy": oa.nullable(
+                    oa.obj(
+                        {
+                            "members": {"type": "array", "items": oa.STR},
+                            "live": {"type": "array", "items": oa.STR},
+                            "vote": oa.nullable(oa.obj({"epoch": oa.INT, "holder": oa.STR})),
+                            "coordinating": oa.nullable(
+                                oa.obj(
+                                    {
+                                        "epoch": oa.INT,
+                                        "since": oa.NUMBER,
+                                        "members": {"type": "array", "items": oa.STR},
+                                    }
+                                )
+                            ),
+                            "following": oa.nullable(oa.obj({"epoch": oa.INT, "holder": oa.STR})),
+                            "orders": oa.INT,
+                            "offered": {"type": "array", "items": oa.STR},
+                        }
+                    )
+                ),
                 "models": oa.map_of(oa.model_info(), "kind -> the model in use, or why none"),
                 "power": oa.obj(
                     {

@@ -85,6 +85,12 @@ from edgesched.sync.schema import (
     Registration,
     SchemaError,
     ServiceEntry,
+    SiteLease,
+    SiteOrderEntry,
+    SiteSeen,
+    SiteSpec,
+    SiteStop,
+    SiteVote,
     StopOrder,
     TaskReport,
     TidalEntry,
@@ -1425,6 +1431,66 @@ class NodeDoc(SyncedDoc):
     def tasks(self) -> Mapping[str, TaskReport]:
         """task id -> the node's report of it (valid entries only)."""
         return self._map_view("tasks", TaskReport)
+
+    # --- site coordination (edgesched.edge.site): written only by a node with site peers
+
+    def _site_entry(self, key: str, cls: type[_E]) -> _E | None:
+        return self.view(
+            f"site.{key}",
+            lambda: decode_one(cls, normalise(self.root("site").get(key)), self.refusals,
+                               where=f"site.{key}"),
+        )  # fmt: skip
+
+    def set_site_entry(self, key: str, entry: SiteVote | SiteLease | SiteSeen | None) -> None:
+        """``site[key]`` (``vote``, ``lease``, ``seen``) set, or deleted for None."""
+        if key not in ("vote", "lease", "seen"):
+            raise ValueError(f"unknown site key {key!r}")
+        site = self.root("site")
+        if entry is None:
+            if key in site:
+                del site[key]
+        else:
+            _set_changed(site, key, entry.to_entry())
+
+    def site_vote(self) -> SiteVote | None:
+        return self._site_entry("vote", SiteVote)
+
+    def site_lease(self) -> SiteLease | None:
+        return self._site_entry("lease", SiteLease)
+
+    def site_seen(self) -> SiteSeen | None:
+        return self._site_entry("seen", SiteSeen)
+
+    def put_site_order(self, task_id: str, order: SiteOrderEntry) -> None:
+        self._put("site_orders", task_id, order, if_changed=True)
+
+    def site_orders(self) -> Mapping[str, SiteOrderEntry]:
+        """task id -> this node's order as its site's coordinator."""
+        return self._map_view("site_orders", SiteOrderEntry)
+
+    def put_site_stop(self, task_id: str, node_id: str, stop: SiteStop) -> None:
+        self._put("site_stops", f"{task_id}@{node_id}", stop, if_changed=True)
+
+    def site_stops(self) -> Mapping[str, SiteStop]:
+        """``task@node`` -> this node's stop order as its site's coordinator."""
+        return self._map_view("site_stops", SiteStop)
+
+    def put_site_spec(self, task_id: str, spec: SiteSpec) -> None:
+        self._put("site_specs", task_id, spec, if_changed=True)
+
+    def site_specs(self) -> Mapping[str, SiteSpec]:
+        """task id -> the spec of a task of ours a site peer may need."""
+        return self._map_view("site_specs", SiteSpec)
+
+    def drop_site_keys(self, root: str, keys: Iterable[str]) -> None:
+        """Remove ``keys`` from one of the site maps (``site_orders``, ``site_stops``,
+        ``site_specs``)."""
+        if root not in ("site_orders", "site_stops", "site_specs"):
+            raise ValueError(f"not a site map: {root!r}")
+        m = self.root(root)
+        for key in keys:
+            if key in m:
+                del m[key]
 
 
 #: A node's desired-state document is ``desired-<node id>``: its shard of the fleet's

@@ -9,8 +9,10 @@ A copy that runs (or can run at once: placed, its process about to start) always
 one that does not (queued, or preempted by local work): keeping a copy that is not running and
 stopping the one that is left a service running nowhere (issue 14). Among copies alike in
 that, the policy decides (the Nomad ``disconnect.reconcile`` choices), then the final
-tie-breaks give a total order: higher lease epoch, then the decider's rank (central over an
-edge node), then the smaller node id, then the remaining fields. Input order never matters.
+tie-breaks give a total order: higher lease epoch, then the decider's rank (central over a
+site's coordinator over an edge node alone: a failover central made and one a cut-off site
+made at the same epoch settle for central's, on every peer), then the smaller node id, then
+the remaining fields. Input order never matters.
 
 The default is :attr:`ReconcilePolicy.KEEP_ORIGINAL`: the original copy has been running all
 along (stopping it throws its progress away, while the replacement has just started), and the
@@ -35,8 +37,10 @@ class ReconcilePolicy(StrEnum):
 
 
 DEFAULT_POLICY = ReconcilePolicy.KEEP_ORIGINAL
-#: ``decided_by`` of central (or ``central:<replica>``); anything else is an edge node.
+#: ``decided_by`` of central (or ``central:<replica>``); ``site:<coordinator>`` is a site's
+#: coordinator (edgesched.core.site); anything else is an edge node.
 CENTRAL = "central"
+SITE = "site:"
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,14 @@ class Claim:
     def by_central(self) -> bool:
         return self.decided_by == CENTRAL or self.decided_by.startswith(CENTRAL + ":")
 
+    @property
+    def decider_rank(self) -> int:
+        """0 central, 1 a site's coordinator, 2 an edge node alone: the wider the view the
+        decision was made over, the better it ranks among copies otherwise alike."""
+        if self.by_central:
+            return 0
+        return 1 if self.decided_by.startswith(SITE) else 2
+
 
 def _policy_key(claim: Claim, policy: ReconcilePolicy) -> float:
     """Smaller is better."""
@@ -84,7 +96,7 @@ def _rank(claim: Claim, policy: ReconcilePolicy) -> tuple[object, ...]:
         0 if claim.running else 1,
         _policy_key(claim, policy),
         -claim.epoch,
-        0 if claim.by_central else 1,
+        claim.decider_rank,
         claim.node_id,
         claim.started_at,
         -claim.score,

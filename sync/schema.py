@@ -937,6 +937,108 @@ class NodeView:
         )
 
 
+# ---- site coordination (edgesched.core.site): each member writes these in its own document
+
+
+@dataclass(frozen=True, slots=True)
+class SiteVote(Entry):
+    """``site["vote"]``: the coordinator this member votes for (:class:`edgesched.core.site.Term`).
+    A member's votes only grow in epoch (one vote per epoch)."""
+
+    KIND: ClassVar[str] = "site.vote"
+    epoch: int
+    holder: str
+    at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.epoch <= MAX_SPEC_INT or not self.holder:
+            raise SchemaError(self.KIND, "", "epoch in [1, 2**53] and a holder")
+
+
+@dataclass(frozen=True, slots=True)
+class SiteLease(Entry):
+    """``site["lease"]``: this node acts as its site's coordinator at ``epoch`` since ``since``
+    (absent while it does not), over the live ``members``."""
+
+    KIND: ClassVar[str] = "site.lease"
+    epoch: int
+    since: float
+    members: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.epoch <= MAX_SPEC_INT:
+            raise SchemaError(self.KIND, "epoch", "must be in [1, 2**53]")
+
+
+@dataclass(frozen=True, slots=True)
+class SiteSeen(Entry):
+    """``site["seen"]``: the site peers this node sees live on its site broker, and the
+    coordinator whose orders it follows ("" for none) at ``epoch``; written when it changes.
+    Central reads it to tell a node cut off from central but alive in its site from a dead
+    one (the distributed health check)."""
+
+    KIND: ClassVar[str] = "site.seen"
+    peers: tuple[str, ...]
+    coordinator: str = ""
+    epoch: int = 0
+    since: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.epoch <= MAX_SPEC_INT:
+            raise SchemaError(self.KIND, "epoch", "must be in [0, 2**53]")
+
+
+@dataclass(frozen=True, slots=True)
+class SiteOrderEntry(Entry):
+    """``site_orders[task id]``: the coordinator's order to run a task on ``node`` (it came
+    from ``origin``), given at its term ``term``; ``epoch`` is the task's placement epoch
+    (:class:`edgesched.core.site.SiteOrder`)."""
+
+    KIND: ClassVar[str] = "site.order"
+    node: str
+    origin: str
+    term: int
+    epoch: int
+    replacement: bool = False
+    score: float = 0.0
+    at: float = 0.0
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.node or not self.origin:
+            raise SchemaError(self.KIND, "", "node and origin must be set")
+        if not 1 <= self.term <= MAX_SPEC_INT or not 0 <= self.epoch <= MAX_SPEC_INT:
+            raise SchemaError(self.KIND, "", "term in [1, 2**53], epoch in [0, 2**53]")
+
+
+@dataclass(frozen=True, slots=True)
+class SiteStop(Entry):
+    """``site_stops[task@node]``: the coordinator's order to stop that member's copy of the
+    task at placement epoch ``epoch`` (it lost the reconcile rule to ``winner``'s)."""
+
+    KIND: ClassVar[str] = "site.stop"
+    term: int
+    epoch: int
+    winner: str
+    at: float = 0.0
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.term <= MAX_SPEC_INT or not 0 <= self.epoch <= MAX_SPEC_INT:
+            raise SchemaError(self.KIND, "", "term in [1, 2**53], epoch in [0, 2**53]")
+
+
+@dataclass(frozen=True, slots=True)
+class SiteSpec(Entry):
+    """``site_specs[task id]``: the spec of one of this node's tasks another member may need:
+    a service replica it runs (to restart it elsewhere if this node dies while the site is
+    cut off) or a local submission it ``offered`` to the site (queued here, no room)."""
+
+    KIND: ClassVar[str] = "site.spec"
+    spec: TaskSpec
+    offered: bool = False
+
+
 #: Every entry kind, for the fuzz tests and the schema documentation.
 ENTRY_KINDS: tuple[type[Entry], ...] = (
     Registration,
@@ -950,4 +1052,10 @@ ENTRY_KINDS: tuple[type[Entry], ...] = (
     TidalEntry,
     ServiceEntry,
     LoadReport,
+    SiteVote,
+    SiteLease,
+    SiteSeen,
+    SiteOrderEntry,
+    SiteStop,
+    SiteSpec,
 )

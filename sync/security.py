@@ -395,9 +395,12 @@ def acl(
     A node answers central's requests for a task's output on ``logs/<self>/reply/+`` only
     (:mod:`edgesched.sync.logstream`; no node reads them).
 
-    A node writes no document reply topic: only centrals answer on them (nodes do not ask one
-    another, and a node answers a central's step 1 on its own sender topic, which only
-    centrals hear).
+    A node writes one document's reply topics only, its own node document's
+    (``doc/node-<self>/reply/+/<self>``): its site peers ask it for its document
+    (:mod:`edgesched.edge.site`), and a member of a site listed in ``site_members``
+    reads each peer's status and sender topic of its node document, the answers
+    addressed to it there, and sends its step 1 on its own sender topic of each peer's
+    document (no peer takes content from it there: authorship is per writer).
 
     Deliberately narrower than "write ``doc/+/sync/<self>``": that would let a node inject
     updates into another node's private document under its own name. And a node does not read
@@ -420,6 +423,8 @@ def acl(
         f"pattern write {ROOT}/doc/node-%u/sync/%u",
         f"pattern write {ROOT}/doc/policy/sync/%u",
         f"pattern write {ROOT}/doc/desired-%u/sync/%u",
+        "# A node answers its site peers' step 1 on its own document (edgesched.edge.site).",
+        f"pattern write {ROOT}/doc/node-%u/reply/+/%u",
         f"pattern read {ROOT}/central/#",
         f"pattern read {ROOT}/node/%u/#",
         f"pattern read {ROOT}/doc/node-%u/#",
@@ -455,6 +460,19 @@ def acl(
                 f"topic read {ROOT}/doc/site-{site}/#",
                 f"topic write {ROOT}/doc/site-{site}/sync/{node}",
             ]
+            # Site autonomy (edgesched.edge.site): each member replicates its peers' node
+            # documents (their writer's updates, and the answers to its own step 1 on its
+            # reply topic) and follows their status; it sends a step 1 on its own sender
+            # topic of each, where no peer takes content from it (authorship).
+            for peer in members:
+                if peer == node:
+                    continue
+                lines += [
+                    f"topic read {ROOT}/node/{peer}/status",
+                    f"topic read {ROOT}/doc/node-{peer}/sync/{peer}",
+                    f"topic read {ROOT}/doc/node-{peer}/reply/{node}/{peer}",
+                    f"topic write {ROOT}/doc/node-{peer}/sync/{node}",
+                ]
     return "\n".join(lines) + "\n"
 
 

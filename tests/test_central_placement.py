@@ -202,12 +202,36 @@ def test_reconcile_leaves_exactly_one_active_copy_on_every_replica(
     assert first == reconcile(assignments, shuffled, {}, policy, fresh)
     active = [n for n, (_, _, s, _) in spread.items() if s != "exited"]
     if len(active) < 2:
-        assert first == []
+        if active and active[0] != "a" and spread[active[0]][0] > 1:
+            # one copy, off the assignment's node at a later epoch: adopted, nothing stops
+            (adopted,) = first
+            assert kept(adopted) == active[0] and adopted.losers == ()
+        else:
+            assert first == []
         return
     (settled,) = first
     stopped = {c.node_id for c in settled.losers}
     assert kept(settled) in active and kept(settled) not in stopped
     assert set(active) - stopped == {kept(settled)}
+
+
+def test_central_adopts_a_sites_failover_and_beats_it_at_equal_epochs() -> None:
+    """Issue 16: a cut-off site's coordinator restarted a replica on b (epoch 2, decided by
+    ``site:b``) while central still had it on a (epoch 1): central adopts b's copy; had
+    central failed it over too (to c, epoch 2), central's copy wins on every peer."""
+    rule = ReconcilePolicy.KEEP_ORIGINAL
+    by_site = replace(copy(2, True), assignment=AssignmentRef("site:b", 2, True))
+    docs = {"a": doc({}), "b": doc({"svc": by_site})}
+    (adopted,) = reconcile({"svc": assigned("a")}, docs, {}, rule, {"a", "b"})
+    assert kept(adopted) == "b" and adopted.losers == ()
+    # a queued copy is not adopted (it may never run); nor one at central's own epoch
+    queued = replace(by_site, state=TaskState.ACCEPTED)
+    assert reconcile({"svc": assigned("a")}, {"b": doc({"svc": queued})}, {}, rule, {"b"}) == []
+    assert reconcile({"svc": assigned("a", epoch=2)}, docs, {}, rule, {"a", "b"}) == []
+    # central failed it over to c at the same epoch: both replacements, central's ranks first
+    docs["c"] = doc({"svc": copy(2, True)})
+    (raced,) = reconcile({"svc": assigned("c", epoch=2)}, docs, {}, rule, {"a", "b", "c"})
+    assert kept(raced) == "c" and [c.node_id for c in raced.losers] == ["b"]
 
 
 def test_a_task_may_choose_its_own_reconcile_rule() -> None:

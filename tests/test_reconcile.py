@@ -123,3 +123,16 @@ def test_resolve_and_bad_input() -> None:
         Claim("t", "n", -1, "central", 0.0, 0.0, False)
     with pytest.raises(ValueError):
         Claim("t", "n", 1, "central", float("nan"), 0.0, False)
+
+
+def test_a_sites_coordinator_ranks_between_central_and_a_node_alone() -> None:
+    """Issue 16: copies alike in all but their decider settle for central's, then the site
+    coordinator's (``site:<node>``), then a node's own decision."""
+
+    def claim(node: str, by: str) -> Claim:
+        return Claim("t", node, 2, by, 0.0, 0.0, True)
+
+    central, site, alone = claim("z", "central"), claim("y", "site:gw-b"), claim("x", "x")
+    assert [c.decider_rank for c in (central, site, alone)] == [0, 1, 2]
+    assert winner([alone, site, central]) == central
+    assert winner([alone, site]) == site

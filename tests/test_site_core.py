@@ -201,8 +201,9 @@ def test_plan_places_an_offer_on_a_member_with_room() -> None:
     full = [Copy(_task(f"t{i}", 2.0), "gw-a", True, 0, False) for i in range(4)]
     copies = {c.task.id: [c] for c in full}
     offer = Offer(_task("burst", 2.0), "gw-a")
-    plan = plan_site(Term(1, "gw-a"), [_node("gw-a"), _node("gw-b")], copies, [offer], {},
-                     dead_since={}, now=1.0, failover_after_s=10.0, policy=PolicyConfig())  # fmt: skip
+    nodes = [_node("gw-a"), _node("gw-b")]
+    plan = plan_site(Term(1, "gw-a"), nodes, copies, [offer], {}, dead_since={}, now=1.0,
+                     failover_after_s=10.0, policy=PolicyConfig())  # fmt: skip
     assert [(o.task_id, o.node, o.origin, o.epoch, o.replacement) for o in plan.orders] == [
         ("burst", "gw-b", "gw-a", 1, False)
     ]
@@ -213,8 +214,9 @@ def test_in_flight_orders_hold_their_targets_room() -> None:
     standing = {
         "o0": SiteOrder("o0", "gw-b", "gw-a", 1, 1, False, 0.0, 0.0, "earlier"),
     }
-    plan = plan_site(Term(1, "gw-a"), [_node("gw-a", 1.0), _node("gw-b")], {}, offers, standing,
-                     dead_since={}, now=1.0, failover_after_s=10.0, policy=PolicyConfig())  # fmt: skip
+    nodes = [_node("gw-a", 1.0), _node("gw-b")]
+    plan = plan_site(Term(1, "gw-a"), nodes, {}, offers, standing, dead_since={}, now=1.0,
+                     failover_after_s=10.0, policy=PolicyConfig())  # fmt: skip
     assert plan.orders == ()  # gw-b's room is held by o0, not reported yet
     assert set(plan.waiting) == {"o1"}
 
