@@ -1350,8 +1350,15 @@ class NodeDoc(SyncedDoc):
     """
 
     single_writer = True
-    incremental_roots = ("tasks",)
-    entry_kinds = MappingProxyType({"tasks": TaskReport})
+    incremental_roots = ("tasks", "site_orders", "site_stops", "site_specs")
+    entry_kinds = MappingProxyType(
+        {
+            "tasks": TaskReport,
+            "site_orders": SiteOrderEntry,
+            "site_stops": SiteStop,
+            "site_specs": SiteSpec,
+        }
+    )
     watched_roots = ("node",)
 
     @property
