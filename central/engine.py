@@ -1367,7 +1367,7 @@ class CentralEngine:
         """Waiting tasks and services to fail over (of this replica's shards), placed in one
         batch of the core; tried again only when what a placement sees has changed."""
         index = self.index
-        failover = index.failover_candidates(now)
+        failover = [t for t in index.failover_candidates(now) if not self._runs_elsewhere(t)]
         if index.version == self._placed_version and not failover:
             return
         fleet = _need(self.fleet)
@@ -1385,6 +1385,24 @@ class CentralEngine:
             self._write_placements(now, specs, entries, choices)
         self.sync_index()
         self._placed_version = index.version
+
+    def _runs_elsewhere(self, task_id: str) -> bool:
+        """Whether a fresh node runs ``task_id`` at a later placement epoch than central's
+        assignment (a cut-off site's coordinator failed it over): the reconcile step adopts
+        that copy, so central does not fail the task over a second time."""
+        entry = self.index.assignments.get(task_id)
+        if entry is None:
+            return False
+        for node_id, report in self.index.copies_of(task_id).items():
+            a = report.assignment
+            if (
+                node_id in self.index.fresh
+                and a is not None
+                and a.epoch > entry.epoch
+                and report.state in (TaskState.RUNNING, TaskState.PLACED)
+            ):
+                return True
+        return False
 
     def _write_placements(
         self,
