@@ -56,6 +56,7 @@ from edgesched.central.placement import Choice, assignment_entry, place_all, pla
 from edgesched.central.power import PARKED, Move, power_plan
 from edgesched.central.replicas import NODE_DOC_PREFIX, NodeReplicas
 from edgesched.central.services import ServiceController, ServiceRefused
+from edgesched.central.sites import SiteIndex
 from edgesched.central.telemetry import TelemetryCollector
 from edgesched.config import EdgeschedConfig, builtin_profiles
 from edgesched.core.classdemand import MAX_DEMAND, ClassDemand
@@ -288,6 +289,7 @@ class CentralEngine:
             grace_s=self.central.failover_after_s,
             retention_s=self.central.assignment_retention_s,
         )
+        self.sites = SiteIndex()  # each site's members and decisions (GET /v1/sites)
         self._dirty_nodes: set[str] = set()  # replicas changed since the index last looked
         self._placed_version = -1  # the index version waiting work was last tried at
         self._power_at = (-1, 0.0)  # (index version, time) of the last power stage
@@ -718,6 +720,9 @@ class CentralEngine:
                 node_id, NodeView(doc.registration(), tasks, doc.power_report()), changed
             )
             self._history_due.update(tasks.keys() if changed is None else changed)
+        member = self.index.members.get(node_id)
+        if member is not None:  # O(1) + O(changed tasks): the index's reports, no thaw
+            self.sites.learn(node_id, doc, member.registration, member.reports, changed)
         self.index.set_fresh(node_id, self.is_fresh(node_id))
 
     async def submit(self, spec: TaskSpec, pin: str | None = None) -> dict[str, Any]:

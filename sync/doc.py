@@ -618,6 +618,12 @@ class SyncedDoc:
         value: _V = hit[1]
         return value
 
+    def root_version(self, root: str) -> int:
+        """A number bumped by every change of ``root``, one of :attr:`watched_roots` (and by a
+        new pycrdt document): a consumer that keeps what it last read of the root compares it
+        with this, O(1) and without a thaw, and reads the root again only when it moved."""
+        return self._root_revs[root]
+
     def memo(self, key: str) -> dict[str, Any]:
         """The per-entry memo of a map view (see :func:`~edgesched.sync.schema.decode_map`)."""
         return self._memos.setdefault(key, {})
@@ -1359,7 +1365,7 @@ class NodeDoc(SyncedDoc):
             "site_specs": SiteSpec,
         }
     )
-    watched_roots = ("node",)
+    watched_roots = ("node", "site")
 
     @property
     def writer(self) -> str | None:
@@ -1446,6 +1452,7 @@ class NodeDoc(SyncedDoc):
             f"site.{key}",
             lambda: decode_one(cls, normalise(self.root("site").get(key)), self.refusals,
                                where=f"site.{key}"),
+            root="site",
         )  # fmt: skip
 
     def set_site_entry(self, key: str, entry: SiteVote | SiteLease | SiteSeen | None) -> None:
