@@ -992,7 +992,11 @@ class EdgeEngine:
         to_stop: list[str] = []
         async with self._lock:
             now = self.clock()
-            autonomous = not self.link.live(self.edge.lease_s)
+            # cut off from central: not live now, and either heard before or up longer than
+            # the lease (a site does not elect at boot before central's first heartbeat)
+            autonomous = not self.link.live(self.edge.lease_s) and (
+                self.link.last_heard is not None or now - self.started_at > self.edge.lease_s
+            )
             with self.doc.doc.transaction():
                 site.elect(self.doc, now, autonomous)
             active = {r.spec.id: r for r in await self.store.list_tasks(_ACTIVE)}

@@ -24,7 +24,7 @@ ended or preempted since (*not brought back* otherwise).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +86,15 @@ class Verdict:
     offline_missing: list[str] = field(default_factory=list)  # offline decisions not at central
     not_brought_back: list[str] = field(default_factory=list)  # after a power loss, cut off
     undelivered: list[str] = field(default_factory=list)  # assigned by central, not at the node
+    #: site autonomy: a lost member's replicas not running again inside its cut-off site
+    #: within the limit (site/node/task)
+    not_restored_in_site: list[str] = field(default_factory=list)
+    #: site autonomy: two members seen coordinating one site at one epoch ("site@epoch: a, b")
+    coordinators_at_once: list[str] = field(default_factory=list)
+    restored_in_site: int = 0  # replicas a cut-off site ran again after a member was lost
+    #: local submissions a site's coordinator placed on another member than the one that
+    #: took them (the one that took them hands its copy over: cancelled, never run twice)
+    moved_in_site: int = 0
     acknowledged: int = 0
     offline_decisions: int = 0
     rebooted_tasks: int = 0  # tasks running at a power loss, all reboots together
@@ -95,6 +104,7 @@ class Verdict:
         return not (
             self.lost or self.unexpected or self.duplicates or self.diverged
             or self.offline_missing or self.not_brought_back or self.undelivered
+            or self.not_restored_in_site or self.coordinators_at_once
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -111,7 +121,19 @@ class Verdict:
             "rebooted_tasks": self.rebooted_tasks,
             "not_brought_back": self.not_brought_back,
             "undelivered": self.undelivered,
+            "restored_in_site": self.restored_in_site,
+            "moved_in_site": self.moved_in_site,
+            "not_restored_in_site": self.not_restored_in_site,
+            "coordinators_at_once": self.coordinators_at_once,
         }
+
+
+def _placed_for_central(decided_by: object) -> bool:
+    """A copy of a task of central's: placed by central, or by a cut-off site's coordinator
+    (``site:<node>``, edgesched.core.site) failing it over."""
+    return decided_by == "central" or (
+        isinstance(decided_by, str) and decided_by.startswith("site:")
+    )
 
 
 def undelivered(final: FinalState) -> list[str]:
@@ -125,10 +147,42 @@ def undelivered(final: FinalState) -> list[str]:
     )
 
 
+def site_checks(
+    verdict: Verdict,
+    restores: Sequence[Mapping[str, Any]],
+    coordinators: Mapping[str, Mapping[int, Collection[str]]],
+    limit_s: float,
+) -> None:
+    """Site autonomy's invariants: a member lost while its site was cut off has each of its
+    replicas running on a site peer within ``limit_s`` (unless the site healed first: then
+    central takes over), and no two members ever coordinate one site at one epoch."""
+    for r in restores:
+        if r.get("healed_first"):
+            continue
+        restored = r.get("restored") or {}
+        seconds = r.get("seconds")
+        verdict.restored_in_site += len(restored)
+        late = seconds is None or seconds > limit_s
+        for task_id in r.get("replicas", ()):
+            if task_id not in restored or late:
+                verdict.not_restored_in_site.append(f"{r.get('site')}/{r.get('node')}/{task_id}")
+    for site, epochs in sorted(coordinators.items()):
+        for epoch, members in sorted(epochs.items()):
+            if len(set(members)) > 1:
+                verdict.coordinators_at_once.append(f"{site}@{epoch}: {', '.join(sorted(members))}")
+
+
 def check(
-    history: Sequence[Submission], final: FinalState, reboots: Sequence[Reboot] = ()
+    history: Sequence[Submission],
+    final: FinalState,
+    reboots: Sequence[Reboot] = (),
+    *,
+    site_restores: Sequence[Mapping[str, Any]] = (),
+    coordinators: Mapping[str, Mapping[int, Collection[str]]] | None = None,
+    restore_limit_s: float = 8.0,
 ) -> Verdict:
     verdict = Verdict()
+    site_checks(verdict, site_restores, coordinators or {}, restore_limit_s)
     for reboot in reboots:
         verdict.rebooted_tasks += len(reboot.running_before)
         verdict.not_brought_back += brought_back(reboot)
@@ -143,6 +197,11 @@ def check(
             verdict.lost.append(s.task_id)
         elif present and not s.acknowledged:
             verdict.recovered.append(s.task_id)
+    for s in history:
+        if s.where != "central" and s.acknowledged:
+            verdict.moved_in_site += any(
+                s.task_id in tasks and n != s.where for n, tasks in final.node_tasks.items()
+            )
     for node, tasks in final.node_tasks.items():
         for task_id, record in tasks.items():
             central_placed = record.get("decided_by") == "central"
@@ -155,7 +214,7 @@ def check(
             n
             for n, tasks in final.node_tasks.items()
             if tasks.get(task_id, {}).get("state") in ACTIVE
-            and tasks.get(task_id, {}).get("decided_by") == "central"
+            and _placed_for_central(tasks.get(task_id, {}).get("decided_by"))
         )
         if len(running) > 1:
             verdict.duplicates[task_id] = running
@@ -173,6 +232,15 @@ def check(
         at_central = final.replica_tasks.get(s.where, {}).get(s.task_id)
         if at_central is None or at_central.get("state") != found.get("state"):
             verdict.offline_missing.append(f"{s.where}/{s.task_id}")
-    for name in ("lost", "unexpected", "recovered", "diverged", "offline_missing", "undelivered"):
+    for name in (
+        "lost",
+        "unexpected",
+        "recovered",
+        "diverged",
+        "offline_missing",
+        "undelivered",
+        "not_restored_in_site",
+        "coordinators_at_once",
+    ):
         getattr(verdict, name).sort()
     return verdict

@@ -42,6 +42,13 @@ def to_markdown(report: Mapping[str, Any], picture: str | None = None) -> str:
         f"| slowest heal to converge | {_seconds(report.get('max_heal_convergence_s'))} |",
         f"| tasks running at a power loss / not brought back | "
         f"{verdict.get('rebooted_tasks', 0)} / {_list(verdict.get('not_brought_back', [])) or 0} |",
+        f"| site: replicas restored inside a cut site / not in time | "
+        f"{verdict.get('restored_in_site', 0)} / "
+        f"{_list(verdict.get('not_restored_in_site', [])) or 0} |",
+        f"| site: local submissions placed on a site peer | {verdict.get('moved_in_site', 0)} |",
+        f"| site: coordinators (site: epoch → member) / two at one epoch | "
+        f"{_coordinators(report.get('coordinators'))} / "
+        f"{_list(verdict.get('coordinators_at_once', [])) or 'none'} |",
         f"| tidal window opened at | {report.get('tidal_window_opens_at_s', '-')} s |",
         f"| preemptions per node (while autonomous, for a tidal share) | "
         f"{_preempted(report.get('preemptions'))} |",
@@ -232,3 +239,14 @@ def write(report: Mapping[str, Any], workdir: Path) -> Path:
     page = workdir / "report.md"
     page.write_text(to_markdown(report, picture))
     return page
+
+
+def _coordinators(seen: object) -> str:
+    """``site-1: 1 gw-1, 2 gw-2`` from the report's ``coordinators`` (none: ``-``)."""
+    if not isinstance(seen, dict) or not seen:
+        return "-"
+    return "; ".join(
+        f"{site}: " + ", ".join(f"{e} {'+'.join(m)}" for e, m in epochs.items())
+        for site, epochs in sorted(seen.items())
+        if isinstance(epochs, dict)
+    )

@@ -92,6 +92,15 @@ NODE_DETECT_S = 10.0
 SITE_DETECT_S = 8.5
 #: How long a node that booted after a power loss has to bring its running tasks back.
 BRING_BACK_S = 8.0
+#: Site autonomy (a scenario's ``site_autonomy``): how long a member must be gone before its
+#: site's coordinator restarts its replicas on the others, and how long a local submission
+#: waits unplaced before its node offers it to the site.
+SITE_FAILOVER_S = 2.0
+SITE_OFFER_AFTER_S = 0.5
+#: The longest a cut-off site may run a lost member's replicas short: its failover time, the
+#: election's cycles and the member's will (at once for a power loss: its socket closes),
+#: and the harness's polling.
+SITE_RESTORE_LIMIT_S = SITE_FAILOVER_S + 6.0
 _LINK_ACTIONS = ("isolate", "drop-in", "drop-out", "heal", "reset", "throttle", "wan-cut",
                  "latency")  # fmt: skip
 
@@ -200,6 +209,11 @@ class Run:
     heals: list[dict[str, Any]] = field(default_factory=list)  # per heal: time to converge
     reboots: list[Reboot] = field(default_factory=list)
     bring_back: list[dict[str, Any]] = field(default_factory=list)  # per reboot: how long
+    #: per member lost while its site was cut off: its replicas and where and when they ran
+    #: again inside the site (site autonomy)
+    site_restores: list[dict[str, Any]] = field(default_factory=list)
+    #: site -> coordinating epoch -> the members seen acting at that epoch
+    coordinators: dict[str, dict[int, set[str]]] = field(default_factory=dict)
 
 
 class Harness:
@@ -224,6 +238,7 @@ class Harness:
         self.tidal = TidalWindow(0.0)
         self._measuring: list[asyncio.Task[None]] = []
         self._before_reboot: dict[str, dict[str, int]] = {}
+        self._link_cut: set[str] = set()  # targets whose link a fault cut (not a power loss)
 
     @property
     def links(self) -> str:
@@ -309,6 +324,10 @@ class Harness:
             home = self.topo.site_of(node)
             if home is not None:
                 settings["site"] = home
+                if self.scenario.site_autonomy:
+                    settings["site_peers"] = [p for p in self.topo.members(home) if p != node]
+                    settings["site_failover_s"] = SITE_FAILOVER_S
+                    settings["site_offer_after_s"] = SITE_OFFER_AFTER_S
             self.services[node] = self._service(node, "edge", [f"{host}:{port}"], settings)
         for service in [self.central, *self.services.values()]:
             await self._wait_up(service)
@@ -462,6 +481,10 @@ class Harness:
             self.services[target].proc.signal(signal.SIGKILL)
         elif action == "reboot":
             await self._power_loss(target)
+        elif action == "burst":
+            await self._burst(target, int(fault.arg or 1))
+        elif action == "services":
+            await self._services(target)
         elif action == "restart":
             await self._restart(target)
         elif action == "skew":
@@ -479,23 +502,94 @@ class Harness:
             await asyncio.to_thread(broker.stop)
             await asyncio.sleep(0.5)
             broker.start()
+        if action in _LINK_ACTIONS and action != "heal":
+            self._link_cut.add(target)
+        elif action == "heal":
+            self._link_cut.discard(target)
         if action in BREAKS:
             self.run.cut.add(target)
         elif action in ("heal", "cont"):
             self.run.cut.discard(target)
             self._measuring.append(asyncio.create_task(self._time_to_converge(target)))
+        elif action == "restart" and target not in self._link_cut:
+            self.run.cut.discard(target)  # it lost power only: booted, it is back
         self.run.faults_done.append({**fault.to_json(), "done_at": self._t()})
 
     async def _power_loss(self, node: str) -> None:
         """The node's engine and every task process it started die at once."""
         service = self.services[node]
         before: dict[str, int] = {}
-        with contextlib.suppress(OSError, ValueError, TypeError):
+        replicas: list[str] = []
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             rows = (await asyncio.to_thread(service.http, "GET", "/v1/tasks"))[1]
             before = {r["id"]: r["pid"] for r in rows if r["state"] == "running" and r["pid"]}
+            replicas = [r["id"] for r in rows if r["state"] == "running"
+                        and r["spec"].get("restart") == "always"]  # fmt: skip
         service.proc.signal(signal.SIGKILL)
         kill_leftovers([service.state / "run"])
         self._before_reboot[node] = before
+        site = self.topo.site_of(node)
+        if self.scenario.site_autonomy and site is not None and site in self.run.cut and replicas:
+            self._measuring.append(asyncio.create_task(self._site_restore(node, site, replicas)))
+
+    async def _site_restore(self, node: str, site: str, replicas: list[str]) -> None:
+        """After a member of a cut-off site lost power: poll its site peers until each of its
+        service replicas runs on one of them (site autonomy), while the site is still cut."""
+        peers = [p for p in self.topo.members(site) if p != node]
+        start = time.monotonic()
+        record: dict[str, Any] = {"node": node, "site": site, "at": self._t(),
+                                  "replicas": sorted(replicas), "restored": {},
+                                  "seconds": None, "healed_first": False}  # fmt: skip
+        self.run.site_restores.append(record)
+        while time.monotonic() - start < SITE_RESTORE_LIMIT_S + 10.0:
+            if site not in self.run.cut:
+                record["healed_first"] = True
+                return
+            for peer in peers:
+                with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+                    rows = (await asyncio.to_thread(self.services[peer].http, "GET",
+                                                    "/v1/tasks", timeout=1.0))[1]  # fmt: skip
+                    for r in rows:
+                        if r["id"] in replicas and r["state"] == "running":
+                            record["restored"].setdefault(r["id"], peer)
+            if set(record["restored"]) == set(replicas):
+                record["seconds"] = round(time.monotonic() - start, 3)
+                return
+            await asyncio.sleep(0.25)
+
+    async def _services(self, site: str) -> None:
+        """A restart-always service at central pinned to each member of ``site``."""
+        central = self.central
+        assert central is not None
+        for node in self.topo.members(site):
+            task_id = f"svc-{node}"
+            body = {"id": task_id, "command": ["sleep", "600"], "cpu": 0.1, "mem_gib": 0.05,
+                    "restart": "always", "workload": "service", "priority": 50,
+                    "node": node}  # fmt: skip
+            at = time.monotonic() - self.run.started
+            try:
+                status, _ = await asyncio.to_thread(central.http, "POST", "/v1/tasks", body)
+                acked = status == 201
+            except (OSError, ValueError):
+                acked = False
+            self.run.history.append(Submission(at, task_id, "central", acked))
+
+    async def _burst(self, node: str, count: int) -> None:
+        """``count`` submissions to ``node`` at once, each asking most of a core: more than one
+        node has room for (site autonomy places the rest on its site peers)."""
+        service = self.services[node]
+        cut = self.cut_off(node)
+        for i in range(count):
+            task_id = f"{node}-burst-{len(self.run.history)}-{i}"
+            body = {"id": task_id, "command": ["sleep", "30"], "cpu": 0.9, "mem_gib": 0.05,
+                    "restart": "never", "workload": "burst"}  # fmt: skip
+            at = time.monotonic() - self.run.started
+            try:
+                status, _ = await asyncio.to_thread(service.http, "POST", "/v1/tasks", body)
+                acked = status == 201
+            except (OSError, ValueError):
+                acked = False
+            self.run.history.append(Submission(at, task_id, node, acked, while_cut=cut))
 
     async def _restart(self, node: str) -> None:
         service = self.services[node]
@@ -541,7 +635,8 @@ class Harness:
     async def _time_to_converge(self, target: str, limit: float = 30.0) -> None:
         """From a heal until central's replica of the node(s) equals the node's own; cut short
         (``interrupted``) when one of them is cut off again first, as a flapping link is."""
-        nodes = self.nodes_of(target)
+        # (a site's member that lost power and has not booted yet is not part of its heal)
+        nodes = [n for n in self.nodes_of(target) if n == target or n not in self.run.cut]
         assert self.central is not None
         central = self.central
         start = time.monotonic()
@@ -672,8 +767,13 @@ async def _watch(harness: Harness, until: float) -> None:
     async def mode(service: Service) -> str:
         try:
             status = (await asyncio.to_thread(service.http, "GET", "/v1/status", timeout=1.0))[1]
+            site = status.get("site_autonomy") or {}
+            acting = site.get("coordinating")
+            if acting is not None:  # (one coordinator per site and epoch: the checker's)
+                epochs = harness.run.coordinators.setdefault(str(status["site"]), {})
+                epochs.setdefault(int(acting["epoch"]), set()).add(str(status["node"]))
             return str(status["mode"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return "unreachable"
 
     async def view() -> dict[str, str]:
@@ -850,6 +950,7 @@ async def run_scenario(
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; see `edgesched fieldtest list`")
     spec = SCENARIOS[scenario]
+    nodes = max(nodes, spec.min_nodes)
     sites = spec.sites if sites is None else sites
     if sites < spec.sites:
         raise ValueError(f"{scenario} needs at least {spec.sites} site(s), got {sites}")
@@ -904,7 +1005,10 @@ async def run_scenario(
             final = await _settled_state(harness)
             await asyncio.gather(*harness._measuring, return_exceptions=True)
             watch.cancel()  # the timeline ends when the run is judged
-        verdict: Verdict = check(run.history, final, run.reboots)
+        verdict: Verdict = check(
+            run.history, final, run.reboots, site_restores=run.site_restores,
+            coordinators=run.coordinators, restore_limit_s=SITE_RESTORE_LIMIT_S,
+        )  # fmt: skip
         heal_times = [h["seconds"] for h in run.heals if h["interrupted"] is None]
         extra = {
             "links": harness.links,
@@ -929,6 +1033,11 @@ async def run_scenario(
         "heals": run.heals,
         "max_heal_convergence_s": max((t for t in heal_times if t is not None), default=None),
         "reboots": run.bring_back,
+        "site_restores": run.site_restores,
+        "coordinators": {
+            site: {str(e): sorted(n) for e, n in sorted(epochs.items())}
+            for site, epochs in sorted(run.coordinators.items())
+        },
         "verdict": verdict.to_json(),
         "ok": verdict.ok and converge_s is not None and None not in heal_times,
         "submissions": len(run.history),

@@ -6,7 +6,10 @@ seed and topology give the same schedule, so a failing run is replayed exactly w
 Every schedule ends healed; the runner heals everything again anyway before the quiet period.
 
 Targets: a node id, ``central`` (central's host: central and its broker), ``broker``
-(central's broker alone) or a site id (``site-1``: the site broker's WAN link).
+(central's broker alone) or a site id (``site-1``: the site broker's WAN link). Two actions are
+not faults but work: ``burst`` (``arg`` submissions to one node at once) and ``services`` (a
+restart-always service submitted at central pinned to each member of a site, so a member lost
+later has one).
 
 ``site-split`` needs a precise meaning with one central broker: every message between two
 sites goes through central's broker, so sites can only be split from each other by cutting
@@ -27,6 +30,7 @@ ACTIONS = frozenset(
     {
         "isolate", "heal", "drop-in", "drop-out", "kill", "restart", "stop", "cont",
         "broker-restart", "reset", "throttle", "wan-cut", "latency", "reboot", "skew",
+        "burst", "services",
     }
 )  # fmt: skip
 #: Actions that leave their target cut off from central until a heal (or cont, or restart).
@@ -41,7 +45,8 @@ class Fault:
     at: float  # seconds after the workload starts
     action: str  # one of ACTIONS
     target: str  # a node id, "central", "broker" or a site id
-    arg: float | None = None  # latency: seconds each way; skew: the clock's offset in seconds
+    #: latency: seconds each way; skew: the clock's offset in seconds; burst: how many tasks
+    arg: float | None = None
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -93,6 +98,10 @@ class Scenario:
     #: when the tidal window opens, in seconds after the workload starts (None: mid-run)
     tidal_at: float | None = None
     pace: Pace = field(default_factory=Pace)  # how fast the workload submits
+    #: The members of each site list each other as ``site_peers`` (edgesched.edge.site):
+    #: while cut off from central they elect a coordinator and schedule as one.
+    site_autonomy: bool = False
+    min_nodes: int = 1  # the fewest nodes it runs with (more if asked)
 
 
 def _isolate_node(rng: random.Random, topo: Topology) -> list[Fault]:
@@ -225,6 +234,76 @@ def _clock_skew(rng: random.Random, topo: Topology) -> list[Fault]:
     ]
 
 
+def _site_of_three(topo: Topology) -> tuple[str, tuple[str, ...]]:
+    """The first site with three members or more (a majority survives one member lost)."""
+    for site in topo.sites:
+        members = topo.members(site)
+        if len(members) >= 3:
+            return site, members
+    raise ValueError("site autonomy scenarios need a site of three members (see min_nodes)")
+
+
+def _site_member_lost(rng: random.Random, topo: Topology) -> list[Fault]:
+    """A site's WAN cut, then one of its members (not the coordinator, the smallest id) loses
+    power: its service replicas must run on a site peer within the site's failover time,
+    while the site is still cut. It boots again after the heal."""
+    site, members = _site_of_three(topo)
+    victim = rng.choice(members[1:])
+    lost = rng.uniform(4.0, 5.0)
+    heal = lost + rng.uniform(11.0, 13.0)
+    return [Fault(0.2, "services", site), Fault(2.0, "wan-cut", site),
+            Fault(lost, "reboot", victim), Fault(heal, "heal", site),
+            Fault(heal + 1.0, "restart", victim)]  # fmt: skip
+
+
+def _site_burst(rng: random.Random, topo: Topology) -> list[Fault]:
+    """A site's WAN cut, then a burst of submissions to one member, more than it has room for:
+    its coordinator places what the member cannot on its peers."""
+    site, members = _site_of_three(topo)
+    node = rng.choice(members)
+    start = rng.uniform(4.0, 5.0)
+    return [Fault(2.0, "wan-cut", site), Fault(start, "burst", node, float(rng.randint(6, 8))),
+            Fault(start + rng.uniform(9.0, 11.0), "heal", site)]  # fmt: skip
+
+
+def _split_in_site(rng: random.Random, topo: Topology) -> list[Fault]:
+    """A site's WAN cut, then one member cut from its site broker too (a split inside the
+    site): the majority keeps (or elects) a coordinator, the member alone schedules alone."""
+    site, members = _site_of_three(topo)
+    node = rng.choice(members)
+    start = rng.uniform(4.0, 5.0)
+    back = start + rng.uniform(6.0, 8.0)
+    return [Fault(0.2, "services", site), Fault(2.0, "wan-cut", site),
+            Fault(start, "isolate", node),
+            Fault(back, "heal", node),
+            Fault(back + rng.uniform(2.0, 3.0), "heal", site)]  # fmt: skip
+
+
+def _coordinator_killed(rng: random.Random, topo: Topology) -> list[Fault]:
+    """A site's WAN cut, then its coordinator (the smallest id) loses power: the others elect
+    the next at a higher epoch and restart its replicas; it boots again while still cut."""
+    site, members = _site_of_three(topo)
+    lost = rng.uniform(4.0, 5.0)
+    boot = lost + rng.uniform(8.0, 9.0)
+    return [Fault(0.2, "services", site), Fault(2.0, "wan-cut", site),
+            Fault(lost, "reboot", members[0]),
+            Fault(boot, "restart", members[0]),
+            Fault(boot + rng.uniform(3.0, 4.0), "heal", site)]  # fmt: skip
+
+
+def _site_failover_race(rng: random.Random, topo: Topology) -> list[Fault]:
+    """A site's WAN cut long past central's failover time, a member lost: the site restarts
+    its replicas inside the site while central fails them over outside it; after the heal one
+    copy of each is kept, the same on every peer (central's: it ranks first at one epoch)."""
+    site, members = _site_of_three(topo)
+    victim = rng.choice(members[1:])
+    heal = rng.uniform(17.0, 19.0)  # central fails over ~12 s into the cut (the bridge's
+    # will after 7.5 s, then its 4 s grace)
+    return [Fault(0.2, "services", site), Fault(2.0, "wan-cut", site),
+            Fault(3.0, "reboot", victim), Fault(heal, "heal", site),
+            Fault(heal + 1.0, "restart", victim)]  # fmt: skip
+
+
 def soak_schedule(duration_s: float) -> Schedule:
     """Partitions of every kind at random for ``duration_s``: one every one to four minutes
     over an hour, the gaps shrunk in proportion for a shorter soak (5 to 20 s in 5 minutes)."""
@@ -308,6 +387,52 @@ SCENARIOS: dict[str, Scenario] = {
             sites=2,
         ),
         Scenario(
+            "site-member-lost",
+            "a site's WAN cut, a member loses power: its replicas restart on a peer while cut",
+            20.0,
+            _site_member_lost,
+            sites=1,
+            site_autonomy=True,
+            min_nodes=3,
+        ),
+        Scenario(
+            "site-burst",
+            "a site's WAN cut, a burst beyond one member's room: placed on its site peers",
+            16.0,
+            _site_burst,
+            sites=1,
+            site_autonomy=True,
+            min_nodes=3,
+        ),
+        Scenario(
+            "split-in-site",
+            "a site's WAN cut, then one member cut from its site broker too",
+            17.0,
+            _split_in_site,
+            sites=1,
+            site_autonomy=True,
+            min_nodes=3,
+        ),
+        Scenario(
+            "coordinator-killed",
+            "a site's WAN cut, its coordinator loses power and boots again while cut",
+            19.0,
+            _coordinator_killed,
+            sites=1,
+            site_autonomy=True,
+            min_nodes=3,
+        ),
+        Scenario(
+            "site-failover-race",
+            "a site's WAN cut past central's failover, a member lost: site and central both "
+            "fail over (2 sites, 5 nodes)",
+            22.0,
+            _site_failover_race,
+            sites=2,
+            site_autonomy=True,
+            min_nodes=5,
+        ),
+        Scenario(
             "soak",
             "an hour of partitions of every kind every few minutes (2 bridged sites)",
             3600.0,
@@ -324,6 +449,7 @@ SCENARIOS: dict[str, Scenario] = {
 QUICK = (
     "isolate-node", "isolate-central", "flapping", "one-way", "kill-while-cut", "tcp-reset",
     "throttle", "broker-restart-persistent", "wan-cut", "reboot-while-cut",
+    "site-member-lost", "site-burst", "split-in-site", "coordinator-killed", "site-failover-race",
 )  # fmt: skip
 
 

@@ -58,6 +58,37 @@ def test_a_clean_run_passes() -> None:
     assert verdict.acknowledged == 2 and verdict.offline_decisions == 1
 
 
+def test_site_autonomy_violations_are_named() -> None:
+    """Issue 16: a lost member's replica not back inside its cut site in time, two members
+    coordinating one site at one epoch, and a site copy of central's task on top of
+    central's own (a duplicate, whoever placed it); a burst's handed-over task counts moved."""
+    history = [Submission(1.0, "c", "central", True), Submission(2.0, "b", "gw-1", True)]
+    tasks = {
+        "gw-1": {"b": {"state": "cancelled", "decided_by": "edge-autonomous"},
+                 "c": {"state": "running", "decided_by": "central"}},
+        "gw-2": {"b": {"state": "running", "decided_by": "site:gw-1"},
+                 "c": {"state": "running", "decided_by": "site:gw-1"}},
+    }  # fmt: skip
+    restores = [
+        {"site": "site-1", "node": "gw-3", "replicas": ["c", "d"], "restored": {"c": "gw-2"},
+         "seconds": None, "healed_first": False},
+        {"site": "site-1", "node": "gw-4", "replicas": ["e"], "restored": {},
+         "seconds": None, "healed_first": True},  # healed before: central's to restore
+    ]  # fmt: skip
+    verdict = check(
+        history,
+        final(node_hashes={}, replica_hashes={}, node_tasks=tasks, central_tasks={"c": {}}),
+        site_restores=restores,
+        coordinators={"site-1": {1: {"gw-1"}, 2: {"gw-1", "gw-2"}}},
+    )
+    assert not verdict.ok
+    assert verdict.not_restored_in_site == ["site-1/gw-3/c", "site-1/gw-3/d"]  # late: both
+    assert verdict.restored_in_site == 1
+    assert verdict.coordinators_at_once == ["site-1@2: gw-1, gw-2"]
+    assert verdict.duplicates == {"c": ["gw-1", "gw-2"]}
+    assert verdict.moved_in_site == 1 and verdict.lost == []
+
+
 def test_each_violation_is_named() -> None:
     history = [
         Submission(1.0, "lost", "gw-1", True),
@@ -115,7 +146,10 @@ def test_a_power_loss_must_bring_running_tasks_back() -> None:
 
 @given(st.sampled_from(sorted(SCENARIOS)), st.integers(0, 10_000), st.integers(0, 3))
 def test_schedules_are_seeded_and_end_healed(name: str, seed: int, sites: int) -> None:
-    topo = Topology.of(3, max(sites, SCENARIOS[name].sites))
+    spec = SCENARIOS[name]
+    # (a site autonomy scenario needs a site of three: its own count of nodes and sites)
+    n_sites = spec.sites if spec.site_autonomy else max(sites, spec.sites)
+    topo = Topology.of(max(3, spec.min_nodes), n_sites)
     duration = 300.0 if SCENARIOS[name].soak else SCENARIOS[name].duration_s
     first = schedule_for(name, seed, topo, duration if SCENARIOS[name].soak else None)
     assert first == schedule_for(name, seed, topo, duration if SCENARIOS[name].soak else None)
@@ -205,6 +239,16 @@ def test_the_quick_matrix_in_network_namespaces(scenario: str, tmp_path: Path) -
         assert report["topology"]["sites"] == ["site-1", "site-2"]
         assert report["heals"][0]["target"] in ("site-1", "site-2")
         assert "| wan-cut | 1 | netns | 2 |" in matrix_markdown([report])
+    if scenario in ("site-member-lost", "coordinator-killed", "site-failover-race"):
+        # a member lost while its site was cut: its replicas ran again inside the site
+        assert verdict["restored_in_site"] > 0 and verdict["not_restored_in_site"] == []
+        (restore,) = report["site_restores"]
+        assert restore["seconds"] is not None and not restore["healed_first"], restore
+    if SCENARIOS[scenario].site_autonomy:
+        assert report["coordinators"], report["coordinators"]  # a site elected, one per epoch
+        assert verdict["coordinators_at_once"] == []
+    if scenario == "site-burst":
+        assert verdict["moved_in_site"] > 0  # placed on a site peer, handed over, run once
     if scenario == "reboot-while-cut":
         assert report["reboots"] and verdict["rebooted_tasks"] > 0
         assert verdict["not_brought_back"] == []
