@@ -26,6 +26,9 @@ naming what is wrong.
     POST   /v1/policy       switch them ({"mode": ..., "tidal_profile": ...}); nodes follow
     GET    /v1/models       the ONNX models: central's, the published ones, each node's
     PUT    /v1/models/{kind}[?name=]   publish a .onnx file (body) for the fleet: checked first
+    GET    /v1/sites[?decisions=N]   each site: its members (central's liveness of each, their
+                            vote, lease, what they see), its coordinator, the decisions it
+                            made while cut off, and which offline members it sees alive
     POST   /v1/k8s/filter | prioritize | bind   kube-scheduler extender v1 (if enabled)
     GET /metrics            Prometheus text format
 """
@@ -43,6 +46,7 @@ from edgesched.central.engine import CentralEngine, TaskRefused
 from edgesched.central.logsproxy import add_routes as add_logs_routes
 from edgesched.central.openapi import serve_central
 from edgesched.central.serviceapi import add_routes as add_service_routes
+from edgesched.central.sites import DECISIONS_SHOWN, MAX_DECISIONS_SHOWN, MemberLiveness
 from edgesched.core.lifecycle import Phase
 from edgesched.core.task import SpecError, TaskSpec
 from edgesched.policies.models import KINDS, MAX_MODEL_BYTES
@@ -374,6 +378,37 @@ async def put_model(request: web.Request) -> web.Response:
     return web.json_response(view)
 
 
+def _member_liveness(engine: CentralEngine, node_id: str) -> MemberLiveness:
+    status = engine.liveness.nodes.get(node_id)
+    return MemberLiveness(
+        engine.liveness.state(node_id),
+        engine.node_state(node_id),
+        None if status is None else status.since,
+    )
+
+
+async def sites(request: web.Request) -> web.Response:
+    """Each autonomous site, from central's site index (:mod:`edgesched.central.sites`): its
+    members, its coordinator, the newest ``decisions`` (0-1,000, default 20) of the tasks its
+    coordinator placed while cut off, and the members central sees offline that an online
+    member reports live in the site. O(the sites' members + the decisions shown)."""
+    engine = _central(request)
+    try:
+        limit = int(request.query.get("decisions", str(DECISIONS_SHOWN)))
+    except ValueError:
+        limit = -1
+    if not 0 <= limit <= MAX_DECISIONS_SHOWN:
+        return problem(
+            400, "Bad query", f"must be an integer in 0..{MAX_DECISIONS_SHOWN}", "decisions"
+        )
+    if engine.fleet is not None:
+        engine.sync_index()
+    found = engine.sites.view(
+        lambda node_id: _member_liveness(engine, node_id), engine.liveness.sites_down, limit
+    )
+    return web.json_response({"sites": found, "at": engine.clock()})
+
+
 async def metrics(request: web.Request) -> web.Response:
     engine = _central(request)
     engine.refresh_metrics()
@@ -402,6 +437,7 @@ def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.A
     app.router.add_post("/v1/policy", set_policy)
     app.router.add_get("/v1/models", get_models)
     app.router.add_put("/v1/models/{kind}", put_model)
+    app.router.add_get("/v1/sites", sites)
     app.router.add_get("/metrics", metrics)
     dashboard.add_routes(app, engine)
     add_logs_routes(app, engine)  # GET /v1/tasks/{id}/logs, from the node over MQTT

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from edgesched.central.sites import DECISIONS_SHOWN, HEALTHS, MAX_DECISIONS_SHOWN
 from edgesched.config import builtin_profiles
 from edgesched.core.lifecycle import Phase
 from edgesched.core.model import ServerClass
@@ -329,6 +330,7 @@ def _central_schemas() -> dict[str, Schema]:
         "ServiceList": oa.obj(
             {"services": {"type": "array", "items": oa.ref("ServiceView")}},
         ),
+        **_site_schemas(summary["status"], summary["state"]),
         "Scale": oa.obj({"replicas": {"type": "integer", "minimum": 0, "maximum": 10_000}}),
         "Load": oa.obj(
             {
@@ -515,6 +517,116 @@ _WHOLE_QUANTITY: Schema = {
     ],
     "description": "extended resources are whole numbers",
 }
+
+
+def _site_schemas(status: Schema, state: Schema) -> dict[str, Schema]:
+    """``GET /v1/sites``: :meth:`edgesched.central.sites.SiteIndex.view`."""
+    names = {"type": "array", "items": oa.STR}
+    lease: dict[str, Schema] = {
+        "epoch": {"type": "integer", "minimum": 1},
+        "since": {"type": "number", "description": "unix seconds"},
+        "members": {**names, "description": "the live members it coordinates"},
+    }
+    member = oa.obj(
+        {
+            "id": oa.STR,
+            "known": {
+                "type": "boolean",
+                "description": "central holds a document of it that says something of this "
+                "site (false: only named by another member)",
+            },
+            "status": status,
+            "state": state,
+            "status_since": oa.nullable(oa.NUMBER),
+            "health": {
+                "type": "string",
+                "enum": list(HEALTHS),
+                "description": "connected: online at central; alive-in-site: offline at "
+                "central, reported live on the site broker by a member central sees online "
+                "(cut off from central, not dead); unconfirmed: offline, and no online member "
+                "reports it live",
+            },
+            "seen_live_by": {
+                **names,
+                "description": "the members central sees online that report it live",
+            },
+            "vote": oa.nullable(
+                oa.obj(
+                    {"epoch": {"type": "integer", "minimum": 1}, "holder": oa.STR, "at": oa.NUMBER}
+                )
+            ),
+            "lease": oa.nullable(
+                oa.obj(lease, description="it coordinates the site cut off from central")
+            ),
+            "seen": oa.nullable(
+                oa.obj(
+                    {
+                        "peers": {**names, "description": "the site peers it sees live"},
+                        "coordinator": oa.nullable(oa.STR),
+                        "epoch": {"type": "integer", "minimum": 0},
+                        "since": oa.NUMBER,
+                    },
+                    description="what it sees on the site broker, and whose orders it follows",
+                )
+            ),
+            "decisions": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "site decisions it runs",
+            },
+        }
+    )
+    decision = oa.obj(
+        {
+            "task": oa.STR,
+            "node": {"type": "string", "description": "the node running it"},
+            "decided_by": {"type": "string", "pattern": "^site:"},
+            "coordinator": oa.STR,
+            "state": oa.STR,
+            "epoch": {"type": "integer", "minimum": 0},
+            "replacement": oa.BOOL,
+            "at": {"type": "number", "description": "when the node accepted it"},
+        }
+    )
+    return {
+        "SiteMember": member,
+        "SiteDecision": decision,
+        "Site": oa.obj(
+            {
+                "site": oa.STR,
+                "bridge": oa.obj(
+                    {"up": oa.BOOL, "down_since": oa.nullable(oa.NUMBER)},
+                    description="the site broker's bridge to central's, as central hears it",
+                ),
+                "coordinator": oa.nullable(
+                    oa.obj(
+                        {"node": oa.STR, **lease},
+                        description="the member with a lease at the highest epoch",
+                    )
+                ),
+                "members": {"type": "array", "items": oa.ref("SiteMember")},
+                "cut_off_alive": {
+                    **names,
+                    "description": "the members whose health is alive-in-site",
+                },
+                "decisions": oa.obj(
+                    {
+                        "total": {"type": "integer", "minimum": 0},
+                        "recent": {"type": "array", "items": oa.ref("SiteDecision")},
+                    },
+                    description="the tasks its coordinator placed while cut off, as the nodes "
+                    "running them report them: how many, and the newest first",
+                ),
+            },
+            description="A site whose members say something of it (site_peers)",
+        ),
+        "SiteList": oa.obj(
+            {
+                "sites": {"type": "array", "items": oa.ref("Site")},
+                "at": {"type": "number", "description": "central's clock"},
+            }
+        ),
+    }
 
 
 def _service_template() -> Schema:
@@ -1033,6 +1145,24 @@ def _central_paths() -> dict[str, Schema]:
                 fleet,
                 {"200": oa.content(oa.ref("Models"), "the models"), **oa.problems(401)},
                 description=read,
+            )
+        },
+        "/v1/sites": {
+            "get": oa.op(
+                "listSites",
+                "Each site: members, coordinator, decisions made while cut off",
+                nodes_tag,
+                {"200": oa.content(oa.ref("SiteList"), "by name"), **oa.problems(400, 401)},
+                description=read + " From central's site index (each member's own document: "
+                "its vote, its lease while it coordinates, the peers it sees live on the site "
+                "broker). Reporting only: central's failover does not read it.",
+                params=[
+                    oa.query(
+                        "decisions",
+                        {"type": "integer", "minimum": 0, "maximum": MAX_DECISIONS_SHOWN},
+                        f"site decisions shown per site, newest first (default {DECISIONS_SHOWN})",
+                    )
+                ],
             )
         },
         "/v1/models/{kind}": {

@@ -19,6 +19,8 @@
   const BACKOFF_MAX_MS = 30000;
   const STATES = ["connected", "suspect", "partitioned", "dead"];
   const SERVICES_REFRESH_MS = TASKS_REFRESH_MS; // the services, while their panel is on screen
+  const SITES_REFRESH_MS = TASKS_REFRESH_MS; // the sites, while their panel is on screen
+  const SITE_DECISIONS_SHOWN = 10; // per site, newest first (GET /v1/sites?decisions=)
   const SERVICE_SAMPLES_KEEP = 500; // changes of a service's counts this page keeps
   const LOAD_FRESH_S = 300; // an autoscaler acts on no older load report (central's services.py)
   // Events of services (central/services.py), with how the timeline names them.
@@ -76,6 +78,8 @@
     samples: new Map(), // service -> [{at, wanted, running, live}], a point per change
     eventsSeenAt: 0,
   };
+
+  const siteView = { rows: [], loaded: false, error: "", busy: false, onScreen: true };
 
   // --- token ---------------------------------------------------------------------------------
 
@@ -193,6 +197,7 @@
         loadTasks();
         loadFleet();
         loadServices();
+        loadSites();
       }
     });
     es.onerror = () => {
@@ -1322,6 +1327,137 @@
     return serviceView.onScreen && !document.hidden;
   }
 
+  // --- sites ---------------------------------------------------------------------------------
+  // GET /v1/sites every SITES_REFRESH_MS while the panel is on screen: each site's members
+  // (central's state of each, what the site says of it), its coordinator and the decisions it
+  // made while cut off from central (central/sites.py). Not in the snapshot.
+
+  async function loadSites() {
+    if (!token || authFailed || siteView.busy) return;
+    siteView.busy = true;
+    try {
+      const reply = await api("GET", "/v1/sites?decisions=" + SITE_DECISIONS_SHOWN);
+      if (reply.ok && reply.data && Array.isArray(reply.data.sites)) {
+        siteView.rows = reply.data.sites;
+        siteView.error = "";
+      } else {
+        siteView.error = "central refused the list: " + problemText(reply);
+      }
+      siteView.loaded = true;
+    } catch (err) {
+      siteView.error = "central unreachable: " + err;
+    } finally {
+      siteView.busy = false;
+    }
+    renderSites();
+  }
+
+  function term(holder, epoch) {
+    return holder ? holder + " @ epoch " + epoch : dash;
+  }
+
+  function siteHealth(m) {
+    const text = {
+      connected: "connected to central",
+      "alive-in-site": "cut off from central, alive in its site (seen by " + m.seen_live_by.join(", ") + ")",
+      unconfirmed: "offline; no online member sees it",
+    }[m.health] || m.health;
+    return el("span", { class: "site-health", "data-health": m.health, text });
+  }
+
+  function siteMemberRow(m, site) {
+    const seen = m.seen || {};
+    const coordinating = site.coordinator && site.coordinator.node === m.id;
+    const name = el("span", { class: "mono", text: m.id });
+    const label = el("span", {}, name);
+    if (coordinating) label.append(" ", el("span", { class: "chip", text: "coordinator" }));
+    return el(
+      "tr",
+      { class: "site-member", "data-member": m.id, "data-health": m.health },
+      el("td", { "data-label": "member" }, label),
+      el("td", { "data-label": "state" }, el("span", { class: "badge state", "data-state": m.state, text: m.state })),
+      el("td", { "data-label": "health" }, siteHealth(m)),
+      cell("vote", m.vote ? term(m.vote.holder, m.vote.epoch) : dash, "mono"),
+      cell("sees live", m.seen ? (seen.peers.length ? seen.peers.join(", ") : "nobody") : dash),
+      cell("follows", m.seen && seen.coordinator ? term(seen.coordinator, seen.epoch) : dash, "mono"),
+      cell("decisions", String(m.decisions), "num"),
+    );
+  }
+
+  function siteDecision(d) {
+    const what = d.replacement ? "failed over to " : "placed on ";
+    return el(
+      "li",
+      { class: "site-decision", "data-task": d.task },
+      el("span", { class: "mono", text: d.task }),
+      " " + what,
+      el("span", { class: "mono", text: d.node }),
+      " by " + d.coordinator + " @ epoch " + d.epoch + " · " + d.state + " · " + fmtTime(d.at),
+    );
+  }
+
+  function siteCard(site) {
+    const c = site.coordinator;
+    const coordinator = el(
+      "span",
+      { class: "site-coordinator" },
+      "coordinator: ",
+      c ? el("b", { text: c.node }) : el("span", { class: "muted", text: "none (central decides)" }),
+      c ? " · epoch " + c.epoch + " since " + fmtTime(c.since) + " over " + c.members.join(", ") : "",
+    );
+    const bridge = site.bridge.up
+      ? el("span", { class: "chip", "data-ok": "true", text: "bridge up" })
+      : el("span", { class: "chip", "data-ok": "false", text: "bridge down since " + fmtTime(site.bridge.down_since) });
+    const table = el(
+      "table",
+      { class: "data site-members" },
+      el("thead", {}, el("tr", {}, ...["member", "state", "health", "vote", "sees live", "follows", "decisions"].map((h) => el("th", { text: h })))),
+      el("tbody", {}, ...site.members.map((m) => siteMemberRow(m, site))),
+    );
+    const decisions = site.decisions;
+    const shown = decisions.recent.length;
+    const heading = el(
+      "h4",
+      { class: "site-decisions-h" },
+      decisions.total
+        ? decisions.total + (decisions.total === 1 ? " decision" : " decisions") + " made while cut off" +
+          (decisions.total > shown ? " (newest " + shown + ")" : "")
+        : "No decision made while cut off",
+    );
+    const list = el("ol", { class: "site-decisions" }, ...decisions.recent.map(siteDecision));
+    return el(
+      "article",
+      { class: "site", "data-site": site.site, "data-cut": String(!site.bridge.up || !!c) },
+      el("header", {}, el("h3", { class: "mono", text: site.site }), bridge, coordinator),
+      el("div", { class: "table-wrap" }, table),
+      heading,
+      list,
+    );
+  }
+
+  function renderSites() {
+    const box = $("sites");
+    const rows = siteView.rows;
+    const out = rows.map(siteCard);
+    if (!rows.length) {
+      let text = "No site: nodes with [edge] site_peers appear here once they write their site state.";
+      if (siteView.error) text = siteView.error;
+      else if (!siteView.loaded) text = "Loading sites…";
+      out.push(el("p", { class: "empty muted", text }));
+    } else if (siteView.error) {
+      out.push(el("p", { class: "empty muted", text: "⚠ " + siteView.error }));
+    }
+    box.replaceChildren(...out);
+    const coordinated = rows.filter((s) => s.coordinator).length;
+    $("sites-info").textContent = rows.length
+      ? "· " + rows.length + (rows.length === 1 ? " site" : " sites") + " · " + coordinated + " coordinating cut off"
+      : "";
+  }
+
+  function sitesShown() {
+    return siteView.onScreen && !document.hidden;
+  }
+
   // --- events ------------------------------------------------------------------------------
 
   function renderEvents(snap) {
@@ -1437,6 +1573,7 @@
       connect();
       resetTaskPages();
       loadServices();
+      loadSites();
     });
     // nodes: filter and pages (client-side: the stream holds every node)
     const nodesAgain = () => lastSnapshot && renderNodes(lastSnapshot);
@@ -1511,6 +1648,14 @@
         if (shown && !was && lastSnapshot) loadServices(); // scrolled back to: fresh at once
       }).observe($("services-section"));
     }
+    if ("IntersectionObserver" in window) {
+      new IntersectionObserver((entries) => {
+        const shown = entries.some((e) => e.isIntersecting);
+        const was = siteView.onScreen;
+        siteView.onScreen = shown;
+        if (shown && !was && lastSnapshot) loadSites();
+      }).observe($("sites-section"));
+    }
   }
 
   function start() {
@@ -1524,6 +1669,7 @@
         connect();
         resetTaskPages();
         loadServices();
+        loadSites();
       }
     });
     window.addEventListener("resize", () => lastSnapshot && render(lastSnapshot));
@@ -1537,6 +1683,10 @@
       const live = source !== null && staleSince === null && lastSnapshot !== null;
       if (live && servicesShown() && !serviceView.busy) loadServices();
     }, SERVICES_REFRESH_MS);
+    setInterval(() => {
+      const live = source !== null && staleSince === null && lastSnapshot !== null;
+      if (live && sitesShown()) loadSites();
+    }, SITES_REFRESH_MS);
     setInterval(() => {
       // a stream that went quiet without an error (a proxy holding it) is stale too
       if (lastSnapshot !== null && staleSince === null && Date.now() - lastSnapshotAt > STALE_AFTER_MS) {
