@@ -52,6 +52,9 @@ from edgesched.core.scheduler import ClusterView, schedule
 #: ``decided_by`` and an assignment's ``central`` of a site coordinator's decision:
 #: ``site:<coordinator>``.
 SITE_PREFIX = "site:"
+#: The last epoch a vote may name (the documents' integer bound, 2**53). A member that sees a
+#: vote there can vote no higher: it votes for nobody (its site schedules node by node).
+MAX_EPOCH = 2**53
 
 
 def majority(members: int) -> int:
@@ -116,6 +119,8 @@ def next_vote(
         return None  # (a member sees its own vote as it wrote it)
     if joined > floor:
         return Term(joined, candidate)
+    if top >= MAX_EPOCH:
+        return None  # (a peer voted the last epoch: no election can follow it)
     return Term(top + 1, candidate)
 
 

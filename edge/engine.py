@@ -950,7 +950,13 @@ class EdgeEngine:
             self._update_mode()
             try:
                 await self._relabel_after_cut()
-                await self.site_cycle()
+                try:
+                    await self.site_cycle()
+                except StoreError:
+                    raise
+                except Exception:  # what a peer wrote must never stop this node's own cycle
+                    self.metrics.site_errors.inc()
+                    log.exception("site cycle failed; this node schedules alone this cycle")
                 await self.cycle()
             except StoreError as exc:
                 # The engine keeps running what it runs; it retries next cycle.
@@ -979,6 +985,7 @@ class EdgeEngine:
             clock=self.clock,
         )
         await site.open(self.store)
+        site.on_term = lambda _term: self.metrics.site_elections.inc()
         for replica in site.replicas.values():
             replica.on_remote_change(lambda _sender: self._wake.set())
         self.site = site

@@ -32,6 +32,16 @@ class EdgeMetrics:
             "edgesched_edge_task_start_failures", "Task processes that failed to start", registry=r
         )
         self.exits = Counter("edgesched_edge_task_exits", "Task exits", ["result"], registry=r)
+        self.site_errors = Counter(
+            "edgesched_edge_site_errors",
+            "Site cycles that failed (the node scheduled alone that cycle)",
+            registry=r,
+        )
+        self.site_elections = Counter(
+            "edgesched_edge_site_terms",
+            "Terms this node began as its cut-off site's coordinator",
+            registry=r,
+        )
         self.restarts = Counter("edgesched_edge_task_restarts", "Restarts by policy", registry=r)
         self.preemptions = Counter("edgesched_edge_preemptions", "Tasks preempted", registry=r)
         self.recovered = Counter(

@@ -171,7 +171,8 @@ class SiteMember:
         self._saved: dict[str, str] = {}
         self.acting: Term | None = None
         self.followed: Term | None = None
-        self.metrics_elections = 0
+        #: called when this member begins a term as its site's coordinator (a metric)
+        self.on_term: Callable[[Term], None] = lambda _term: None
 
     async def open(self, store: Store) -> None:
         """Our replicas of the peers' documents, as we last persisted them."""
@@ -252,7 +253,7 @@ class SiteMember:
             members = tuple(sorted(live | {self.me}))
             if lease is None or lease.epoch != acting.epoch:
                 log.warning("site: coordinating at epoch %d over %s", acting.epoch, members)
-                self.metrics_elections += 1
+                self.on_term(acting)
                 # a new term: the orders of our older terms are void
                 orders, stops = own.site_orders(), own.site_stops()
                 own.drop_site_keys(

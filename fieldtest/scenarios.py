@@ -246,14 +246,16 @@ def _site_of_three(topo: Topology) -> tuple[str, tuple[str, ...]]:
 def _site_member_lost(rng: random.Random, topo: Topology) -> list[Fault]:
     """A site's WAN cut, then one of its members (not the coordinator, the smallest id) loses
     power: its service replicas must run on a site peer within the site's failover time,
-    while the site is still cut. It boots again after the heal."""
+    while the site is still cut. It boots again while still cut, with its own copies: the
+    site settles them (one copy each), then the WAN heals. (Booted after the heal, central's
+    queued work would fill it before its own tasks are back.)"""
     site, members = _site_of_three(topo)
     victim = rng.choice(members[1:])
     lost = rng.uniform(4.0, 5.0)
-    heal = lost + rng.uniform(11.0, 13.0)
+    boot = lost + rng.uniform(7.0, 8.0)
     return [Fault(0.2, "services", site), Fault(2.0, "wan-cut", site),
-            Fault(lost, "reboot", victim), Fault(heal, "heal", site),
-            Fault(heal + 1.0, "restart", victim)]  # fmt: skip
+            Fault(lost, "reboot", victim), Fault(boot, "restart", victim),
+            Fault(boot + rng.uniform(3.0, 4.0), "heal", site)]  # fmt: skip
 
 
 def _site_burst(rng: random.Random, topo: Topology) -> list[Fault]:
@@ -299,9 +301,11 @@ def _site_failover_race(rng: random.Random, topo: Topology) -> list[Fault]:
     victim = rng.choice(members[1:])
     heal = rng.uniform(17.0, 19.0)  # central fails over ~12 s into the cut (the bridge's
     # will after 7.5 s, then its 4 s grace)
+    # the lost member boots 2 s before the heal, still cut (after central, not before its
+    # queued work, reaches it): three copies of its replicas meet at the heal
     return [Fault(0.2, "services", site), Fault(2.0, "wan-cut", site),
-            Fault(3.0, "reboot", victim), Fault(heal, "heal", site),
-            Fault(heal + 1.0, "restart", victim)]  # fmt: skip
+            Fault(3.0, "reboot", victim), Fault(heal - 2.0, "restart", victim),
+            Fault(heal, "heal", site)]  # fmt: skip
 
 
 def soak_schedule(duration_s: float) -> Schedule:

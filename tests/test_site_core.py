@@ -228,3 +228,13 @@ def test_failover_candidates_skip_tasks_running_on_a_live_member() -> None:
     assert failover_candidates(copies, {"gw-c"}, {"gw-a": 0.0, "gw-b": 0.0}, 100.0, 10.0) == [
         copies[task.id][0]
     ]
+
+
+def test_a_vote_at_the_last_epoch_stalls_the_election_without_breaking_it() -> None:
+    """A stolen member votes the last epoch the documents allow: the others vote for nobody
+    (they schedule node by node, as without site autonomy) and nothing raises."""
+    from edgesched.core.site import MAX_EPOCH
+
+    states = {"gw-c": MemberState(Term(MAX_EPOCH, "gw-c"))}
+    assert next_vote("gw-a", SITE, set(SITE), states) is None
+    assert acting_term("gw-a", SITE, set(SITE), states) is None
