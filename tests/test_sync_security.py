@@ -41,7 +41,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     d = tmp_path_factory.mktemp("pki")
     ca = sec.make_ca(d / "ca")
     server = sec.issue(ca, "broker", d / "server", server_names=("localhost", "127.0.0.1"))
-    certs = {n: sec.issue(ca, n, d / "clients") for n in ("node-a", "node-b", "central")}
+    certs = {n: sec.issue(ca, n, d / "clients") for n in ("node-a", "node-b", "node-c", "central")}
     other = sec.make_ca(d / "other-ca", name="someone-else")
     rogue = sec.issue(other, "node-a", d / "rogue")
     return Pki(ca, server, certs, rogue)
@@ -488,3 +488,64 @@ def test_log_requests_and_replies_reach_only_their_node_and_the_centrals(
     finally:
         for c in (central, a, b):
             c.close()
+
+
+@pytest.fixture
+def site_broker(pki: Pki, tmp_path: Path) -> Iterator[Broker]:
+    """The TLS broker with node-a and node-b members of site s1 (node-c is in no site)."""
+    port = free_port()
+    acl_path = tmp_path / "acl"
+    acl_path.write_text(sec.acl(["central"], site_members={"s1": ["node-a", "node-b"]}))
+    conf = sec.broker_config(port=port, ca=pki.ca, server_cert=pki.server, acl_path=acl_path,
+                             user=getpass.getuser())  # fmt: skip
+    broker = start_broker(tmp_path, conf, port)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def test_site_members_read_each_others_documents_and_status_only(
+    pki: Pki, site_broker: Broker
+) -> None:
+    """Issue 16: a site member hears its peer's status, its peer's writes to its node document
+    and the peer's answers addressed to it; it asks on its own sender topic of the peer's
+    document. It cannot write as the peer (its document, its answers), and a node of no site
+    hears nothing of either."""
+    a = node(pki, site_broker, "node-a")
+    b = node(pki, site_broker, "node-b")
+    c = node(pki, site_broker, "node-c")
+    central = node(pki, site_broker, "central")
+    b_doc = wire.sync_topic("node-node-b", "node-b")
+    a_asks_b = wire.sync_topic("node-node-b", "node-a")
+    b_answers_a = wire.reply_topic("node-node-b", "node-a", "node-b")
+    try:
+        for conn in (a, c, central):
+            conn.subscribe(f"{ROOT}/#")
+        b.subscribe(f"{ROOT}/doc/node-node-b/#")
+        b.publish(f"{ROOT}/node/node-b/status", b"status-b")
+        b.publish(b_doc, b"b-writes")
+        a.publish(a_asks_b, b"a-step1")  # allowed: its own sender topic of b's document
+        for forged in (b_doc, b_answers_a, f"{ROOT}/node/node-b/status"):
+            a.publish(forged, b"forged")  # as b: refused
+        c.publish(a_asks_b, b"forged")  # not a member: not even a's topic
+        c.publish(wire.sync_topic("node-node-b", "node-c"), b"c-step1")  # not a member
+        got_b = b.wait_for(a_asks_b)
+        b.publish(b_answers_a, b"b-answers-a")
+        central.publish(f"{ROOT}/doc/policy/sync/central", b"sentinel")
+        got_a = a.wait_for(f"{ROOT}/doc/policy/sync/central")
+        time.sleep(0.5)
+        got_a += a.drain()
+        got_b += b.drain()
+        got_c = c.drain()
+        got_central = central.drain()
+        assert {(f"{ROOT}/node/node-b/status", b"status-b"), (b_doc, b"b-writes"),
+                (b_answers_a, b"b-answers-a")} <= set(got_a)  # fmt: skip
+        assert (a_asks_b, b"a-step1") in got_b and (a_asks_b, b"a-step1") in got_central
+        for got in (got_a, got_b, got_central):
+            assert all(p != b"forged" for _, p in got), got
+        assert (wire.sync_topic("node-node-b", "node-c"), b"c-step1") not in got_b
+        assert not [t for t, _ in got_c if "node-b" in t], got_c  # no site: nothing of b
+    finally:
+        for conn in (a, b, c, central):
+            conn.close()
