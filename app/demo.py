@@ -10,25 +10,45 @@ Everything is a separate process in one work directory:
   x86 AI node with 4 GPUs, an x86 storage node with 6 NVMe disks, a small ARM node, ...)
   and reporting that server's load and power as telemetry (``[edge] telemetry_source =
   "reserved"``: what its tasks reserve, not this machine's CPU). Their tasks are real
-  ``sleep`` processes on this machine. One node reaches the broker
-  through a :class:`~edgesched.fieldtest.faultproxy.FaultProxy` that runs in the demo's own
-  event loop, so the demo can cut it off for real.
+  ``sleep`` processes on this machine;
+* with Mosquitto and four nodes or more, a **site** (``site-1``): three of the nodes (the last
+  three but the AI node, which stays with central) on a site broker of their own, a second
+  Mosquitto bridged to central's (:func:`edgesched.fieldtest.brokers.broker_config`) through
+  a :class:`~edgesched.fieldtest.faultproxy.FaultProxy` that runs in the demo's own event
+  loop and plays the site's WAN link; each member lists the other two as ``site_peers``
+  (:mod:`edgesched.edge.site`). Without Mosquitto (the embedded amqtt broker has no bridge)
+  or with fewer nodes, one node (the storage node) reaches the broker through the proxy
+  instead, as before sites.
 
 A workload driver replays a scaled-down campus day (:mod:`edgesched.core.campus`: its classes,
 priorities, tidal hours and durations) on a simulated clock ``speed`` times faster than real
 time: cloud desktops, AI training and video analytics are submitted at central, which places
 them; face recognition and video conferencing are submitted at a node's own API, and the node
 decides. Each node also runs a gate service (restart ``always``) submitted at central; the
-cut-off node's is pinned to it, so central fails it over and reconciles the two copies after
-the heal. Mid-morning the proxy blackholes one node for an hour (simulated) while the driver
-keeps submitting to it; in the evening the fleet switches to energy mode.
+storage node's is pinned to it. In the evening the fleet switches to energy mode.
+
+Mid-morning the proxy blackholes the WAN for an hour (simulated) while the driver keeps
+submitting to the nodes behind it:
+
+* **a site**: its members lose central's heartbeat and elect a coordinator (the smallest id,
+  :mod:`edgesched.core.site`); then the storage node loses power (SIGKILL of its engine and of
+  its task processes; it stays down for the rest of the run, and local submissions meant for
+  it go to a live member instead), and the coordinator restarts its gate service on a peer
+  after the site's failover time (``site_failover_s``), while still cut off: that copy's
+  ``decided_by`` is ``site:<coordinator>``. Central's failover grace is set longer than the
+  cut here, so what moves during the cut is the site's doing; after the heal central adopts
+  the site's placement (its task view names the peer). The demo watches the members'
+  ``/v1/status`` (``site_autonomy``) and own task lists to report it;
+* **one node**: it decides alone; central fails its pinned gate service over after 2 s and
+  reconciles the two copies after the heal.
 
 At the end the demo reads what happened from the fleet's own APIs (offline decisions, merge
-time, failovers and reconciles, tasks per node, utilization and energy), checks that every
-replica at central is byte-equal to its node's document and that no task runs on two nodes,
-prints it and writes it as JSON. SIGINT and SIGTERM stop everything: nodes first (SIGTERM),
-then the task processes they leave running (tasks outlive their engine by design), then
-central, then the broker.
+time, failovers and reconciles, tasks per node, utilization and energy; for a site, its
+coordinator, the dead member's replicas and where they run, the site's decisions), checks that
+every replica at central is byte-equal to its node's document (the dead member's left out: it
+has none now) and that no task runs on two nodes, prints it and writes it as JSON. SIGINT and
+SIGTERM stop everything: nodes first (SIGTERM), then the task processes they leave running
+(tasks outlive their engine by design), then central, then the brokers.
 """
 
 from __future__ import annotations
@@ -59,8 +79,10 @@ from edgesched import demoservice
 from edgesched.core.campus import BIN_S, BINS_PER_DAY, arrival_rate_curve, workload_classes
 from edgesched.edge.fakehw import SERVER_KINDS, ServerKind, build_server
 from edgesched.edge.hal import default_power_model, discover, to_node
+from edgesched.fieldtest.brokers import broker_config
 from edgesched.fieldtest.faultproxy import FaultProxy
-from edgesched.localbroker import LocalBroker, start_local_broker
+from edgesched.localbroker import LocalBroker, mosquitto_path, start_local_broker
+from edgesched.ports import free_port, wait_for_port
 from edgesched.rest.client import ApiError, ApiTarget, AsyncApiClient
 
 DAY_S = 86_400.0
@@ -98,6 +120,23 @@ READY_TIMEOUT_S = 40.0
 CONVERGE_TIMEOUT_S = 45.0
 MERGE_TIMEOUT_S = 45.0
 DRAIN_TIMEOUT_S = 30.0
+#: The site the demo cuts off when it runs on Mosquitto (the bridge needs it): its id, how
+#: many of the fleet's nodes it holds, how long a dead member's replicas wait before the
+#: coordinator restarts them on a peer, and how long a local submission waits unplaced on its
+#: member before it is offered to the site.
+SITE_ID = "site-1"
+SITE_SIZE = 3
+SITE_FAILOVER_S = 2.0
+SITE_OFFER_AFTER_S = 1.0
+#: Central's failover grace in the site run: the cut's real length plus this, so what moves
+#: while the site is cut off is the site's doing (with the 2 s grace of the one-node cut,
+#: central would fail the site's services over to the other nodes too, and its copy of the
+#: dead member's replica would outrank the site's after the heal: central > site).
+SITE_CENTRAL_GRACE_S = 10.0
+#: The dead member is killed once the site has elected its coordinator, at the latest this
+#: many real seconds before the heal (the restart on a peer takes the failover time and a
+#: few cycles).
+KILL_BEFORE_HEAL_S = 6.0
 
 
 class DemoError(Exception):
@@ -244,6 +283,28 @@ def cut_node_of(nodes: Sequence[SimNode]) -> SimNode:
     return nodes[-1]
 
 
+def site_members_of(nodes: Sequence[SimNode]) -> list[SimNode]:
+    """The nodes of the site the demo cuts off: the last ``SITE_SIZE`` nodes but the first AI
+    node, which stays with central (an x86 node with the GPUs: cloud desktops and AI training
+    keep a place to run during the cut). Empty when fewer than ``SITE_SIZE + 1`` nodes (the
+    other nodes must keep working): the demo then cuts one node off."""
+    if len(nodes) < SITE_SIZE + 1:
+        return []
+    ai = next((n for n in nodes if n.server_class == "ai-accelerator"), None)
+    rest = [n for n in nodes if n is not ai]
+    return rest[-SITE_SIZE:]
+
+
+def site_victim_of(members: Sequence[SimNode]) -> SimNode:
+    """The member that loses power during the cut: the storage node, else the last member;
+    never the member the site elects (the smallest id), so the coordinator stays put."""
+    coordinator = min(n.id for n in members)
+    for node in members:
+        if node.server_class == "storage-dense" and node.id != coordinator:
+            return node
+    return max((n for n in members if n.id != coordinator), key=lambda n: n.id)
+
+
 # --------------------------------------------------------------------------- the workload
 
 
@@ -265,6 +326,7 @@ def plan_workload(
     cut_node: str | None,
     env: dict[str, str],
     cwd: str,
+    site: Sequence[str] = (),
 ) -> list[Arrival]:
     """The campus day's arrivals in ``tl``'s window, scaled to this fleet: a pure function.
 
@@ -273,8 +335,10 @@ def plan_workload(
     lognormal as in the scenario, stretched by the class's factor (and arrivals thinned by
     it) so the median lasts ``MIN_REAL_MEDIAN_S`` real seconds or more. Local classes go to a
     node drawn by CPU capacity among the nodes that can run them; during the cut, half of
-    them go to the cut-off node. Each node also gets a gate service (restart ``always``) at
-    the start, submitted at central; the cut-off node's is pinned to it.
+    them go to the cut-off node, or with a ``site`` (its members' ids) to a member drawn by
+    CPU capacity. Each node also gets a gate service (restart ``always``) at the start,
+    submitted at central; ``cut_node``'s (the cut-off node, or the site's member that loses
+    power) is pinned to it.
     """
     rng = np.random.default_rng(seed)
     fleet_cpu = sum(n.cpu for n in nodes)
@@ -312,7 +376,7 @@ def plan_workload(
                 }
                 route = "central"
                 if name in LOCAL_CLASSES:
-                    route = _local_node(rng, nodes, spec, float(at), tl, cut_node)
+                    route = _local_node(rng, nodes, spec, float(at), tl, cut_node, site)
                 raw.append((float(at), wc.code, route, spec))
     raw.sort(key=lambda r: r[0])
     out: list[Arrival] = []
@@ -345,21 +409,35 @@ def _local_node(
     at: float,
     tl: Timeline,
     cut_node: str | None,
+    site: Sequence[str] = (),
 ) -> str:
-    fits = [
-        n
-        for n in nodes
-        if (not spec["archs"] or n.arch in spec["archs"])
-        and n.cpu >= spec["cpu"]
-        and n.mem_gib >= spec["mem_gib"]
-    ]
+    fits = fitting(nodes, spec)
     if not fits:
         return "central"
     cut = tl.cut_at is not None and tl.heal_at is not None and tl.cut_at <= at < tl.heal_at
-    if cut and any(n.id == cut_node for n in fits) and rng.random() < 0.5:
+    if cut and site:
+        members = [n for n in fits if n.id in site]
+        if members and rng.random() < 0.5:
+            return _by_cpu(rng, members)
+    elif cut and any(n.id == cut_node for n in fits) and rng.random() < 0.5:
         return str(cut_node)
-    weights = np.asarray([n.cpu for n in fits])
-    return fits[int(rng.choice(len(fits), p=weights / weights.sum()))].id
+    return _by_cpu(rng, fits)
+
+
+def fitting(nodes: Iterable[SimNode], spec: dict[str, Any]) -> list[SimNode]:
+    """The nodes that can run ``spec`` (its architectures, CPU and memory)."""
+    return [
+        n
+        for n in nodes
+        if (not spec.get("archs") or n.arch in spec["archs"])
+        and n.cpu >= spec["cpu"]
+        and n.mem_gib >= spec["mem_gib"]
+    ]
+
+
+def _by_cpu(rng: np.random.Generator, nodes: Sequence[SimNode]) -> str:
+    weights = np.asarray([n.cpu for n in nodes])
+    return nodes[int(rng.choice(len(nodes), p=weights / weights.sum()))].id
 
 
 # --------------------------------------------------------------------------- processes
@@ -444,6 +522,29 @@ def write_config(path: Path, sections: dict[str, dict[str, object]]) -> Path:
     return path
 
 
+def start_site_broker(workdir: Path, wan_port: int, timeout: float = 15.0) -> LocalBroker:
+    """The site's Mosquitto on a free loopback port, bridged to central's broker through
+    127.0.0.1:``wan_port`` (the fault proxy: the site's WAN link)."""
+    exe = mosquitto_path()
+    if exe is None:
+        raise DemoError("site broker: mosquitto is not installed")
+    workdir.mkdir(parents=True)
+    port = free_port()
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(broker_config([("127.0.0.1", port)], bridge=(SITE_ID, "127.0.0.1", wan_port)))
+    log = workdir / "broker.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen([exe, "-c", str(conf)], stdout=out, stderr=out)
+    broker = LocalBroker(port, "mosquitto", "5", proc, log)
+    try:
+        wait_for_port(port, timeout, proc=proc)
+    except (ChildProcessError, TimeoutError) as exc:
+        broker.stop()
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+        raise DemoError(f"site broker did not start: {exc} {tail[0]}".strip()) from None
+    return broker
+
+
 # --------------------------------------------------------------------------- the API client
 
 
@@ -493,6 +594,76 @@ class QuietUi:
 
 
 @dataclass
+class Moved:
+    """A replica of the member that lost power: where the site restarted it, and when central
+    adopted that placement."""
+
+    task: str
+    origin: str
+    node: str | None = None  # the site peer it runs on
+    decided_by: str | None = None  # as that peer's own API says
+    after_kill_s: float | None = None  # real seconds from the power loss to running there
+    during_cut: bool | None = None  # running there before the heal
+    central_node: str | None = None  # central's task view after the heal
+    adopted_s: float | None = None  # real seconds from the heal to central's view saying so
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "from": self.origin,
+            "to": self.node,
+            "decided_by": self.decided_by,
+            "restored_after_kill_s": _round(self.after_kill_s, 2),
+            "restored_during_cut": self.during_cut,
+            "central_node_after_heal": self.central_node,
+            "adopted_after_heal_s": _round(self.adopted_s, 2),
+        }
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+@dataclass
+class SiteWatch:
+    """What the demo sees of the cut-off site, from its members' ``/v1/status``
+    (``site_autonomy``) and own task lists."""
+
+    coordinator: str | None = None
+    epoch: int | None = None
+    elected_s: float | None = None  # real seconds from the cut to every live member following
+    terms: set[tuple[str, int]] = field(default_factory=set)  # (holder, epoch) seen acting
+    orders: int = 0  # the most orders the coordinator held at once
+    offered: set[str] = field(default_factory=set)  # submissions members offered to the site
+    polls: int = 0
+    killed: str | None = None
+    killed_at: float | None = None  # simulated
+    killed_after_cut_s: float | None = None
+    killed_processes: int = 0
+    moved: dict[str, Moved] = field(default_factory=dict)
+
+    def see(self, statuses: dict[str, dict[str, Any]], since_cut: float) -> None:
+        """One poll of the live members' ``site_autonomy`` sections."""
+        self.polls += 1
+        for member, site in statuses.items():
+            lease = site.get("coordinating")
+            if lease is not None:
+                self.terms.add((member, int(lease["epoch"])))
+                self.orders = max(self.orders, int(site.get("orders") or 0))
+            self.offered.update(site.get("offered") or ())
+        if self.coordinator is not None or not statuses:
+            return
+        holders = {
+            (s["following"]["holder"], int(s["following"]["epoch"])) if s.get("following") else None
+            for s in statuses.values()
+        }
+        if len(holders) == 1 and (term := holders.pop()) is not None:
+            holder, epoch = term
+            if (statuses.get(holder) or {}).get("coordinating") is not None:
+                self.coordinator, self.epoch, self.elected_s = holder, epoch, since_cut
+
+
+@dataclass
 class Measurements:
     """What the demo observes while the day runs."""
 
@@ -508,6 +679,8 @@ class Measurements:
     planned: int = 0
     unsent: int = 0  # submissions still unanswered DRAIN_TIMEOUT_S after the last one
     gates: demoservice.ScaleLog = field(default_factory=demoservice.ScaleLog)
+    site: SiteWatch = field(default_factory=SiteWatch)
+    rerouted: int = 0  # local submissions for a dead node sent to a live site peer instead
 
     def add_sample(self, sim_s: float, docs: dict[str, dict[str, Any]]) -> None:
         alloc: dict[str, tuple[float, int]] = {}
@@ -579,6 +752,16 @@ class Fleet:
     session: aiohttp.ClientSession
     capi: Api | None = None
     napi: dict[str, Api] = field(default_factory=dict)
+    #: The cut-off site's members (empty: one node is cut off, ``cut``); ``cut`` is then the
+    #: member that loses power during the cut.
+    site: tuple[str, ...] = ()
+    site_broker: LocalBroker | None = None
+    #: Nodes the demo killed (power loss): no API, not watched, not checked.
+    dead: set[str] = field(default_factory=set)
+    failover_after_s: float = FAILOVER_AFTER_S  # central's grace in this run
+
+    def live(self) -> dict[str, Api]:
+        return {n: a for n, a in self.napi.items() if n not in self.dead}
 
 
 class SimClock:
@@ -657,17 +840,8 @@ async def _run_in(
 ) -> dict[str, Any]:
     t_begin = time.monotonic()
     sims = make_nodes(opts.nodes, workdir / "hardware")
-    cut = cut_node_of(sims) if opts.partition else None
     tasks_dir = workdir / "tasks"
     tasks_dir.mkdir()
-    plan = plan_workload(
-        sims,
-        tl,
-        seed=opts.seed,
-        cut_node=cut.id if cut else None,
-        env={TASK_MARKER: str(workdir)},
-        cwd=str(tasks_dir),
-    )
     async with contextlib.AsyncExitStack() as stack:
         try:
             broker = await asyncio.to_thread(
@@ -677,10 +851,36 @@ async def _run_in(
             raise DemoError(f"broker: {exc}".splitlines()[0]) from None
         stack.callback(broker.stop)
         ui.info(f"broker: {broker.kind} (MQTT {broker.protocol}) on 127.0.0.1:{broker.port}")
+        # A site needs a second Mosquitto bridged to the first (amqtt has no bridge), and
+        # nodes outside it; else one node is cut off, as before sites.
+        members = site_members_of(sims) if opts.partition and broker.kind == "mosquitto" else []
+        site = tuple(n.id for n in members)
+        cut = (
+            (site_victim_of(members) if members else cut_node_of(sims)) if opts.partition else None
+        )
+        plan = plan_workload(
+            sims,
+            tl,
+            seed=opts.seed,
+            cut_node=cut.id if cut else None,
+            env={TASK_MARKER: str(workdir)},
+            cwd=str(tasks_dir),
+            site=site,
+        )
         proxy: FaultProxy | None = None
         if cut is not None:
             proxy = await stack.enter_async_context(
                 FaultProxy("127.0.0.1", 0, "127.0.0.1", broker.port)
+            )
+        site_broker: LocalBroker | None = None
+        if site and proxy is not None:
+            site_broker = await asyncio.to_thread(
+                start_site_broker, workdir / "site-broker", proxy.port
+            )
+            stack.callback(site_broker.stop)
+            ui.info(
+                f"site {SITE_ID}: {', '.join(site)} on their own broker (127.0.0.1:"
+                f"{site_broker.port}), bridged to central's through the fault proxy (the WAN)"
             )
         session = await stack.enter_async_context(
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15))
@@ -694,6 +894,8 @@ async def _run_in(
         cdir = workdir / "central"
         cdir.mkdir()
         failover = FAILOVER_AFTER_S
+        if site and tl.cut_at is not None and tl.heal_at is not None:
+            failover = round(tl.real(tl.heal_at) - tl.real(tl.cut_at) + SITE_CENTRAL_GRACE_S, 1)
         config = write_config(
             cdir / "central.toml",
             {
@@ -720,6 +922,7 @@ async def _run_in(
         )
         nodes: dict[str, Child] = {}
         fleet = Fleet(workdir, broker, central, nodes, {s.id: s for s in sims}, cut, proxy, session)
+        fleet.site, fleet.site_broker, fleet.failover_after_s = site, site_broker, failover
 
         async def stop_central() -> None:
             await asyncio.to_thread(central.stop)
@@ -747,17 +950,24 @@ async def _run_in(
         for sim in sims:
             ndir = workdir / "nodes" / sim.id
             ndir.mkdir(parents=True)
-            port = (
-                proxy.port
-                if (proxy is not None and cut is not None and sim.id == cut.id)
-                else broker.port
-            )
+            port = broker.port
+            membership: dict[str, object] = {"site": "campus"}
+            if site_broker is not None and sim.id in site:
+                port = site_broker.port
+                membership = {
+                    "site": SITE_ID,
+                    "site_peers": [p for p in site if p != sim.id],
+                    "site_failover_s": SITE_FAILOVER_S,
+                    "site_offer_after_s": SITE_OFFER_AFTER_S,
+                }
+            elif proxy is not None and cut is not None and sim.id == cut.id:
+                port = proxy.port
             config = write_config(
                 ndir / "edge.toml",
                 {
                     "edge": {
                         "node_id": sim.id,
-                        "site": "campus",
+                        **membership,
                         "state_dir": str(ndir / "state"),
                         "api_port": 0,
                         "lease_s": LEASE_S,
@@ -804,6 +1014,7 @@ async def _run_in(
         result["workdir"] = str(workdir) if keep else None
         result["processes"] = {
             "broker": broker.proc.pid,
+            **({"site_broker": site_broker.proc.pid} if site_broker is not None else {}),
             "central": central.proc.pid if central.proc else None,
             **{n: c.proc.pid if c.proc else None for n, c in nodes.items()},
         }
@@ -822,19 +1033,35 @@ async def _day(
     clock = SimClock(tl.start_s, tl.speed)
     status = {"text": ""}
     cut = fleet.cut
+    site = fleet.site
+    cut_name = f"site {SITE_ID}" if site else (cut.id if cut is not None else "")
+    cut_real: list[float] = []
     heal_real: list[float] = []
 
     # Concurrent sends, per destination: a slow central must not hold the nodes' work back.
     sending = {r: asyncio.Semaphore(8 if r == "central" else 4) for r in ("central", *fleet.sim)}
     submits: list[asyncio.Task[None]] = []
 
+    def reroute(arrival: Arrival) -> str:
+        """A local submission for a node that lost power goes to a live member of its site
+        that can run it (the site's users move to the next gateway), else to central."""
+        live = [fleet.sim[n] for n in site if n not in fleet.dead]
+        fits = fitting(live, arrival.spec) or fitting(
+            (s for n, s in fleet.sim.items() if n not in fleet.dead), arrival.spec
+        )
+        m.rerouted += 1
+        return max(fits, key=lambda n: n.cpu).id if fits else "central"
+
     async def submit(arrival: Arrival) -> None:
-        async with sending[arrival.route]:
+        route = arrival.route
+        if route in fleet.dead:
+            route = reroute(arrival)
+        async with sending[route]:
             late = (clock.now() - arrival.at) / tl.speed
-            m.late_s[arrival.route == "central"] = max(m.late_s[arrival.route == "central"], late)
+            m.late_s[route == "central"] = max(m.late_s[route == "central"], late)
             body = dict(arrival.spec)
-            kind = "central" if arrival.route == "central" else "local"
-            api = capi if kind == "central" else fleet.napi[arrival.route]
+            kind = "central" if route == "central" else "local"
+            api = capi if kind == "central" else fleet.napi[route]
             if arrival.pin is not None:
                 body["node"] = arrival.pin
             try:
@@ -845,7 +1072,7 @@ async def _day(
             m.submitted[kind] = m.submitted.get(kind, 0) + 1
         else:
             detail = reply.get("detail") if isinstance(reply, dict) else reply
-            m.refused.append(f"{body['id']} at {arrival.route}: {code} {detail}")
+            m.refused.append(f"{body['id']} at {route}: {code} {detail}")
 
     async def drive(group: asyncio.TaskGroup) -> None:
         for arrival in plan:
@@ -860,13 +1087,14 @@ async def _day(
     async def watch() -> None:
         while True:
             for child in (fleet.central, *fleet.nodes.values()):
-                if not child.alive():
+                if child.name not in fleet.dead and not child.alive():
                     code = None if child.proc is None else child.proc.returncode
                     raise DemoError(
                         f"{child.name} exited ({code}) during the demo: {child.last_error()}"
                     )
-            if fleet.broker.proc.poll() is not None:
-                raise DemoError(f"the broker exited ({fleet.broker.proc.returncode})")
+            for name, broker in (("broker", fleet.broker), ("site broker", fleet.site_broker)):
+                if broker is not None and broker.proc.poll() is not None:
+                    raise DemoError(f"the {name} exited ({broker.proc.returncode})")
             await asyncio.sleep(0.5)
 
     async def sample() -> None:
@@ -875,6 +1103,8 @@ async def _day(
             docs = {}
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 for node_id in fleet.sim:
+                    if node_id in fleet.dead:
+                        continue  # powered off: runs nothing (central's copy is its last word)
                     docs[node_id] = (await capi.get(f"/v1/nodes/{node_id}")).get("content") or {}
                 m.add_sample(min(now, tl.end_s), docs)
             if now >= tl.end_s:
@@ -893,20 +1123,139 @@ async def _day(
 
     async def measure_merge() -> None:
         assert cut is not None
-        napi = fleet.napi[cut.id]
+        merging = [n for n in site if n not in fleet.dead] if site else [cut.id]
 
         async def merged() -> bool:
-            node_hash = (await napi.get("/v1/status"))["document"]["content_hash"]
             seen = {n["id"]: n for n in (await capi.get("/v1/nodes"))["nodes"]}
-            return bool(seen[cut.id]["document"]["content_hash"] == node_hash)
+            for node_id in merging:
+                node_hash = (await fleet.napi[node_id].get("/v1/status"))["document"][
+                    "content_hash"
+                ]
+                if seen[node_id]["document"]["content_hash"] != node_hash:
+                    return False
+            return True
 
         ok, _ = await _poll(merged, MERGE_TIMEOUT_S, interval=0.05)
         if ok:
             m.merge_s = time.monotonic() - heal_real[0]
-            ui.note(clock.now(), f"{cut.id} merged at central {m.merge_s:.2f}s after the heal")
+            ui.note(clock.now(), f"{cut_name} merged at central {m.merge_s:.2f}s after the heal")
         else:
-            m.merge_error = f"{cut.id} not merged within {MERGE_TIMEOUT_S:g}s of the heal"
+            m.merge_error = f"{cut_name} not merged within {MERGE_TIMEOUT_S:g}s of the heal"
             ui.note(clock.now(), m.merge_error)
+
+    async def site_statuses() -> dict[str, dict[str, Any]]:
+        out = {}
+        for node_id in site:
+            if node_id in fleet.dead:
+                continue
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, DemoError):
+                body = await fleet.napi[node_id].get("/v1/status")
+                if body.get("site_autonomy") is not None:
+                    out[node_id] = body["site_autonomy"]
+        return out
+
+    async def observe_site() -> None:
+        """The members' view of the site from the cut to the heal: who coordinates, at which
+        epoch, how many orders it holds."""
+        watch = m.site
+        while not heal_real:
+            before = watch.coordinator
+            watch.see(await site_statuses(), time.monotonic() - cut_real[0])
+            if before is None and watch.coordinator is not None:
+                ui.note(
+                    clock.now(),
+                    f"{SITE_ID} elected {watch.coordinator} coordinator (epoch {watch.epoch}), "
+                    f"{watch.elected_s:.1f}s into the cut; every live member follows it",
+                )
+            await asyncio.sleep(0.25)
+
+    async def running_on(node_id: str) -> dict[str, dict[str, Any]]:
+        rows = await fleet.napi[node_id].get("/v1/tasks?state=running")
+        return {r["id"]: r for r in rows}
+
+    async def power_loss() -> None:
+        """Once the site has its coordinator (or ``KILL_BEFORE_HEAL_S`` before the heal), the
+        victim loses power: SIGKILL of its engine and of its task processes. It stays down
+        for the rest of the run. Then: where its replicas (restart ``always``) come back."""
+        assert cut is not None and tl.cut_at is not None and tl.heal_at is not None
+        watch = m.site
+        latest = cut_real[0] + max(
+            1.0, tl.real(tl.heal_at) - tl.real(tl.cut_at) - KILL_BEFORE_HEAL_S
+        )
+        while watch.coordinator is None and time.monotonic() < latest:
+            await asyncio.sleep(0.1)
+        victim = fleet.nodes[cut.id]
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, DemoError):
+            for task_id, row in (await running_on(cut.id)).items():
+                if (row.get("spec") or {}).get("restart") == "always":
+                    watch.moved[task_id] = Moved(task_id, cut.id)
+        fleet.dead.add(cut.id)
+        killed_real = time.monotonic()
+
+        def kill() -> int:
+            if victim.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    victim.proc.kill()
+                victim.proc.wait()
+            from edgesched.edge.executor import kill_leftovers
+
+            return kill_leftovers([victim.state / "run"])  # its tasks only, not the others'
+
+        watch.killed_processes = await asyncio.to_thread(kill)
+        watch.killed, watch.killed_at = cut.id, clock.now()
+        watch.killed_after_cut_s = killed_real - cut_real[0]
+        ui.note(
+            clock.now(),
+            f"{cut.id} lost power (SIGKILL of its engine and {watch.killed_processes} task "
+            f"processes; it stays down); its replicas: {', '.join(sorted(watch.moved)) or 'none'}",
+        )
+        status["text"] += f" · {cut.id} down"
+        deadline = tl.real(tl.heal_at) - tl.real(tl.cut_at) + cut_real[0] + MERGE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            waiting = [mv for mv in watch.moved.values() if mv.node is None]
+            if not waiting:
+                break
+            for node_id in site:
+                if node_id in fleet.dead:
+                    continue
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, DemoError):
+                    rows = await running_on(node_id)
+                    for mv in waiting:
+                        found = rows.get(mv.task)
+                        if found is None or mv.node is not None:
+                            continue
+                        mv.node, mv.decided_by = node_id, found.get("decided_by")
+                        mv.after_kill_s = time.monotonic() - killed_real
+                        mv.during_cut = not heal_real
+                        ui.note(
+                            clock.now(),
+                            f"{mv.task} back on {node_id} ({mv.decided_by}) "
+                            f"{mv.after_kill_s:.1f}s after the power loss"
+                            + (", the site still cut off" if mv.during_cut else ", after the heal"),
+                        )
+            await asyncio.sleep(0.2)
+
+    async def adopted() -> None:
+        """After the heal: central's view of each moved replica says the peer that runs it."""
+        t0 = heal_real[0]
+        deadline = t0 + MERGE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            waiting = [mv for mv in m.site.moved.values() if mv.adopted_s is None]
+            if not waiting:
+                return
+            for mv in waiting:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    code, view = await capi.call("GET", f"/v1/tasks/{mv.task}")
+                    if code == 200:
+                        mv.central_node = view.get("node")
+                        if mv.node is not None and mv.central_node == mv.node:
+                            mv.adopted_s = time.monotonic() - t0
+                            ui.note(
+                                clock.now(),
+                                f"central adopted the site's placement of {mv.task} on "
+                                f"{mv.node}, {mv.adopted_s:.2f}s after the heal",
+                            )
+            await asyncio.sleep(0.1)
 
     async def gate_service() -> None:
         """The autoscaled gate front end: created at the start, its load reported every
@@ -949,16 +1298,31 @@ async def _day(
                 status["text"] = "energy mode" + (" · " + status["text"] if status["text"] else "")
             elif what == "cut" and fleet.proxy is not None and cut is not None:
                 fleet.proxy.blackhole()
-                ui.note(
-                    at, f"{cut.id} cut off (blackholed by the fault proxy); still submitting to it"
-                )
-                status["text"] = f"{cut.id} cut off"
+                cut_real.append(time.monotonic())
+                if site:
+                    ui.note(
+                        at,
+                        f"site {SITE_ID} ({', '.join(site)}) cut off from central: its WAN link "
+                        "blackholed by the fault proxy; still submitting to its members",
+                    )
+                    group.create_task(observe_site(), name="site")
+                    group.create_task(power_loss(), name="power-loss")
+                else:
+                    ui.note(
+                        at,
+                        f"{cut.id} cut off (blackholed by the fault proxy); still submitting to it",
+                    )
+                status["text"] = f"{cut_name} cut off"
             elif what == "heal" and fleet.proxy is not None and cut is not None:
                 fleet.proxy.heal()
                 heal_real.append(time.monotonic())
-                ui.note(at, f"{cut.id} link healed")
-                status["text"] = status["text"].replace(f"{cut.id} cut off", "").strip(" ·")
+                ui.note(at, f"{SITE_ID} WAN link healed" if site else f"{cut.id} link healed")
+                status["text"] = " · ".join(
+                    p for p in status["text"].split(" · ") if p and p != f"{cut_name} cut off"
+                )
                 group.create_task(measure_merge(), name="merge")
+                if site:
+                    group.create_task(adopted(), name="adopted")
 
     async with asyncio.TaskGroup() as group:
         loops = [
@@ -990,29 +1354,32 @@ async def _collect_events(capi: Api, m: Measurements) -> None:
 
 async def _final_check(fleet: Fleet, m: Measurements) -> dict[str, Any]:
     """Wait (bounded) for every replica to equal its node's document and no task to run on
-    two nodes; then read what each node holds."""
+    two nodes; then read what each node holds. A node the demo killed is left out of both: it
+    has no document to compare, and central's copy of it is what it said before it died (its
+    tasks "running" there ran nowhere since)."""
     assert fleet.capi is not None
     capi = fleet.capi
     state: dict[str, Any] = {}
+    live = fleet.live()
 
     async def settled() -> bool:
         seen = {n["id"]: n for n in (await capi.get("/v1/nodes"))["nodes"]}
         hashes = {}
-        for node_id, api in fleet.napi.items():
+        for node_id, api in live.items():
             hashes[node_id] = (await api.get("/v1/status"))["document"]["content_hash"]
         equal = {
             n: seen.get(n, {}).get("document", {}).get("content_hash") == h
             for n, h in hashes.items()
         }
         tasks = (await capi.get("/v1/tasks"))["tasks"]
-        doubles = sorted(t["id"] for t in tasks if len(t["running_on"]) > 1)
+        doubles = sorted(t["id"] for t in tasks if len(set(t["running_on"]) - fleet.dead) > 1)
         state.update(equal=equal, doubles=doubles, tasks=tasks)
         return all(equal.values()) and not doubles
 
     ok, took = await _poll(settled, CONVERGE_TIMEOUT_S, interval=0.3)
     await _collect_events(capi, m)
     contents = {n: (await capi.get(f"/v1/nodes/{n}")).get("content") or {} for n in fleet.sim}
-    own = {n: await api.get("/v1/tasks") for n, api in fleet.napi.items()}
+    own = {n: await api.get("/v1/tasks") for n, api in live.items()}
     return {
         "settled": bool(ok),
         "settle_s": took,
@@ -1056,12 +1423,19 @@ def _report(
                 "from_central": central_n,
                 "local": local_n,
                 "utilization": round(usage["per_node"][node_id], 4),
-                "cut_off": fleet.cut is not None and node_id == fleet.cut.id,
+                "cut_off": node_id in fleet.site
+                or (not fleet.site and fleet.cut is not None and node_id == fleet.cut.id),
+                "site": SITE_ID if node_id in fleet.site else None,
+                "lost_power": node_id in fleet.dead,
             }
         )
     partition = None
     offline_ok = True
-    if fleet.cut is not None and tl.cut_at is not None and tl.heal_at is not None:
+    site_checks: dict[str, bool] = {}
+    if fleet.site and tl.cut_at is not None and tl.heal_at is not None:
+        partition, site_checks = _site_report(fleet, tl, m, final)
+        offline_ok = partition["offline_decisions"] > 0 and m.merge_s is not None
+    elif fleet.cut is not None and tl.cut_at is not None and tl.heal_at is not None:
         cut_id = fleet.cut.id
         at_central = (final["contents"].get(cut_id) or {}).get("tasks") or {}
         offline_central = sorted(
@@ -1073,6 +1447,9 @@ def _report(
             if r.get("decided_by") == "edge-autonomous"
         )
         partition = {
+            "mode": "node",
+            "why": "one node cut off: a site needs Mosquitto (a bridged site broker) and at "
+            f"least {SITE_SIZE + 1} nodes",
             "node": cut_id,
             "cut_at": clock_text(tl.cut_at),
             "healed_at": clock_text(tl.heal_at),
@@ -1088,6 +1465,7 @@ def _report(
         "replicas_equal": final["replicas_equal"],
         "no_task_on_two_nodes": not final["doubles"],
         "offline_decisions_merged": offline_ok,
+        **site_checks,
     }
     return {
         "ok": all(checks.values()),
@@ -1112,6 +1490,7 @@ def _report(
             "submitted_at_central": m.submitted.get("central", 0),
             "submitted_at_nodes": m.submitted.get("local", 0),
             "refused": len(m.refused),
+            "rerouted": m.rerouted,
             "unanswered": m.unsent,
             "refusals": m.refused[:20],
             "central_tasks_running_on_one_node": sum(1 for v in running_on.values() if len(v) == 1),
@@ -1132,6 +1511,75 @@ def _report(
             "same u, sampled in real time",
         },
     }
+
+
+def _site_report(
+    fleet: Fleet, tl: Timeline, m: Measurements, final: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, bool]]:
+    """The cut-off site's part of the report, and its checks."""
+    assert fleet.cut is not None and tl.cut_at is not None and tl.heal_at is not None
+    watch = m.site
+    decisions: dict[str, dict[str, int | None]] = {}
+    for member in fleet.site:
+        at_central = (final["contents"].get(member) or {}).get("tasks") or {}
+        by = [str(e.get("decided_by") or "") for e in at_central.values()]
+        own = final["own"].get(member)
+        mine = None if own is None else [str(r.get("decided_by") or "") for r in own]
+        decisions[member] = {
+            "site": sum(1 for d in by if d.startswith("site:")),
+            "alone": by.count("edge-autonomous"),
+            "site_at_node": None if mine is None else sum(1 for d in mine if d.startswith("site:")),
+            "alone_at_node": None if mine is None else mine.count("edge-autonomous"),
+        }
+    by_site = sum(int(d["site"] or 0) for d in decisions.values())
+    alone = sum(int(d["alone"] or 0) for d in decisions.values())
+    moved = list(watch.moved.values())
+    lead = f"site:{watch.coordinator}"
+    part: dict[str, Any] = {
+        "mode": "site",
+        "site": SITE_ID,
+        "members": list(fleet.site),
+        "node": None,
+        "cut_at": clock_text(tl.cut_at),
+        "healed_at": clock_text(tl.heal_at),
+        "cut_real_s": round(tl.real(tl.heal_at) - tl.real(tl.cut_at), 1),
+        "coordinator": watch.coordinator,
+        "coordinator_epoch": watch.epoch,
+        "elected_after_cut_s": _round(watch.elected_s, 2),
+        "terms_seen": sorted(f"{h}@{e}" for h, e in watch.terms),
+        "site_orders": watch.orders,
+        "offered_to_site": len(watch.offered),
+        "lost_power": {
+            "node": watch.killed,
+            "at": None if watch.killed_at is None else clock_text(watch.killed_at),
+            "after_cut_s": _round(watch.killed_after_cut_s, 2),
+            "task_processes_killed": watch.killed_processes,
+            "how": "SIGKILL of its engine and its task processes; left down for the rest of "
+            "the run",
+        },
+        "moved": [mv.to_json() for mv in moved],
+        "decisions": decisions,
+        "site_decisions": by_site,
+        "site_decided": sorted(
+            t
+            for member in fleet.site
+            for t, e in ((final["contents"].get(member) or {}).get("tasks") or {}).items()
+            if str(e.get("decided_by") or "").startswith("site:")
+        ),
+        "central_failover_after_s": fleet.failover_after_s,
+        "offline_decisions": by_site + alone,
+        "rerouted_submissions": m.rerouted,
+        "merge_s": _round(m.merge_s, 3),
+        "merge_error": m.merge_error,
+    }
+    checks = {
+        "site_coordinator_elected": watch.coordinator is not None,
+        "site_kept_services": bool(moved)
+        and all(mv.during_cut and mv.node in fleet.site and mv.decided_by == lead for mv in moved),
+        "site_placement_adopted": bool(moved)
+        and all(mv.adopted_s is not None and mv.central_node == mv.node for mv in moved),
+    }
+    return part, checks
 
 
 class RichUi:
@@ -1187,7 +1635,9 @@ def print_summary(result: dict[str, Any], console: Console) -> None:
         table.add_column(name, justify="right" if name in ("tasks ran", "utilization") else "left")
     for node in result["nodes"]:
         table.add_row(
-            node["id"] + (" (cut off)" if node["cut_off"] else ""),
+            node["id"]
+            + (" (cut off, killed)" if node.get("lost_power") else "")
+            + (" (cut off)" if node["cut_off"] and not node.get("lost_power") else ""),
             node["hardware"],
             node["server_class"],
             str(node["tasks_ran"]),
@@ -1201,7 +1651,9 @@ def print_summary(result: dict[str, Any], console: Console) -> None:
         highlight=False,
     )
     part = result["partition"]
-    if part is not None:
+    if part is not None and part["mode"] == "site":
+        _print_site(part, console)
+    elif part is not None:
         merge = f"{part['merge_s']:.2f}s" if part["merge_s"] is not None else "not measured"
         console.print(
             f"partition: {part['node']} cut off {part['cut_at']}-{part['healed_at']} "
@@ -1223,8 +1675,14 @@ def print_summary(result: dict[str, Any], console: Console) -> None:
         ),
         highlight=False,
     )
+    grace = (
+        f" (central's failover grace, {part['central_failover_after_s']:g}s, outlasts the cut: "
+        "what moved while it lasted, the site moved)"
+        if part is not None and part["mode"] == "site"
+        else ""
+    )
     console.print(
-        f"failovers: {result['failovers']}, conflicts reconciled: {result['reconciled']}; "
+        f"failovers: {result['failovers']}{grace}, conflicts reconciled: {result['reconciled']}; "
         f"policy switched to {result['policy_switch']['mode']} at {result['policy_switch']['at']}",
         highlight=False,
     )
@@ -1240,11 +1698,68 @@ def print_summary(result: dict[str, Any], console: Console) -> None:
         f"check: every replica byte-equal {mark[checks['replicas_equal']]}, "
         f"no task on two nodes {mark[checks['no_task_on_two_nodes']]}, "
         f"offline decisions merged {mark[checks['offline_decisions_merged']]}"
+        + (
+            f", site coordinator elected {mark[checks['site_coordinator_elected']]}, "
+            f"site kept its services {mark[checks['site_kept_services']]}, "
+            f"central adopted the site's placement {mark[checks['site_placement_adopted']]}"
+            if "site_kept_services" in checks
+            else ""
+        )
     )
     if result["report"]:
         console.print(f"report: {result['report']}", highlight=False)
     else:
         console.print("(work dir removed; --keep or --workdir keep the report and the logs)")
+
+
+def _print_site(part: dict[str, Any], console: Console) -> None:
+    """The cut-off site's lines of the summary."""
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False)
+
+    elected = (
+        f"{part['coordinator']} (epoch {part['coordinator_epoch']}), "
+        f"{part['elected_after_cut_s']:g}s into the cut"
+        if part["coordinator"] is not None
+        else "none seen"
+    )
+    say(
+        f"site {part['site']} ({', '.join(part['members'])}) cut off from central "
+        f"{part['cut_at']}-{part['healed_at']} ({part['cut_real_s']:g}s real); "
+        f"coordinator elected: {elected}"
+    )
+    lost = part["lost_power"]
+    if lost["node"] is not None:
+        say(
+            f"  {lost['node']} lost power at {lost['at']}, {lost['after_cut_s']:g}s into the cut "
+            f"(SIGKILL of its engine and {lost['task_processes_killed']} task processes; left down)"
+        )
+    for mv in part["moved"]:
+        if mv["to"] is None:
+            say(f"  {mv['task']}: not restarted in the site")
+            continue
+        when = "while still cut off" if mv["restored_during_cut"] else "after the heal"
+        adopted = (
+            f"central adopted it on {mv['central_node_after_heal']} "
+            f"{mv['adopted_after_heal_s']:g}s after the heal"
+            if mv["adopted_after_heal_s"] is not None
+            else f"central still says {mv['central_node_after_heal']}"
+        )
+        say(
+            f"  {mv['task']} back on {mv['to']}, decided_by {mv['decided_by']}, "
+            f"{mv['restored_after_kill_s']:g}s after the power loss, {when}; {adopted}"
+        )
+    alone = part["offline_decisions"] - part["site_decisions"]
+    merge = f"{part['merge_s']:.2f}s" if part["merge_s"] is not None else "not measured"
+    say(
+        f"  decisions while cut off: {part['site_decisions']} by the site's coordinator "
+        f"(site:{part['coordinator']}; {part['site_orders']} "
+        f"order{'' if part['site_orders'] == 1 else 's'} at most at once), "
+        f"{alone} by members alone (edge-autonomous), as central holds them after the heal; "
+        f"{part['rerouted_submissions']} submissions for the dead node sent to a peer; "
+        f"merged {merge} after the heal"
+    )
 
 
 # --------------------------------------------------------------------------- entry point

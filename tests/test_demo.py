@@ -1,9 +1,12 @@
-"""``edgesched demo`` as a user runs it: real processes (broker, central, edge nodes, tasks).
+"""``edgesched demo`` as a user runs it: real processes (brokers, central, edge nodes, tasks).
 
-A short run must cut a node off, see it decide alone, merge it back and pass its own checks;
-SIGINT in the middle must stop everything promptly; the embedded broker (no Mosquitto) must
-work too; and whatever happens, no process of the run's work directory may be left behind.
-The pure parts (timeline, workload plan) are checked without processes.
+A short run on Mosquitto must cut a whole site off (three nodes behind their own bridged
+broker), see the site elect its coordinator, restart the replica of a member that lost power on
+a peer while still cut off, merge it back (central adopting the site's placement) and pass its
+own checks; SIGINT in the middle must stop everything promptly; the embedded broker (no
+Mosquitto, no bridge) must cut one node off instead; and whatever happens, no process of the
+run's work directory may be left behind. The pure parts (timeline, workload plan, the site's
+members) are checked without processes.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +38,8 @@ from edgesched.demo import (
     cut_node_of,
     make_nodes,
     plan_workload,
+    site_members_of,
+    site_victim_of,
     timeline,
 )
 
@@ -89,18 +95,50 @@ def run_json(workdir: Path, *args: str, timeout: float = 120.0) -> dict[str, Any
 # --------------------------------------------------------------------------- real runs
 
 
-def test_short_run_cuts_a_node_off_and_merges_it_back(tmp_path: Path) -> None:
+def test_short_run_cuts_a_site_off_and_merges_it_back(tmp_path: Path) -> None:
     workdir = tmp_path / "wd"
     result = run_json(workdir, "--hours", "3", "--speed", "720")
-    assert result["ok"] and all(result["checks"].values())
-    part = result["partition"]
-    assert part["node"] == "stor6-3"
-    assert part["offline_decisions"] > 0
-    assert part["offline_decisions"] == part["offline_decisions_at_node"]
-    assert part["merge_s"] is not None and 0 < part["merge_s"] < 30
-    assert result["unequal_replicas"] == [] and result["tasks_on_two_nodes"] == []
-    assert result["failovers"] >= 1 and result["reconciled"] >= 1  # the pinned gate service
+    assert result["ok"] and all(result["checks"].values()), result["checks"]
     assert result["broker"]["kind"] == "mosquitto"
+    part = result["partition"]
+    assert part["mode"] == "site" and part["site"] == "site-1"
+    members = ["arm48-1", "stor6-3", "arm8-4"]
+    assert part["members"] == members
+    # the members elected the smallest id, one term for the whole cut
+    assert part["coordinator"] == "arm48-1" and part["terms_seen"] == ["arm48-1@1"]
+    assert 0 < part["elected_after_cut_s"] < part["cut_real_s"]
+    # the storage node lost power while cut off; its gate service came back on a site peer
+    # by the coordinator's order, before the heal, and central adopted that placement
+    lost = part["lost_power"]
+    assert lost["node"] == "stor6-3" and lost["after_cut_s"] < part["cut_real_s"]
+    assert lost["task_processes_killed"] >= 1
+    moved = {mv["task"]: mv for mv in part["moved"]}
+    assert "svc-gate-3" in moved, part["moved"]
+    for mv in moved.values():
+        assert mv["from"] == "stor6-3" and mv["to"] in ("arm48-1", "arm8-4"), mv
+        assert mv["decided_by"] == "site:arm48-1", mv
+        assert mv["restored_during_cut"] is True, mv
+        assert 0 < mv["restored_after_kill_s"] < part["cut_real_s"], mv
+        assert mv["central_node_after_heal"] == mv["to"], mv
+        assert mv["adopted_after_heal_s"] is not None and mv["adopted_after_heal_s"] < 30, mv
+    assert set(moved) <= set(part["site_decided"]) and part["site_decisions"] >= len(moved)
+    assert part["site_orders"] >= 1
+    assert part["offline_decisions"] > part["site_decisions"]  # members also decided alone
+    for member in ("arm48-1", "arm8-4"):  # the live members' own count is central's
+        d = part["decisions"][member]
+        assert (d["site"], d["alone"]) == (d["site_at_node"], d["alone_at_node"]), d
+    assert part["merge_s"] is not None and 0 < part["merge_s"] < 30
+    # byte-equal after the heal (the dead member has no document to compare), nothing twice
+    assert result["unequal_replicas"] == [] and result["tasks_on_two_nodes"] == []
+    assert result["failovers"] == 0  # central's grace outlasts the cut: the site moved it
+    assert result["reconciled"] >= 1  # central adopting the site's placement
+    by_id = {n["id"]: n for n in result["nodes"]}
+    assert [n for n in by_id if by_id[n]["cut_off"]] == members
+    assert [n for n in by_id if by_id[n]["lost_power"]] == ["stor6-3"]
+    assert load_config(workdir / "nodes" / "arm8-4" / "edge.toml").edge.site_peers == (
+        "arm48-1",
+        "stor6-3",
+    )
     assert {n["server_class"] for n in result["nodes"]} == {
         "general",
         "ai-accelerator",
@@ -180,8 +218,13 @@ def test_embedded_broker(tmp_path: Path) -> None:
     result = run_json(workdir, "--broker", "embedded", "--hours", "2", "--nodes", "3")
     assert result["broker"] == {"kind": "embedded", "protocol": "3.1.1"}
     assert result["ok"], result["checks"]
-    assert result["partition"]["offline_decisions"] > 0
-    assert result["partition"]["merge_s"] is not None
+    part = result["partition"]  # no bridge without Mosquitto: one node is cut off
+    assert part["mode"] == "node" and part["node"] == "stor6-3"
+    assert "Mosquitto" in part["why"]
+    assert part["offline_decisions"] > 0
+    assert part["offline_decisions"] == part["offline_decisions_at_node"]
+    assert part["merge_s"] is not None
+    assert "site_kept_services" not in result["checks"]
     no_leftovers(workdir, [p for p in result["processes"].values() if p])
 
 
@@ -276,9 +319,36 @@ def test_workload_plan(tmp_path: Path) -> None:
     assert tl.cut_at is not None and tl.heal_at is not None
     during = [a for a in plan if tl.cut_at <= a.at < tl.heal_at and a.route == cut.id]
     assert during, "the cut-off node gets local work while it is cut off"
+    # a site: its members get local work during the cut, its victim's gate service is pinned
+    members = site_members_of(nodes)
+    assert [n.id for n in members] == ["stor6-3", "arm8-4", "x86g32-5"]
+    victim = site_victim_of(members)
+    assert victim.id == "stor6-3"
+    site = [n.id for n in members]
+    planned = plan_workload(nodes, tl, seed=1, **{**kwargs, "cut_node": victim.id}, site=site)
+    assert [a.pin for a in planned if a.spec["restart"] == "always"].count(victim.id) == 1
+    to_site = {a.route for a in planned if tl.cut_at <= a.at < tl.heal_at and a.route in site}
+    assert to_site == set(site), to_site
     # the morning gates: face recognition arrives mostly 07:00-09:00
     fr = [a.at for a in plan if a.spec["id"].startswith("fr-")]
     assert sum(1 for t in fr if 7 * 3600 <= t < 9 * 3600) > len(fr) / 3
+
+
+def test_site_members() -> None:
+    """Three nodes but the AI node (central keeps the GPUs and an x86 node during the cut);
+    the victim is never the member the site elects (the smallest id); too few nodes: none."""
+    with tempfile.TemporaryDirectory() as d:
+        twelve = make_nodes(12, Path(d) / "hw")  # make_nodes(k): the first k of these
+    four = twelve[:4]
+    assert [n.id for n in site_members_of(four)] == ["arm48-1", "stor6-3", "arm8-4"]
+    assert site_victim_of(site_members_of(four)).id == "stor6-3"
+    assert site_members_of(twelve[:3]) == []
+    for count in range(4, 13):
+        nodes = twelve[:count]
+        members = site_members_of(nodes)
+        assert len(members) == 3 and any(n.server_class == "ai-accelerator"
+                                         for n in nodes if n not in members)  # fmt: skip
+        assert site_victim_of(members).id != min(n.id for n in members)
 
 
 def test_hal_root_in_config() -> None:
