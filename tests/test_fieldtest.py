@@ -11,6 +11,7 @@ import subprocess
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 import pytest
@@ -69,7 +70,7 @@ def test_site_autonomy_violations_are_named() -> None:
         "gw-2": {"b": {"state": "running", "decided_by": "site:gw-1"},
                  "c": {"state": "running", "decided_by": "site:gw-1"}},
     }  # fmt: skip
-    restores = [
+    restores: list[dict[str, Any]] = [
         {"site": "site-1", "node": "gw-3", "replicas": ["c", "d"], "restored": {"c": "gw-2"},
          "seconds": None, "healed_first": False},
         {"site": "site-1", "node": "gw-4", "replicas": ["e"], "restored": {},

@@ -212,11 +212,12 @@ async def _run(
     assert any("placed there by site:gw-a" in e["detail"] for e in events["events"]), events
     # every surviving node's document at central is the node's own, byte for byte
     for node_id in sorted(alive):
-        await until(
-            lambda node_id=node_id: same_document(central, nodes[node_id], node_id),
-            30,
-            f"{node_id}'s document at central",
-        )
+        node = nodes[node_id]
+
+        def same(node: EdgeNode = node, node_id: str = node_id) -> bool:
+            return same_document(central, node, node_id)
+
+        await until(same, 30, f"{node_id}'s document at central")
 
 
 def all_connected_but(central: EdgeNode, dead: str) -> bool:
