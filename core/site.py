@@ -234,6 +234,7 @@ def plan_site(
     now: float,
     failover_after_s: float,
     policy: PolicyConfig,
+    running: Sequence[Placement] | None = None,
 ) -> SitePlan:
     """The coordinator's orders for this step, over ``nodes`` (the live members).
 
@@ -241,7 +242,9 @@ def plan_site(
     documents last said); ``offers``: the members' offered submissions; ``standing``: the
     orders this coordinator gave at this term (task id -> order), whose targets count as
     holding them until they report the task. A task with a standing order is not ordered
-    again, unless its target has died since."""
+    again, unless its target has died since. ``running``: what the live members run, when
+    the caller keeps it (then ``copies`` need hold only the tasks that may need a node, the
+    offered ones and those with a standing order); else derived from ``copies``."""
     live = {n.id for n in nodes}
     pending: dict[str, tuple[Task, str, int, bool]] = {}  # task id -> (task, origin, epoch, repl)
     for copy in failover_candidates(copies, live, dead_since, now, failover_after_s):
@@ -261,19 +264,23 @@ def plan_site(
             del pending[task_id]  # ordered already: its target has not reported it yet
     if not pending:
         return SitePlan((), {})
-    running: list[Placement] = []
-    reported: set[tuple[str, str]] = set()
-    for group in copies.values():
-        for c in group:
-            if c.running and c.node in live:
-                running.append(Placement(c.task, c.node, c.task.submitted_at))
-                reported.add((c.task.id, c.node))
+    held: list[Placement] = []
+    if running is None:
+        for group in copies.values():
+            held += [
+                Placement(c.task, c.node, c.task.submitted_at)
+                for c in group
+                if c.running and c.node in live
+            ]
+    else:
+        held = [p for p in running if p.node_id in live]
+    reported = {(p.task.id, p.node_id) for p in held if p.task.id in standing}
     for task_id, order in standing.items():
         if order.node in live and (task_id, order.node) not in reported:
             task = _task_of(task_id, copies, offers)
             if task is not None:  # in flight: the target holds it before it reports it
-                running.append(Placement(task, order.node, order.at))
-    view = ClusterView(tuple(nodes), tuple(running), now)
+                held.append(Placement(task, order.node, order.at))
+    view = ClusterView(tuple(nodes), tuple(held), now)
     result = schedule(view, [p[0] for p in pending.values()], policy)
     orders = []
     for d in result.decisions:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from edgesched.core.model import Node, Resources, Task
+from edgesched.core.model import Node, Placement, Resources, Task
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.site import (
     SITE_PREFIX,
@@ -170,6 +171,9 @@ class SiteMember:
         self.replicas: dict[str, NodeDoc] = {}
         self._saved: dict[str, str] = {}
         self.acting: Term | None = None
+        #: member -> its tasks as the coordinator uses them (see :meth:`_member`)
+        self._cache: dict[str, _MemberTasks] = {}
+        self._settled: object = None  # what the last settling looked at
         self.followed: Term | None = None
         #: called when this member begins a term as its site's coordinator (a metric)
         self.on_term: Callable[[Term], None] = lambda _term: None
@@ -286,66 +290,98 @@ class SiteMember:
 
     # --- the coordinator ------------------------------------------------------------------
 
+    def _member(self, member: str, doc: NodeDoc) -> _MemberTasks:
+        """What ``member``'s document says of its tasks, kept until its task or spec map
+        changes (the decoded views are new objects then): a cycle where nothing changed costs
+        a lookup per member, not a walk of every report (bench/bench_site_coordinator.py)."""
+        tasks, specs = doc.tasks(), doc.site_specs()
+        hit = self._cache.get(member)
+        if hit is not None and hit.tasks is tasks and hit.specs is specs:
+            return hit
+        fresh = _MemberTasks.of(member, tasks, specs)
+        self._cache[member] = fresh
+        return fresh
+
     def plan(self, own: NodeDoc, node: Node, now: float, policy: PolicyConfig) -> int:
         """As the acting coordinator: order what needs a node (a dead member's replicas after
         the failover time, offered submissions) and settle tasks running on two members.
-        Writes the orders into our document; returns how many it gave."""
+        Writes the orders into our document; returns how many it gave. The core runs only
+        when something needs a node, and the settling only when a live member's tasks
+        changed."""
         term = self.acting
         if term is None:
             return 0
         live = self.presence.live() & set(self.peers)
-        nodes = [node]
-        for peer in sorted(live):
-            registration = self.replicas[peer].registration()
-            if registration is None:
-                continue
-            try:
-                nodes.append(registration.to_node(peer))
-            except SchemaError:
-                continue
-        usable = {n.id for n in nodes}
-        copies: dict[str, list[Copy]] = {}
-        offers: list[Offer] = []
-        for member in self.members:
-            doc = self.doc_of(member, own)
-            if doc is None:
-                continue
-            specs = doc.site_specs()
-            for task_id, report in doc.tasks().items():
-                if not report.active:
-                    continue
-                entry = specs.get(task_id)
-                task = _task(task_id, report, entry)
-                if entry is not None and entry.offered and report.state is TaskState.ACCEPTED:
-                    if member in usable:
-                        offers.append(Offer(task, member))
-                    continue
-                movable = (
-                    entry is not None
-                    and not entry.offered
-                    and entry.spec.restart is RestartPolicy.ALWAYS
-                )
-                epoch = 0 if report.assignment is None else report.assignment.epoch
-                copies.setdefault(task_id, []).append(
-                    Copy(task, member, report.state in _RUNS, epoch, movable)
-                )
+        docs = {m: d for m in self.members if (d := self.doc_of(m, own)) is not None}
+        held = {m: self._member(m, d) for m, d in docs.items()}
+        usable = {self.me} | {p for p in live if p in held}
+        dead = {p: self.presence.down_since[p] for p in self.peers if p not in live}
         standing = {
             t: SiteOrder(t, o.node, o.origin, o.term, o.epoch, o.replacement, o.score, o.at,
                          o.reason)
             for t, o in own.site_orders().items()
             if o.term == term.epoch
         }  # fmt: skip
-        dead = {p: self.presence.down_since[p] for p in self.peers if p not in live}
+        # What may need a node: the replicas of members dead long enough, the offers.
+        wanted: set[str] = set()
+        for member, since in dead.items():
+            if member in held and now - since > self.failover_after_s:
+                wanted |= {
+                    t for t in held[member].movable if not any(t in held[m].active for m in usable)
+                }
+        offers = [o for m in sorted(usable) for o in held[m].offers]
+        wanted |= {o.task.id for o in offers}
+        orders = 0
+        if wanted - {t for t, o in standing.items() if o.node in usable}:
+            orders = self._place(own, term, node, docs, held, usable, dead, standing, offers,
+                                 wanted, now, policy)  # fmt: skip
+        signature = (term, tuple(sorted((m, id(held[m])) for m in usable)))
+        if signature != self._settled:
+            self._settled = signature
+            self._settle(own, term, {m: held[m] for m in usable}, now)
+        return orders
+
+    def _place(
+        self,
+        own: NodeDoc,
+        term: Term,
+        node: Node,
+        docs: Mapping[str, NodeDoc],
+        held: Mapping[str, _MemberTasks],
+        usable: Collection[str],
+        dead: Mapping[str, float],
+        standing: Mapping[str, SiteOrder],
+        offers: Sequence[Offer],
+        wanted: Collection[str],
+        now: float,
+        policy: PolicyConfig,
+    ) -> int:
+        nodes = [node]
+        for peer in sorted(usable):
+            if peer == self.me:
+                continue
+            registration = docs[peer].registration()
+            if registration is None:
+                continue
+            try:
+                nodes.append(registration.to_node(peer))
+            except SchemaError:
+                continue
+        ids = set(wanted) | set(standing)
+        copies = {t: [c for m in held.values() if (c := m.copies.get(t)) is not None]
+                  for t in sorted(ids)}  # fmt: skip
+        running = [p for m in sorted(usable) for p in held[m].running]
         result = plan_site(
             term,
             nodes,
-            copies,
+            {t: group for t, group in copies.items() if group},
             offers,
             standing,
             dead_since=dead,
             now=now,
             failover_after_s=self.failover_after_s,
             policy=policy,
+            running=running,
         )
         for order in result.orders:
             own.put_site_order(
@@ -362,33 +398,21 @@ class SiteMember:
                 ),
             )
             log.warning("site: %s", order.reason)
-        self._settle(own, term, usable, now)
         return len(result.orders)
 
-    def _settle(self, own: NodeDoc, term: Term, live: Collection[str], now: float) -> None:
+    def _settle(
+        self, own: NodeDoc, term: Term, held: Mapping[str, _MemberTasks], now: float
+    ) -> None:
         """A task running on two live members (a dead member came back with it, or an order
         crossed an offer's take-back): the reconcile rule's winner keeps it, the others get a
         stop order, as central's would."""
-        claims: dict[str, list[Claim]] = {}
-        for member in sorted(live):
-            doc = self.doc_of(member, own)
-            if doc is None:
-                continue
-            for task_id, report in doc.tasks().items():
-                a = report.assignment
-                if not report.active or a is None:
-                    continue
-                claims.setdefault(task_id, []).append(
-                    Claim(task_id, member, a.epoch, a.central,
-                          report.started_at if report.started_at is not None
-                          else report.updated_at,
-                          a.score if a.score == a.score else 0.0, a.replacement,
-                          report.state in _RUNS)
-                )  # fmt: skip
+        seen: dict[str, int] = {}
+        for tasks in held.values():
+            for task_id in tasks.claims:
+                seen[task_id] = seen.get(task_id, 0) + 1
         stops = own.site_stops()
-        for task_id, group in sorted(claims.items()):
-            if len({c.node_id for c in group}) < 2:
-                continue
+        for task_id in sorted(t for t, n in seen.items() if n > 1):
+            group = [c for m in held.values() if (c := m.claims.get(task_id)) is not None]
             best = winner(group)
             for loser in group:
                 key = f"{task_id}@{loser.node_id}"
@@ -456,23 +480,15 @@ class SiteMember:
         order: handed over, whether or not we still follow the coordinator that ordered it
         (it may be gone by the time the peer reports), so they never run twice."""
         local = {t for t, r in records.items() if not r.state.terminal and r.assignment is None}
-        if not local:
-            return []
         out = []
-        live = self.presence.live()
-        for peer in sorted(live):
+        for peer in sorted(self.presence.live()):
             doc = self.replicas.get(peer)
-            if doc is None:
+            if doc is None or not local:
                 continue
-            tasks = doc.tasks()
-            for task_id in sorted(local):
-                report = tasks.get(task_id)
-                if (
-                    report is not None
-                    and report.active
-                    and report.assignment is not None
-                    and report.assignment.central.startswith(SITE_PREFIX)
-                ):
+            tasks = self._member(peer, doc)
+            for task_id in sorted(local & tasks.active):
+                claim = tasks.claims.get(task_id)
+                if claim is not None and claim.decided_by.startswith(SITE_PREFIX):
                     out.append((task_id, peer))
                     local.discard(task_id)
         return out
@@ -497,6 +513,59 @@ class SiteMember:
 
     def offered(self, own: NodeDoc) -> frozenset[str]:
         return frozenset(t for t, e in own.site_specs().items() if e.offered)
+
+
+@dataclass(frozen=True)
+class _MemberTasks:
+    """One member's tasks as the coordinator uses them, built from its decoded task and spec
+    maps (``tasks``, ``specs``: the views it was built from, to tell when to build it again)."""
+
+    tasks: Mapping[str, TaskReport]
+    specs: Mapping[str, SiteSpec]
+    active: frozenset[str]  # its active tasks
+    movable: frozenset[str]  # active service replicas whose spec it published
+    copies: Mapping[str, Copy]  # task id -> its copy, for every active task
+    running: tuple[Placement, ...]  # what holds its resources
+    offers: tuple[Offer, ...]  # its offered submissions, still queued
+    claims: Mapping[str, Claim]  # its active copies that follow an assignment
+
+    @classmethod
+    def of(cls, member: str, tasks: Mapping[str, TaskReport],
+           specs: Mapping[str, SiteSpec]) -> _MemberTasks:  # fmt: skip
+        active: set[str] = set()
+        movable: set[str] = set()
+        copies: dict[str, Copy] = {}
+        running: list[Placement] = []
+        offers: list[Offer] = []
+        claims: dict[str, Claim] = {}
+        for task_id, report in tasks.items():
+            if not report.active:
+                continue
+            active.add(task_id)
+            entry = specs.get(task_id)
+            task = _task(task_id, report, entry)
+            if entry is not None and entry.offered and report.state is TaskState.ACCEPTED:
+                offers.append(Offer(task, member))
+                continue
+            runs = report.state in _RUNS
+            if (
+                entry is not None
+                and not entry.offered
+                and entry.spec.restart is RestartPolicy.ALWAYS
+            ):
+                movable.add(task_id)
+            a = report.assignment
+            copies[task_id] = Copy(task, member, runs, 0 if a is None else a.epoch,
+                                   task_id in movable)  # fmt: skip
+            if runs:
+                running.append(Placement(task, member, task.submitted_at))
+            if a is not None:
+                started = report.started_at if report.started_at is not None else report.updated_at
+                claims[task_id] = Claim(task_id, member, a.epoch, a.central, started,
+                                        a.score if math.isfinite(a.score) else 0.0,
+                                        a.replacement, runs)  # fmt: skip
+        return cls(tasks, specs, frozenset(active), frozenset(movable), copies,
+                   tuple(running), tuple(offers), claims)  # fmt: skip
 
 
 def _task(task_id: str, report: TaskReport, entry: SiteSpec | None) -> Task:
