@@ -649,7 +649,7 @@ def demo(
     ] = None,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the temporary work dir.")] = False,
     no_partition: Annotated[
-        bool, typer.Option("--no-partition", help="Do not cut a node off.")
+        bool, typer.Option("--no-partition", help="Do not cut a site (or a node) off.")
     ] = False,
     broker: Annotated[
         str, typer.Option(help="auto (Mosquitto if installed), mosquitto or embedded.")
