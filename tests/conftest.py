@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -124,6 +125,19 @@ def edgesched_binary() -> str:
     found = str(exe) if exe.exists() else shutil.which("edgesched")
     assert found, "the edgesched console script is not installed"
     return found
+
+
+def central_cli(central: EdgeNode, *args: str) -> subprocess.CompletedProcess[str]:
+    """``edgesched <args>`` against ``central``'s API, with its admin token, as an operator
+    runs it (``EDGESCHED_ADDR`` / ``EDGESCHED_TOKEN``)."""
+    env = {
+        **os.environ,
+        "EDGESCHED_ADDR": central.url(""),
+        "EDGESCHED_TOKEN": (central.state / "api-token").read_text().strip(),
+    }
+    return subprocess.run(
+        [edgesched_binary(), *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 @dataclass

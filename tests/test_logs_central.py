@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
-from conftest import Broker, EdgeNode, central_and_nodes, edgesched_binary, until
+from conftest import Broker, EdgeNode, central_and_nodes, central_cli, until
 from test_attacks import secured_fleet
 from test_signed_frames import keyed_fleet
 
@@ -24,14 +24,7 @@ from edgesched.sync import logstream as ls
 
 
 def cli(central: EdgeNode, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "EDGESCHED_ADDR": central.url(""),
-        "EDGESCHED_TOKEN": (central.state / "api-token").read_text().strip(),
-    }
-    return subprocess.run(
-        [edgesched_binary(), "logs", *args], capture_output=True, text=True, timeout=60, env=env
-    )
+    return central_cli(central, "logs", *args)
 
 
 def submit(central: EdgeNode, task_id: str, node: str, script: str) -> None:

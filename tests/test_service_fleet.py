@@ -11,30 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from conftest import Broker, EdgeNode, central_and_nodes, edgesched_binary, until
+from conftest import Broker, EdgeNode, central_and_nodes, until
+from conftest import central_cli as cli
 
 from edgesched.core.service import parse_replica_id
 from edgesched.fieldtest.faultproxy import FaultProxy
 
 NODES = ("gw-a", "gw-b", "gw-c")
 FAILOVER_S = 2.0
-
-
-def cli(central: EdgeNode, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "EDGESCHED_ADDR": central.url(""),
-        "EDGESCHED_TOKEN": (central.state / "api-token").read_text().strip(),
-    }
-    return subprocess.run(
-        [edgesched_binary(), *args], capture_output=True, text=True, timeout=60, env=env
-    )
 
 
 def running_on_nodes(nodes: dict[str, EdgeNode], alive: set[str]) -> dict[str, list[int]]:

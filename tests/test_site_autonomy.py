@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from conftest import Broker, EdgeNode, central_and_nodes, kill_task_processes, until
+from conftest import (
+    Broker,
+    EdgeNode,
+    central_and_nodes,
+    central_cli,
+    kill_task_processes,
+    until,
+)
 
 from edgesched.core.service import parse_replica_id
 from edgesched.fieldtest.brokers import broker_config
@@ -80,24 +85,11 @@ async def test_a_cut_off_site_restarts_a_dead_members_replica_and_shares_a_burst
             site_broker.stop()
 
 
-def _cli(central: EdgeNode, *args: str) -> subprocess.CompletedProcess[str]:
-    from conftest import edgesched_binary
-
-    env = {
-        **os.environ,
-        "EDGESCHED_ADDR": central.url(""),
-        "EDGESCHED_TOKEN": (central.state / "api-token").read_text().strip(),
-    }
-    return subprocess.run(
-        [edgesched_binary(), *args], capture_output=True, text=True, timeout=60, env=env
-    )
-
-
 async def _run(
     central: EdgeNode, nodes: dict[str, EdgeNode], wan: FaultProxy, tmp_path: Path
 ) -> None:
     def all_connected() -> bool:
-        done = _cli(central, "nodes", "--json")
+        done = central_cli(central, "nodes", "--json")
         states = [n["state"] for n in json.loads(done.stdout)] if done.stdout else []
         return done.returncode == 0 and states == ["connected"] * 3
 
@@ -109,7 +101,7 @@ async def _run(
         'command = ["sleep", "600"]\ncpu = 0.05\nmem_gib = 0.05\n'
         '[spread]\nmax_per_node = 1\nacross = ["node"]\n'
     )
-    done = await asyncio.to_thread(_cli, central, "service", "apply", str(job))
+    done = await asyncio.to_thread(central_cli, central, "service", "apply", str(job))
     assert done.returncode == 0, done.stderr
     alive = set(NODES)
 
