@@ -168,6 +168,18 @@ def _notes(r: Mapping[str, Any]) -> str:
         )
     for node, s in (r.get("skew") or {}).items():
         notes.append(f"{node} clock {s['skew_s']:+g} s")
+    for restore in r.get("site_restores", []):
+        took = restore.get("seconds")
+        notes.append(
+            f"{len(restore.get('restored') or {})} replicas of {restore.get('node')} back in "
+            f"its site in {'-' if took is None else f'{took:.1f} s'}"
+        )
+    moved = r["verdict"].get("moved_in_site", 0)
+    if moved:
+        notes.append(f"{moved} submissions placed on a site peer")
+    terms = sum(len(epochs) for epochs in (r.get("coordinators") or {}).values())
+    if terms:
+        notes.append(f"{terms} coordinator terms, one member each")
     views = r.get("central_view", [])
     missed = [v["target"] for v in views if v["expected"] and not v["noticed"]]
     if missed:

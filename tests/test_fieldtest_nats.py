@@ -120,6 +120,7 @@ def test_sites_are_refused_on_nats(tmp_path: Path) -> None:
 
 
 @needs_nats
+@slow  # (CI runs NATS in namespaces as root, below; this is the path without root)
 def test_isolate_node_on_nats_through_the_fault_proxy(tmp_path: Path) -> None:
     """A node cut off (all three of its member links blackholed) decides alone, and heals
     converged; nothing acknowledged is lost or twice."""
