@@ -87,7 +87,14 @@ from edgesched.edge.site import SiteMember
 from edgesched.edge.telemetry import host_telemetry, reserved_telemetry
 from edgesched.policies.models import ActiveModels
 from edgesched.rest.server import ApiStarter
-from edgesched.sync.doc import NodeDoc, PolicyDoc, SyncedDoc, client_id_for, desired_doc_name
+from edgesched.sync.doc import (
+    NodeDoc,
+    PolicyDoc,
+    SiteNodeDoc,
+    SyncedDoc,
+    client_id_for,
+    desired_doc_name,
+)
 from edgesched.sync.journal import DocJournal
 from edgesched.sync.peer import DocPeer, refusals
 from edgesched.sync.schema import (
@@ -332,7 +339,8 @@ class EdgeEngine:
         client_id = int(stored) if stored else client_id_for(self.edge.node_id)
         if not stored:
             await self.store.set_meta("client_id", str(client_id))
-        self._doc = await NodeDoc.load_from(self.store, f"node-{self.edge.node_id}", client_id)
+        kind = SiteNodeDoc if self.edge.site_peers else NodeDoc  # (site maps tracked by key)
+        self._doc = await kind.load_from(self.store, f"node-{self.edge.node_id}", client_id)
         self._journal = DocJournal(self._doc, self.store, on_error=self._count_store_error)
         assert self.node is not None and self.profile is not None
         self._doc.set_registration(

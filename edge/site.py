@@ -48,7 +48,7 @@ from edgesched.core.site import (
     plan_site,
 )
 from edgesched.core.task import Assignment, RestartPolicy, TaskRecord, TaskSpec, TaskState
-from edgesched.sync.doc import NodeDoc, client_id_for
+from edgesched.sync.doc import NodeDoc, SiteNodeDoc, client_id_for
 from edgesched.sync.peer import DocPeer
 from edgesched.sync.reconcile import Claim, winner
 from edgesched.sync.schema import (
@@ -181,7 +181,7 @@ class SiteMember:
     async def open(self, store: Store) -> None:
         """Our replicas of the peers' documents, as we last persisted them."""
         for peer in self.peers:
-            doc = await NodeDoc.load_from(store, f"node-{peer}", self.client_id)
+            doc = await SiteNodeDoc.load_from(store, f"node-{peer}", self.client_id)
             self.replicas[peer] = doc
             self._saved[peer] = doc.content_hash()
 

@@ -800,6 +800,11 @@ class SyncedDoc:
         """The decoded view of root map ``name``, maintained from the changed keys."""
         return self.view(name, lambda: self._decode_changes(name, cls))
 
+    def _decode_whole(self, name: str, cls: type[_E]) -> dict[str, _E]:
+        """Every valid entry of root map ``name``, decoded."""
+        raw = {_key(k): self._entry_value(v) for k, v in (self.root(name).to_py() or {}).items()}
+        return decode_map(cls, raw, self.refusals, where=name)
+
     def _decode_changes(self, name: str, cls: type[_E]) -> Mapping[str, _E]:
         dirty = self._dirty.get(name)
         decoded: dict[str, _E] | None = self._decoded.get(name)
@@ -809,8 +814,7 @@ class SyncedDoc:
             # of central's memory for its replicas' tasks), and after the first decode only the
             # changed keys are decoded anyway (a whole-map decode again comes only with a new
             # epoch, at a few microseconds per entry).
-            raw_map = {_key(k): self._entry_value(v) for k, v in (root.to_py() or {}).items()}
-            decoded = decode_map(cls, raw_map, self.refusals, where=name)
+            decoded = self._decode_whole(name, cls)
             self._decoded[name] = decoded
         else:
             for key in dirty:
@@ -1356,15 +1360,8 @@ class NodeDoc(SyncedDoc):
     """
 
     single_writer = True
-    incremental_roots = ("tasks", "site_orders", "site_stops", "site_specs")
-    entry_kinds = MappingProxyType(
-        {
-            "tasks": TaskReport,
-            "site_orders": SiteOrderEntry,
-            "site_stops": SiteStop,
-            "site_specs": SiteSpec,
-        }
-    )
+    incremental_roots: ClassVar[tuple[str, ...]] = ("tasks",)
+    entry_kinds = MappingProxyType({"tasks": TaskReport})
     watched_roots = ("node", "site")
 
     @property
@@ -1455,6 +1452,15 @@ class NodeDoc(SyncedDoc):
             root="site",
         )  # fmt: skip
 
+    def _site_map(self, name: str, cls: type[_E]) -> Mapping[str, _E]:
+        """A site map's decoded view: kept from its changed keys where the map is tracked
+        (:class:`SiteNodeDoc`: the site's members read them every cycle), else decoded whole
+        once per change of the document (central's replicas, which never read them: tracking
+        them there cost every thaw of every replica)."""
+        if name in self.incremental_roots:
+            return self._map_view(name, cls)
+        return self.view(name, lambda: MappingProxyType(self._decode_whole(name, cls)))
+
     def set_site_entry(self, key: str, entry: SiteVote | SiteLease | SiteSeen | None) -> None:
         """``site[key]`` (``vote``, ``lease``, ``seen``) set, or deleted for None."""
         if key not in ("vote", "lease", "seen"):
@@ -1480,21 +1486,21 @@ class NodeDoc(SyncedDoc):
 
     def site_orders(self) -> Mapping[str, SiteOrderEntry]:
         """task id -> this node's order as its site's coordinator."""
-        return self._map_view("site_orders", SiteOrderEntry)
+        return self._site_map("site_orders", SiteOrderEntry)
 
     def put_site_stop(self, task_id: str, node_id: str, stop: SiteStop) -> None:
         self._put("site_stops", f"{task_id}@{node_id}", stop, if_changed=True)
 
     def site_stops(self) -> Mapping[str, SiteStop]:
         """``task@node`` -> this node's stop order as its site's coordinator."""
-        return self._map_view("site_stops", SiteStop)
+        return self._site_map("site_stops", SiteStop)
 
     def put_site_spec(self, task_id: str, spec: SiteSpec) -> None:
         self._put("site_specs", task_id, spec, if_changed=True)
 
     def site_specs(self) -> Mapping[str, SiteSpec]:
         """task id -> the spec of a task of ours a site peer may need."""
-        return self._map_view("site_specs", SiteSpec)
+        return self._site_map("site_specs", SiteSpec)
 
     def drop_site_keys(self, root: str, keys: Iterable[str]) -> None:
         """Remove ``keys`` from one of the site maps (``site_orders``, ``site_stops``,
@@ -1505,6 +1511,22 @@ class NodeDoc(SyncedDoc):
         for key in keys:
             if key in m:
                 del m[key]
+
+
+class SiteNodeDoc(NodeDoc):
+    """A node document at a member of a site (its own, and its replicas of its peers'): the
+    site maps are tracked by key too, so the coordinator's and the members' reads each cycle
+    (:mod:`edgesched.edge.site`) decode only what changed."""
+
+    incremental_roots = ("tasks", "site_orders", "site_stops", "site_specs")
+    entry_kinds = MappingProxyType(
+        {
+            "tasks": TaskReport,
+            "site_orders": SiteOrderEntry,
+            "site_stops": SiteStop,
+            "site_specs": SiteSpec,
+        }
+    )
 
 
 #: A node's desired-state document is ``desired-<node id>``: its shard of the fleet's

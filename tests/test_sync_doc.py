@@ -742,3 +742,31 @@ def test_a_tracked_documents_own_write_is_read_back_as_written() -> None:
     assert fleet.drain_changes("assignments") == {"t1"}
     read = fleet.assignment("t1")
     assert read == moved and read is not moved and read is not entry
+
+
+def test_site_maps_read_fresh_tracked_at_members_only() -> None:
+    """Issue 16: a site member's documents (SiteNodeDoc) track the site maps by key; central's
+    replicas (NodeDoc) do not (it never reads them, and tracking cost every thaw), yet both
+    read every write and removal at once, and both hash the same content alike."""
+    from edgesched.sync.doc import SiteNodeDoc
+    from edgesched.sync.schema import SiteOrderEntry, SiteVote
+
+    assert NodeDoc.incremental_roots == ("tasks",)
+    assert set(SiteNodeDoc.incremental_roots) >= {"site_orders", "site_stops", "site_specs"}
+    writer = SiteNodeDoc("node-x", 7)
+    assert writer.site_orders() == {}
+    writer.put_site_order("t", SiteOrderEntry("b", "a", 2, 1))
+    writer.set_site_entry("vote", SiteVote(2, "x", 1.0))
+    for doc in (NodeDoc("node-x", 8), SiteNodeDoc("node-x", 9)):
+        assert doc.site_orders() == {} and doc.site_vote() is None
+        doc.apply_remote(writer.snapshot(), sender="x")
+        assert set(doc.site_orders()) == {"t"} and doc.site_vote() == SiteVote(2, "x", 1.0)
+        assert doc.content_hash() == writer.content_hash()
+    writer.drop_site_keys("site_orders", ["t"])
+    assert writer.site_orders() == {}
+    local = NodeDoc("node-y", 3)  # central's kind, written locally: no stale view either
+    assert local.site_orders() == {}
+    local.put_site_order("u", SiteOrderEntry("b", "a", 2, 1))
+    assert set(local.site_orders()) == {"u"}
+    local.drop_site_keys("site_orders", ["u"])
+    assert local.site_orders() == {}
