@@ -225,8 +225,6 @@ class EdgeEngine:
         self._submissions: list[tuple[TaskRecord, asyncio.Future[Exception | None]]] = []
         #: Our membership of a site (``[edge] site_peers``; None: a node alone).
         self.site: SiteMember | None = None
-        #: Offered submissions our coordinator gave back to us: not offered again.
-        self._taken_back: set[str] = set()
         self._site_persisted = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -1052,23 +1050,11 @@ class EdgeEngine:
                 )  # fmt: skip
                 changed.append(record)
                 active[spec.id] = record
-            self._taken_back.update(acts.take_back)
+            site.taken_back.update(acts.take_back)
             if changed:
                 await self._put(*changed)
-            offer: set[str] = set()
-            if site.followed is not None and autonomous:
-                offer = {
-                    r.spec.id
-                    for r in active.values()
-                    if r.state is TaskState.ACCEPTED
-                    and r.assignment is None
-                    and r.spec.id not in self._taken_back
-                    and now - r.submitted_at >= self.edge.site_offer_after_s
-                }
-            elif not autonomous:
-                self._taken_back.clear()
             with self.doc.doc.transaction():
-                site.keep_specs(self.doc, active, offer)
+                site.keep_specs(self.doc, active, site.offers(active, now, autonomous))
                 if site.acting is not None:
                     site.plan(self.doc, self._with_held_units(node), now,
                               self.active_models.policy(self.config.policy))  # fmt: skip

@@ -166,6 +166,9 @@ class SiteMember:
         self.signing = signing
         self.failover_after_s = failover_after_s
         self.offer_after_s = offer_after_s
+        #: Offered submissions our coordinator gave back to us: not offered again (until
+        #: central is back).
+        self.taken_back: set[str] = set()
         self.clock = clock
         self.presence = SitePresence(self.peers, clock)
         self.replicas: dict[str, NodeDoc] = {}
@@ -492,6 +495,24 @@ class SiteMember:
                     out.append((task_id, peer))
                     local.discard(task_id)
         return out
+
+    def offers(self, records: Mapping[str, TaskRecord], now: float, autonomous: bool) -> set[str]:
+        """Our local submissions to offer to the site now: queued, no assignment, waiting
+        ``offer_after_s`` or longer, not given back to us, while we follow a coordinator
+        (none while central is live, and what was given back may be offered again later)."""
+        if not autonomous:
+            self.taken_back.clear()
+            return set()
+        if self.followed is None:
+            return set()
+        return {
+            r.spec.id
+            for r in records.values()
+            if r.state is TaskState.ACCEPTED
+            and r.assignment is None
+            and r.spec.id not in self.taken_back
+            and now - r.submitted_at >= self.offer_after_s
+        }
 
     def keep_specs(
         self, own: NodeDoc, records: Mapping[str, TaskRecord], offer: Collection[str]
