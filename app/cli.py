@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from edgesched.brokercli import register as register_join_commands
 from edgesched.config import ConfigError, EdgeschedConfig, default_config_toml, load_config
 from edgesched.fleetcli import register as register_fleet_commands
 from edgesched.servicecli import register as register_service_commands
@@ -469,6 +470,7 @@ def central_nodes(config: CentralConfigOption) -> None:
 
 register_fleet_commands(app)  # run, tasks, task, cancel, nodes: against central's API
 register_service_commands(app)  # service apply/list/show/scale/delete/load
+register_join_commands(app, central_app)  # broker init/check, central add/remove-node, join
 
 
 certs_app = typer.Typer(

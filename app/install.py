@@ -300,6 +300,11 @@ def plan_install(opts: InstallOptions, *, version: str | None = None) -> Plan:
     if not isinstance(mqtt, dict):
         raise InstallError(f"{opts.base_config}: [{role}.mqtt] must be a table")
     _broker(opts.broker, mqtt, tls=bool(opts.ca or opts.ca_dir))
+    if role == "edge" and "host" not in mqtt:
+        raise InstallError(
+            "--broker: missing: an edge node needs its broker (HOST or HOST:PORT; or "
+            "[edge.mqtt] host in --config); `edgesched join FILE` fills it in from a join file"
+        )
     credentials = _credentials(opts, identity, mqtt, service_owner)
 
     if not mqtt:

@@ -209,11 +209,15 @@ def test_bundle_installs_offline_and_the_node_runs(
     # Again, now with the service step: the release is reused, and the arguments install.sh
     # does not know go to `edgesched install` (a dry run staged under a scratch root here).
     done = _in(netns, ["sh", str(host_bundle / "install.sh"), "--prefix", str(prefix),
-                       "--node-id", "gw-bundle", "--dry-run", "--root", str(tmp_path / "root")],
+                       "--node-id", "gw-bundle", "--broker", "mqtt.example", "--dry-run",
+                       "--root", str(tmp_path / "root")],
                env)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"release {version} is already installed" in done.stdout
-    assert f"edgesched install --prefix {prefix} --node-id gw-bundle --dry-run" in done.stdout
+    assert (
+        f"edgesched install --prefix {prefix} --node-id gw-bundle --broker mqtt.example --dry-run"
+        in done.stdout
+    )
     assert f"ExecStart={prefix}/current/bin/edgesched edge run" in done.stdout, done.stdout
     assert not (tmp_path / "root").exists()  # a dry run writes nothing
 

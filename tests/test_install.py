@@ -207,7 +207,9 @@ def test_an_installed_unit_passes_verify_and_runs_the_installed_release(
 
 
 def test_install_into_a_staging_root_then_purge_leaves_nothing(root: Path, ca: Path) -> None:
-    result = cli("install", "--node-id", "gw-01", "--ca-dir", ca, "--root", root)
+    result = cli(
+        "install", "--node-id", "gw-01", "--broker", "127.0.0.1", "--ca-dir", ca, "--root", root
+    )
     assert result.exit_code == 0, result.output
     assert files_under(root) == [
         "etc/edgesched/certs/ca.crt",
@@ -240,7 +242,12 @@ def test_install_into_a_staging_root_then_purge_leaves_nothing(root: Path, ca: P
 
 
 def test_uninstall_without_purge_keeps_config_and_state(root: Path, ca: Path) -> None:
-    assert cli("install", "--node-id", "gw-01", "--ca-dir", ca, "--root", root).exit_code == 0
+    assert (
+        cli(
+            "install", "--node-id", "gw-01", "--broker", "127.0.0.1", "--ca-dir", ca, "--root", root
+        ).exit_code
+        == 0
+    )
     gone = cli("uninstall", "--root", root)
     assert gone.exit_code == 0, gone.output
     assert files_under(root) == [
@@ -253,7 +260,19 @@ def test_uninstall_without_purge_keeps_config_and_state(root: Path, ca: Path) ->
 
 
 def test_a_second_install_changes_nothing_and_says_so(root: Path, ca: Path) -> None:
-    args = ["install", "--node-id", "gw-01", "--ca-dir", ca, "--root", root, "--site", "north"]
+    args = [
+        "install",
+        "--node-id",
+        "gw-01",
+        "--broker",
+        "127.0.0.1",
+        "--ca-dir",
+        ca,
+        "--root",
+        root,
+        "--site",
+        "north",
+    ]
     assert cli(*args).exit_code == 0
     before = {p: (root / p).lstat() for p in files_under(root)}
     again = cli(*args)
@@ -284,7 +303,17 @@ def test_a_second_install_changes_nothing_and_says_so(root: Path, ca: Path) -> N
 def test_the_dry_run_writes_nothing_and_prints_every_file_line_by_line(
     root: Path, ca: Path, tmp_path: Path
 ) -> None:
-    args = ["install", "--node-id", "gw-01", "--ca-dir", ca, "--root", root]
+    args = [
+        "install",
+        "--node-id",
+        "gw-01",
+        "--broker",
+        "127.0.0.1",
+        "--ca-dir",
+        ca,
+        "--root",
+        root,
+    ]
     dry = cli(*args, "--dry-run")
     assert dry.exit_code == 0, dry.output
     assert files_under(root) == [] and list(root.iterdir()) == []
@@ -329,7 +358,8 @@ def test_the_dry_run_writes_nothing_and_prints_every_file_line_by_line(
 def test_install_through_the_entry_point_dry_run(root: Path, tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("edgesched")
     done = subprocess.run(
-        [exe, "install", "--node-id", "gw-02", "--root", root, "--dry-run"],
+        [exe, "install", "--node-id", "gw-02", "--broker", "127.0.0.1", "--root", root,
+         "--dry-run"],
         capture_output=True, text=True, cwd=tmp_path, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -347,7 +377,12 @@ def test_central_role(root: Path, ca: Path) -> None:
     assert "central run --config /etc/edgesched/central.toml" in unit
     assert "StateDirectory=edgesched-central" in unit
     # an edge node on the same machine shares the CA file; purging central keeps it
-    assert cli("install", "--node-id", "gw-01", "--ca-dir", ca, "--root", root).exit_code == 0
+    assert (
+        cli(
+            "install", "--node-id", "gw-01", "--broker", "127.0.0.1", "--ca-dir", ca, "--root", root
+        ).exit_code
+        == 0
+    )
     assert cli("uninstall", "--role", "central", "--purge", "--root", root).exit_code == 0
     left = files_under(root)
     assert "etc/edgesched/certs/ca.crt" in left and "etc/edgesched/central.toml" not in left
@@ -358,7 +393,9 @@ def test_central_role(root: Path, ca: Path) -> None:
 
 def test_an_unknown_user_is_refused(tmp_path: Path) -> None:
     args = local_dirs(tmp_path)[:-2]  # without --user root
-    result = cli("install", "--node-id", "gw-01", *args, "--user", "no-such-user-x")
+    result = cli(
+        "install", "--node-id", "gw-01", "--broker", "127.0.0.1", *args, "--user", "no-such-user-x"
+    )
     assert result.exit_code == 2 and "--user: no user 'no-such-user-x'" in result.output
     assert list(tmp_path.iterdir()) == []
 
@@ -391,7 +428,7 @@ def test_release_links(root: Path, ca: Path, tmp_path: Path) -> None:
     release.mkdir(parents=True)
     (release / "edgesched").write_text("#!/bin/sh\n")
     (release / "edgesched").chmod(0o755)
-    args = ["install", "--node-id", "gw-01", "--root", root]
+    args = ["install", "--node-id", "gw-01", "--broker", "127.0.0.1", "--root", root]
     first = cli(*args, "--release", "/opt/edgesched/releases/0.2.0")
     assert first.exit_code == 0, first.output
     link = root / "opt/edgesched/current"
@@ -503,7 +540,16 @@ def simulated_telemetry(ca: Path, tmp_path: Path) -> list[str | Path]:
 def test_bad_input_is_one_clear_error_and_writes_nothing(
     root: Path, ca: Path, tmp_path: Path, make_args: Any, message: str
 ) -> None:
-    args = ["install", "--node-id", "gw-01", "--root", root, *make_args(ca, tmp_path)]
+    args = [
+        "install",
+        "--node-id",
+        "gw-01",
+        "--broker",
+        "127.0.0.1",
+        "--root",
+        root,
+        *make_args(ca, tmp_path),
+    ]
     if "--node-id" in args[3:]:
         args = args[:1] + args[3:]
     result = cli(*args)
@@ -516,10 +562,30 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(
 def test_a_bad_password_file(root: Path, tmp_path: Path) -> None:
     pw = tmp_path / "pw"
     pw.write_text("one\ntwo\n")
-    bad = cli("install", "--node-id", "gw-01", "--password-file", pw, "--root", root)
+    bad = cli(
+        "install",
+        "--node-id",
+        "gw-01",
+        "--broker",
+        "127.0.0.1",
+        "--password-file",
+        pw,
+        "--root",
+        root,
+    )
     assert bad.exit_code == 2 and "one line with the password" in bad.output
     pw.write_text("s3cret\n")
-    ok = cli("install", "--node-id", "gw-01", "--password-file", pw, "--root", root)
+    ok = cli(
+        "install",
+        "--node-id",
+        "gw-01",
+        "--broker",
+        "127.0.0.1",
+        "--password-file",
+        pw,
+        "--root",
+        root,
+    )
     assert ok.exit_code == 0, ok.output
     saved = root / "etc/edgesched/certs/mqtt-password"
     assert saved.read_text() == "s3cret\n" and stat.S_IMODE(saved.stat().st_mode) == 0o600
@@ -531,8 +597,8 @@ def test_an_expired_certificate_is_refused(root: Path, ca: Path, tmp_path: Path)
     from edgesched.sync.security import load_ca
 
     f = issue(load_ca(ca), "gw-01", tmp_path / "old", days=0)  # not valid after now + 0 days
-    result = cli("install", "--node-id", "gw-01", "--ca", f.ca, "--cert", f.cert, "--key",
-                 f.key, "--root", root)  # fmt: skip
+    result = cli("install", "--node-id", "gw-01", "--broker", "127.0.0.1", "--ca", f.ca,
+                 "--cert", f.cert, "--key", f.key, "--root", root)  # fmt: skip
     assert result.exit_code == 2 and "expired on" in result.output
     assert list(root.iterdir()) == []
 
@@ -608,9 +674,27 @@ def test_toml_dumps_keeps_the_example_config() -> None:
 def test_a_real_install_needs_root_but_a_dry_run_does_not(tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("edgesched")
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(exe)]
-    args = ["install", "--node-id", "gw-01"]
+    args = ["install", "--node-id", "gw-01", "--broker", "127.0.0.1"]
     real = subprocess.run([*nobody, *args], capture_output=True, text=True, cwd="/", timeout=60)
     assert real.returncode == 2 and "run it as root" in real.stderr, real.stderr
     dry = subprocess.run([*nobody, *args, "--dry-run"], capture_output=True, text=True,
                          cwd="/", timeout=60)  # fmt: skip
     assert dry.returncode == 0 and "/etc/edgesched/edge.toml: mode 0640" in dry.stdout
+
+
+def test_an_edge_install_without_a_broker_is_one_line_and_writes_nothing(root: Path) -> None:
+    """It used to target 127.0.0.1:1883 silently (issue 18)."""
+    result = cli("install", "--node-id", "gw-02", "--root", root)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --broker: missing"), result.output
+    assert not root.exists() or files_under(root) == []
+
+
+def test_a_base_config_naming_the_broker_is_enough(root: Path, tmp_path: Path) -> None:
+    base = tmp_path / "base.toml"
+    base.write_text('[edge.mqtt]\nhost = "127.0.0.1"\nport = 1884\n')
+    result = cli("install", "--node-id", "gw-02", "--config", base, "--root", root)
+    assert result.exit_code == 0, result.output
+    mqtt = tomllib.loads((root / "etc/edgesched/edge.toml").read_text())["edge"]["mqtt"]
+    assert (mqtt["host"], mqtt["port"]) == ("127.0.0.1", 1884)
