@@ -1,16 +1,20 @@
-"""Idle footprint of a real edge node with its ONNX forecast model, against bare interpreters.
+"""Idle footprint of a real edge node with its ONNX models loaded, against bare interpreters.
 
-Starts ``edgesched edge run`` offline (MQTT port closed, so autonomous) with ``[edge]
-forecast_model`` pointing at a small ONNX MLP built here (32 -> 64 -> 1, Relu, opset 17). An
-engine that refuses the key runs without it, and the output says so. After /v1/health
-answers and a settle time, it measures the engine's CPU share of one core over the window
-and its RSS and USS at the end. Baselines measured in the same run, each alone (USS leaves
-out pages shared with a concurrent process): a bare interpreter that only sleeps, and one
-that only loads the same model into an onnxruntime InferenceSession (one intra- and one
-inter-op thread, as the engine's forecaster does). Prints the engine's figures, the ratios
-to both baselines, and the RSS target (<= 70 MB).
+Starts the edge engine offline (MQTT port closed, so autonomous) with the two ONNX models it
+ships with (the per-class demand forecaster and the placement score, each in an onnxruntime
+session), in two ways: the service's lean entry point (``python -m edgesched.edgemain``, what
+the systemd unit runs, also with the unit's allocator environment) and, for reference, the
+full CLI (``edgesched edge run``: typer and rich, and central's modules through
+``edgesched.serve``). After /v1/health answers and a settle time, it measures each engine's CPU
+share of one core over the window and its RSS (anonymous and file-backed parts) and USS at the
+end. Baselines measured in the same run, each alone (USS leaves out pages shared with a
+concurrent process): a bare interpreter that only sleeps; one that opens the same two models in
+onnxruntime sessions with the engine's options (``edgesched.policies.ortsession``); the same
+with onnxruntime's default options; and one that imports the libraries the engine needs,
+one at a time, printing what each added (where the floor is). Prints every figure, the ratios
+and differences to the baselines, and the RSS target (<= 70 MB).
 
-    .venv/bin/python bench/bench_edge_footprint.py [--seconds 60] [--settle 5]
+    .venv/bin/python bench/bench_edge_footprint.py [--seconds 30] [--settle 5]
 """
 
 from __future__ import annotations
@@ -18,52 +22,58 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import onnx
 import psutil
-from onnx import TensorProto, helper, numpy_helper
 
+from edgesched.policies.models import shipped
 from edgesched.ports import free_port
 
 TARGET_RSS_MB = 70.0  # KubeEdge EdgeCore's documented minimum; a K3s agent idles near 270 MB
 MB = 1024 * 1024
+#: The environment the systemd unit gives the engine (one malloc arena per two threads at most,
+#: one OpenBLAS thread: numpy's BLAS is not used on the edge's hot path).
+UNIT_ENV = {"MALLOC_ARENA_MAX": "2", "OPENBLAS_NUM_THREADS": "1"}
 
 
-def build_model(path: Path, seed: int = 0) -> None:
-    """A float32 MLP x[N, 32] -> Gemm -> Relu -> Gemm -> y[N, 1], seeded random weights."""
-    rng = np.random.default_rng(seed)
-    weights = {
-        "w1": rng.standard_normal((32, 64)).astype(np.float32) * 0.1,
-        "b1": rng.standard_normal(64).astype(np.float32) * 0.1,
-        "w2": rng.standard_normal((64, 1)).astype(np.float32) * 0.1,
-        "b2": rng.standard_normal(1).astype(np.float32) * 0.1,
-    }
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]),
-            helper.make_node("Relu", ["h"], ["r"]),
-            helper.make_node("Gemm", ["r", "w2", "b2"], ["y"]),
-        ],
-        "forecast_mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
-        [numpy_helper.from_array(a, name) for name, a in weights.items()],
+@dataclass(frozen=True)
+class Mem:
+    rss: float
+    uss: float
+    anon: float
+    file: float
+    threads: int
+
+
+def memory(pid: int) -> Mem:
+    """RSS, USS and RSS's anonymous and file-backed parts (MB), and the OS thread count."""
+    proc = psutil.Process(pid)
+    info = proc.memory_full_info()
+    status: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile", "RssShmem"):
+                status[key] = int(value.split()[0]) / 1024
+    return Mem(
+        info.rss / MB,
+        info.uss / MB,
+        status.get("RssAnon", 0.0),
+        status.get("RssFile", 0.0) + status.get("RssShmem", 0.0),
+        proc.num_threads(),
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8  # the IR version of opset 17; any onnxruntime >= 1.11 reads it
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
 
 
-def write_config(tmp: Path, model: Path | None, sample_s: float, cycle_s: float) -> Path:
+def write_config(tmp: Path, sample_s: float, cycle_s: float) -> Path:
+    """An offline node (nobody listens on its MQTT port) with the shipped models."""
     state = tmp / "state"
     edge: dict[str, object] = {
         "node_id": "gw-bench",
@@ -72,21 +82,20 @@ def write_config(tmp: Path, model: Path | None, sample_s: float, cycle_s: float)
         "sample_s": sample_s,
         "cycle_s": cycle_s,
     }
-    if model is not None:
-        edge["forecast_model"] = str(model)
     lines = ["[edge]", *(f"{k} = {json.dumps(v)}" for k, v in edge.items())]
-    lines += ["[edge.mqtt]", f"port = {free_port()}"]  # nobody listens there: offline
+    lines += ["[edge.mqtt]", f"port = {free_port()}"]
     config = tmp / "edge.toml"
     config.write_text("\n".join(lines) + "\n")
     return config
 
 
-def start_engine(config: Path, log: Path, timeout: float = 30.0) -> subprocess.Popen[bytes]:
+def start_engine(
+    argv: list[str], config: Path, log: Path, env: dict[str, str], timeout: float = 30.0
+) -> subprocess.Popen[bytes]:
     """The engine once /v1/health answers; RuntimeError with the log if it exits first."""
-    exe = str(Path(sys.executable).with_name("edgesched"))
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [exe, "edge", "run", "-c", str(config)], stdout=out, stderr=out, cwd=config.parent
+            argv, stdout=out, stderr=out, cwd=config.parent, env={**os.environ, **env}
         )
     port_file = config.parent / "state" / "api-port"
     deadline = time.monotonic() + timeout
@@ -113,90 +122,180 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def memory(pid: int) -> tuple[float, float]:
-    """(RSS, USS) in MB."""
-    info = psutil.Process(pid).memory_full_info()
-    return info.rss / MB, info.uss / MB
-
-
-def ort_mapped(pid: int) -> bool:
-    return any("onnxruntime" in m.path for m in psutil.Process(pid).memory_maps())
-
-
-def baseline(code: str, *argv: str, settle: float = 2.0) -> tuple[float, float]:
-    """(RSS, USS) of ``python -c code`` once it prints ready and settles, measured alone."""
+def baseline(code: str, *argv: str, settle: float = 2.0) -> tuple[Mem, list[str]]:
+    """Memory of ``python -c code`` once it prints ready and settles, measured alone, and the
+    lines it printed before ready."""
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE)
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        assert proc.stdout is not None
+        lines = []
+        while (line := proc.stdout.readline().decode()) != "ready\n":
+            assert line, "the baseline exited before it was ready"
+            lines.append(line.rstrip("\n"))
         time.sleep(settle)
-        return memory(proc.pid)
+        return memory(proc.pid), lines
     finally:
         stop(proc)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=60.0, help="measurement window")
-    parser.add_argument("--settle", type=float, default=5.0, help="wait after health answers")
-    parser.add_argument("--sample-s", type=float, default=5.0)
-    parser.add_argument("--cycle-s", type=float, default=1.0)
-    args = parser.parse_args()
+_SESSIONS = """
+import sys, time, onnxruntime as ort
+from pathlib import Path
+if sys.argv[1] == "engine":
+    from edgesched.policies.ortsession import open_session
+    sessions = [open_session(Path(p)) for p in sys.argv[2:]]
+else:
+    sessions = [ort.InferenceSession(p, providers=["CPUExecutionProvider"]) for p in sys.argv[2:]]
+for s in sessions:  # one inference each, as the engine's models serve at idle
+    i = s.get_inputs()[0]
+    shape = [d if isinstance(d, int) else 1 for d in i.shape]
+    import numpy as np
+    s.run(None, {i.name: np.zeros(shape, np.float32)})
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+#: What the engine imports, one library at a time: each step's RSS growth in a fresh process.
+_STEPS = [
+    ("numpy", "import numpy"),
+    ("onnxruntime", "import onnxruntime"),
+    (
+        "its two sessions (engine options)",
+        "from edgesched.policies.ortsession import open_session; from pathlib import Path; "
+        "S = [open_session(Path(p)) for p in sys.argv[1:]]",
+    ),
+    ("asyncio (with ssl)", "import asyncio"),
+    ("aiohttp.web", "import aiohttp.web"),
+    ("pycrdt", "import pycrdt"),
+    (
+        "sqlite3, psutil, aiomqtt, prometheus_client",
+        "import sqlite3, psutil, aiomqtt, prometheus_client",
+    ),
+    (
+        "cryptography (Ed25519, frame signing only)",
+        "import cryptography.hazmat.primitives.asymmetric.ed25519",
+    ),
+    ("edgesched's edge modules", "import edgesched.edge.api, edgesched.edgemain"),
+]
+_LIBRARIES = f"""
+import sys, time
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+prev = rss()
+print(f"python|{{prev:.1f}}|{{prev:.1f}}", flush=True)
+for name, code in {_STEPS!r}:
+    exec(code)
+    now = rss()
+    print(f"{{name}}|{{now:.1f}}|{{now - prev:.1f}}", flush=True)
+    prev = now
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def models_in_use(log: Path) -> str:
+    text = log.read_text()
+    found = [k for k in ("forecast", "placement") if f"{k} model in use" in text]
+    refused = [ln for ln in text.splitlines() if "model refused" in ln]
+    if refused:
+        return f"NOT all loaded: {refused[0]}"
+    return ", ".join(found) + " (shipped)" if found else "NONE loaded"
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    mem: Mem
+    cpu_share: float
+    models: str
+
+
+def measure_engine(
+    name: str, argv: list[str], env: dict[str, str], args: argparse.Namespace
+) -> Run:
     with tempfile.TemporaryDirectory(prefix="edgesched-footprint-") as tmpdir:
         tmp = Path(tmpdir)
-        model = tmp / "forecast.onnx"
-        build_model(model)
-        # One at a time: pages shared with a concurrent process would not count as unique.
-        b_rss, b_uss = baseline("import time; print('ready', flush=True); time.sleep(60)")
-        o_rss, o_uss = baseline(
-            "import sys, time, onnxruntime as ort; "
-            "o = ort.SessionOptions(); o.intra_op_num_threads = o.inter_op_num_threads = 1; "
-            "s = ort.InferenceSession(sys.argv[1], o, providers=['CPUExecutionProvider']); "
-            "print('ready', flush=True); time.sleep(60)",
-            str(model),
-        )
+        config = write_config(tmp, args.sample_s, args.cycle_s)
         log = tmp / "edge.log"
-        try:
-            engine = start_engine(write_config(tmp, model, args.sample_s, args.cycle_s), log)
-            model_note = "loaded via [edge] forecast_model"
-        except RuntimeError as exc:
-            if "forecast_model" not in str(exc):
-                raise
-            refusal = str(exc).splitlines()[-1]
-            engine = start_engine(write_config(tmp, None, args.sample_s, args.cycle_s), log)
-            model_note = f"NOT loaded: the engine refused the key ({refusal}); ran without it"
+        engine = start_engine([*argv, "-c", str(config)], config, log, env)
         try:
             time.sleep(args.settle)
-            refused = [ln for ln in log.read_text().splitlines() if "model refused" in ln]
-            if refused:
-                model_note = f"NOT loaded: the engine refused the file, fell back: {refused[0]}"
             proc = psutil.Process(engine.pid)
             cpu0, wall0 = sum(proc.cpu_times()[:4]), time.monotonic()
             time.sleep(args.seconds)
             cpu1, wall1 = sum(proc.cpu_times()[:4]), time.monotonic()
             assert engine.poll() is None, log.read_text()
-            share = (cpu1 - cpu0) / (wall1 - wall0)
-            e_rss, e_uss = memory(engine.pid)
-            mapped = "yes" if ort_mapped(engine.pid) else "no"
-            children = len(proc.children(recursive=True))
+            mem = memory(engine.pid)
+            models = models_in_use(log)
         finally:
             stop(engine)
-    verdict = "met" if e_rss <= TARGET_RSS_MB else "MISSED"
+    return Run(name, mem, (cpu1 - cpu0) / (wall1 - wall0), models)
+
+
+def row(name: str, m: Mem) -> str:
+    return (
+        f"{name:<34} RSS {m.rss:6.1f} MB (anon {m.anon:5.1f}, file {m.file:5.1f})  "
+        f"USS {m.uss:6.1f} MB  {m.threads} threads"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=30.0, help="measurement window")
+    parser.add_argument("--settle", type=float, default=5.0, help="wait after health answers")
+    parser.add_argument("--sample-s", type=float, default=5.0)
+    parser.add_argument("--cycle-s", type=float, default=1.0)
+    parser.add_argument("--no-cli", action="store_true", help="skip the full CLI's run")
+    args = parser.parse_args()
+    models = [str(shipped("forecast")), str(shipped("placement"))]
+
+    # One at a time: pages shared with a concurrent process would not count as unique.
+    bare, _ = baseline("import time; print('ready', flush=True); time.sleep(120)")
+    ort_engine, _ = baseline(_SESSIONS, "engine", *models)
+    ort_default, _ = baseline(_SESSIONS, "default", *models)
+    libs, steps = baseline(_LIBRARIES, *models)
+
+    python = sys.executable
+    runs = [
+        measure_engine(
+            "engine, lean entry + unit env", [python, "-m", "edgesched.edgemain"], UNIT_ENV, args
+        ),
+        measure_engine("engine, lean entry", [python, "-m", "edgesched.edgemain"], {}, args),
+    ]
+    if not args.no_cli:
+        cli = str(Path(python).with_name("edgesched"))
+        runs.append(measure_engine("engine, `edgesched edge run`", [cli, "edge", "run"], {}, args))
+
     print(
         f"edge node idle footprint: offline (MQTT port closed), sample_s {args.sample_s:g}, "
-        f"cycle_s {args.cycle_s:g}, {args.settle:g} s settle, {args.seconds:g} s window"
+        f"cycle_s {args.cycle_s:g}, {args.settle:g} s settle, {args.seconds:g} s window; "
+        f"unit env {' '.join(f'{k}={v}' for k, v in UNIT_ENV.items())}"
     )
-    print(f"forecast model: {model_note}; onnxruntime mapped in the engine: {mapped}")
-    print(
-        f"engine                    RSS {e_rss:6.1f} MB  USS {e_uss:6.1f} MB  "
-        f"CPU {share:.2%} of one core  ({children} child processes)"
-    )
-    print(f"bare python (sleep)       RSS {b_rss:6.1f} MB  USS {b_uss:6.1f} MB")
-    print(f"python + ORT session      RSS {o_rss:6.1f} MB  USS {o_uss:6.1f} MB")
-    print(f"engine / bare python      RSS x{e_rss / b_rss:.2f}  USS x{e_uss / b_uss:.2f}")
-    print(f"engine / python + ORT     RSS x{e_rss / o_rss:.2f}  USS x{e_uss / o_uss:.2f}")
+    for run in runs:
+        print(row(run.name, run.mem) + f"  CPU {run.cpu_share:.2%} of one core")
+        print(f"{'':<34} models: {run.models}")
+    print(row("bare python (sleep)", bare))
+    print(row("python + ORT, 2 models (engine)", ort_engine))
+    print(row("python + ORT, 2 models (defaults)", ort_default))
+    print(row("python + the engine's libraries", libs))
+    print("the engine's imports, one at a time in a fresh process (RSS after, added):")
+    for line in steps:
+        name, after, added = line.split("|")
+        print(f"  {name:<44} {float(after):6.1f} MB  +{float(added):5.1f} MB")
+    for run in runs:
+        m = run.mem
+        print(
+            f"{run.name:<34} / bare python x{m.rss / bare.rss:.2f} (+{m.rss - bare.rss:.1f} MB)"
+            f"  / python + ORT x{m.rss / ort_engine.rss:.2f} (+{m.rss - ort_engine.rss:.1f} MB)"
+            f"  / libraries x{m.rss / libs.rss:.2f} (+{m.rss - libs.rss:.1f} MB)"
+        )
+    lean = runs[0].mem.rss
+    verdict = "met" if lean <= TARGET_RSS_MB else "MISSED"
     print(
         f"target RSS <= {TARGET_RSS_MB:.0f} MB (KubeEdge EdgeCore minimum; K3s agent ~270 MB): "
-        f"{verdict} ({e_rss:.1f} MB)"
+        f"{verdict} ({lean:.1f} MB, the lean entry point with the unit's environment; "
+        f"python + ORT with the two models alone is {ort_engine.rss:.1f} MB)"
     )
 
 

@@ -1,0 +1,132 @@
+"""The edge service's lean entry point (``python -m edgesched.edgemain`` / ``edgesched-edge``):
+it runs the real engine against a real Mosquitto, with its shipped ONNX models, and the
+service process never imports the CLI's libraries (typer, rich, click) nor central's
+modules; its mistakes are one ``error:`` line, as ``edgesched edge run``'s."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import Broker, EdgeNode, kill_task_processes, write_edge_config
+
+from edgesched.ports import free_port
+
+#: Modules a service process must not load (what the lean entry point leaves out).
+FORBIDDEN = re.compile(r"^(typer|rich|click|edgesched\.cli|edgesched\.central)(\.|$)")
+
+
+def _imported(importtime_log: str) -> set[str]:
+    """The modules ``python -X importtime`` reported loading."""
+    names = set()
+    for line in importtime_log.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+def test_runs_the_engine_connected_with_its_models_and_no_cli_libraries(
+    tmp_path: Path, broker: Broker
+) -> None:
+    config, state = write_edge_config(tmp_path, broker.port, node_id="gw-lean")
+    log = tmp_path / "edge.log"
+    node = EdgeNode(config, state, log)
+    with log.open("wb") as out:
+        node.proc = subprocess.Popen(
+            [sys.executable, "-X", "importtime", "-m", "edgesched.edgemain", "-c", str(config)],
+            stdout=out,
+            stderr=out,
+            cwd=tmp_path,
+        )
+    try:
+        node.wait(
+            lambda: (state / "api-port").exists() and node.get("/v1/health", auth=False)[0] == 200,
+            what="/v1/health",
+        )
+        status = node.wait(
+            lambda: (s := node.get("/v1/status")[1]).get("broker_connected") and s,
+            what="connected to the broker",
+        )
+        assert status["node"] == "gw-lean"
+        assert {k: v["source"] for k, v in status["models"].items()} == {
+            "forecast": "shipped",
+            "placement": "shipped",
+        }, status["models"]
+        assert status["forecast"]["model"] != "ewma", status["forecast"]  # the ONNX model
+        code, record = node.request(
+            "POST", "/v1/tasks", {"id": "t1", "command": ["sleep", "30"], "cpu": 0.1}
+        )
+        assert code == 201, record
+        node.wait(lambda: node.tasks()["t1"]["state"] == "running", what="t1 running")
+        node.proc.send_signal(signal.SIGTERM)
+        assert node.proc.wait(15) == 0, log.read_text()[-3000:]
+    finally:
+        if node.proc.poll() is None:
+            node.proc.kill()
+            node.proc.wait()
+        kill_task_processes(state)
+    text = log.read_text()
+    assert "edge node gw-lean up" in text and "edge node gw-lean stopped" in text
+    imported = _imported(text)
+    assert "edgesched.edge.engine" in imported and "onnxruntime" in imported  # the log is read
+    assert sorted(m for m in imported if FORBIDDEN.match(m)) == []
+
+
+def test_the_full_cli_would_have_loaded_them() -> None:
+    """The check above can fail: the CLI's module does load what the service path leaves out."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import edgesched.cli"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    found = {m.split(".")[0] for m in _imported(out.stderr) if FORBIDDEN.match(m)}
+    assert {"typer", "rich"} <= found
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("edgesched-edge")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_console_script_mistakes_are_one_error_line(tmp_path: Path) -> None:
+    missing = _run("--config", str(tmp_path / "nope.toml"))
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("error: ") and missing.stderr.count("\n") == 1
+    assert "nope.toml" in missing.stderr
+
+    config, _ = write_edge_config(tmp_path, free_port())
+    lines = config.read_text().splitlines()
+    config.write_text("\n".join(ln for ln in lines if not ln.startswith("node_id")) + "\n")
+    no_id = _run("-c", str(config))
+    assert (no_id.returncode, no_id.stderr) == (
+        2,
+        "error: edge.node_id: missing (required to run an edge node)\n",
+    )
+
+    config, _ = write_edge_config(
+        tmp_path, free_port(), mqtt={"password_file": str(tmp_path / "absent")}
+    )
+    no_password = _run("-c", str(config))
+    assert no_password.returncode == 2
+    assert no_password.stderr.startswith("error: edge.mqtt: password_file ")
+
+    bad_level = _run("-c", str(config.with_name("x.toml")), "--log-level", "loud")
+    assert bad_level.returncode == 2 and bad_level.stderr.startswith("error: ")
+
+
+def test_a_store_that_cannot_open_fails_at_run_time_with_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state directory goes")
+    config, _ = write_edge_config(tmp_path, free_port(), node_id="gw-x")
+    started = time.monotonic()
+    result = _run("-c", str(config))
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 30
