@@ -7,19 +7,17 @@ handling. The CLI, the demo and the tests build engines here.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
+from edgesched import sdnotify
 from edgesched.central import api as central_api
 from edgesched.central.engine import CentralEngine
 from edgesched.config import EdgeschedConfig
 from edgesched.edge import api as edge_api
 from edgesched.edge.engine import EdgeEngine
+from edgesched.sdnotify import Service
 
 
 def edge_engine(
@@ -46,16 +44,7 @@ def central_engine(
     return CentralEngine(config, clock=clock, api=central_api.serve)
 
 
-class Stoppable(Protocol):
-    def stop(self) -> None: ...
-
-    async def run(self) -> None: ...
-
-
-async def run_until_signalled(engine: Stoppable) -> None:
-    """Run ``engine`` until SIGTERM or SIGINT asks it to stop."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, engine.stop)
-    await engine.run()
+async def run_until_signalled(engine: Service) -> None:
+    """Run ``engine`` until SIGTERM or SIGINT asks it to stop, with systemd told when it is
+    ready, stopping, and (the watchdog) still turning: :mod:`edgesched.sdnotify`."""
+    await sdnotify.run_until_signalled(engine)

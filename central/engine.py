@@ -283,6 +283,9 @@ class CentralEngine:
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()  # one control step or submission at a time
+        #: Turns of the control loop completed: what the systemd watchdog watches
+        #: (edgesched.sdnotify)
+        self.loop_turns = 0
         self.liveness.on_change = self._node_status_changed
         self.replicas.on_change = self._replica_changed
         self.index = FleetIndex(
@@ -314,6 +317,20 @@ class CentralEngine:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def loop_period_s(self) -> float:
+        return self.central.cycle_s
+
+    def service_status(self) -> str:
+        """One line for ``systemctl status`` (sent with every watchdog ping)."""
+        online = sum(1 for s in self.liveness.nodes.values() if s.state == "online")
+        broker = "connected" if self.session.connected else "not connected"
+        return (
+            f"central {self.central.central_id}: broker {broker}; "
+            f"{online}/{len(self.replicas.replicas)} nodes online; API on port {self.api_port}; "
+            f"{self.loop_turns} control steps"
+        )
 
     async def run(self) -> None:
         """Restore the replicas from SQLite, then serve until :meth:`stop`."""
@@ -1200,6 +1217,7 @@ class CentralEngine:
             if self._acted and self.index.backlog:  # a recheck of the whole fleet, a slice
                 self._wake.set()  # a step: the next at once, once the loop has served what
                 await asyncio.sleep(0)  # is waiting (not while another replica acts)
+            self.loop_turns += 1
 
     def control_step(self) -> None:
         """Place waiting tasks, fail services over, settle tasks placed twice, forget finished

@@ -226,6 +226,9 @@ class EdgeEngine:
         #: Our membership of a site (``[edge] site_peers``; None: a node alone).
         self.site: SiteMember | None = None
         self._site_persisted = 0.0
+        #: Turns of the schedule loop completed: what the systemd watchdog watches
+        #: (edgesched.sdnotify)
+        self.loop_turns = 0
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -242,6 +245,21 @@ class EdgeEngine:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def loop_period_s(self) -> float:
+        return self.edge.cycle_s
+
+    def service_status(self) -> str:
+        """One line for ``systemctl status`` (sent with every watchdog ping)."""
+        heard = self.link.last_heard
+        central = "never" if heard is None else f"{self.link.clock() - heard:.0f} s ago"
+        broker = "connected" if self.link.broker_connected else "not connected"
+        running = 0 if self._executor is None else len(self._executor.running())
+        return (
+            f"edge node {self.edge.node_id} {self.mode.value}: broker {broker}, central heard "
+            f"{central}; {running} task process(es); {self.loop_turns} cycles"
+        )
 
     async def run(self) -> None:
         """Recover from SQLite, then run every loop until :meth:`stop`. Tasks keep running."""
@@ -970,6 +988,7 @@ class EdgeEngine:
                     "full" if isinstance(exc, StoreFullError) else "error"
                 ).inc()
                 log.error("scheduling cycle skipped: %s", exc)
+            self.loop_turns += 1
 
     def _count_store_error(self, exc: StoreError) -> None:
         self.metrics.store_errors.labels(

@@ -38,8 +38,16 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("edgesched.config", "edgesched.tomlwrite"),),
     # the two tiers: never one importing the other
     (("edgesched.edge",), ("edgesched.central",)),
-    # wiring (engine + API + signals) and the partition-injection harness
-    (("edgesched.serve", "edgesched.fieldtest", "edgesched.localbroker", "edgesched.ports"),),
+    # wiring (engine + API + signals + systemd notification), the partition-injection harness
+    (
+        (
+            "edgesched.serve",
+            "edgesched.sdnotify",
+            "edgesched.fieldtest",
+            "edgesched.localbroker",
+            "edgesched.ports",
+        ),
+    ),
     # the commands people run and what they drive
     (("edgesched",),),
 )
