@@ -1,7 +1,8 @@
 """Central's HTTP API (aiohttp): the fleet as central sees it, and how to steer it.
 
-Two tokens, created 0600 in ``<state_dir>`` at first start: ``api-token`` (admin: every route)
-and ``api-token-read`` (read-only: GET routes). Send ``Authorization: Bearer <token>``; a
+Three tokens, created 0600 in ``<state_dir>`` at first start: ``api-token`` (admin: every
+route), ``api-token-read`` (read-only: GET routes) and ``metrics-token`` (``GET /metrics`` only,
+for Prometheus: docs/metrics.md). Send ``Authorization: Bearer <token>``; a
 browser's ``EventSource``, which cannot set headers, may pass ``?token=`` instead. Public:
 ``/v1/health``, the dashboard's page and assets, and (when ``k8s_extender`` is on) the
 kube-scheduler extender under ``/v1/k8s``, which kube-scheduler calls without a token (keep it
@@ -30,7 +31,7 @@ naming what is wrong.
                             vote, lease, what they see), its coordinator, the decisions it
                             made while cut off, and which offline members it sees alive
     POST   /v1/k8s/filter | prioritize | bind   kube-scheduler extender v1 (if enabled)
-    GET /metrics            Prometheus text format
+    GET /metrics            Prometheus text format (any of the three tokens)
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ from edgesched.core.lifecycle import Phase
 from edgesched.core.task import SpecError, TaskSpec
 from edgesched.policies.models import KINDS, MAX_MODEL_BYTES
 from edgesched.rest.server import (
+    METRICS_TOKEN_FILE,
+    METRICS_TOKEN_KEY,
     BodyError,
     answer,
     json_body,
     load_or_create_token,
+    metrics_token_refusal,
     problem,
     start_app,
 )
@@ -90,8 +94,10 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
         elif _matches(sent, read):
             if request.method not in ("GET", "HEAD"):
                 return problem(403, "Forbidden", "the read-only token cannot change anything")
-        else:
-            return problem(401, "Unauthorized", "send Authorization: Bearer <token> (api-token)")
+        else:  # the metrics token on GET /metrics, or a 403 (that token elsewhere) or a 401
+            refusal = metrics_token_refusal(request, sent)
+            if refusal is not None:
+                return refusal
     return await answer(request, handler)
 
 
@@ -415,10 +421,14 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=engine.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
-def build_app(engine: CentralEngine, admin_token: str, read_token: str) -> web.Application:
+def build_app(
+    engine: CentralEngine, admin_token: str, read_token: str, metrics_token: str = ""
+) -> web.Application:
+    """The API: ``metrics_token`` (none if empty) reads /metrics only."""
     app = web.Application(middlewares=[guard], client_max_size=MAX_REQUEST_BYTES)
     app[CENTRAL_KEY] = engine
     app[TOKENS_KEY] = (admin_token, read_token)
+    app[METRICS_TOKEN_KEY] = metrics_token
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/openapi.json", serve_central)
     app.router.add_get("/v1/status", status)
@@ -458,7 +468,8 @@ async def serve(engine: CentralEngine) -> web.AppRunner:
     host, port = engine.central.api_host, engine.central.api_port
     admin = load_or_create_token(engine.state_dir)
     read = load_or_create_token(engine.state_dir, "api-token-read")
+    scrape = load_or_create_token(engine.state_dir, METRICS_TOKEN_FILE)
     runner, engine.api_port = await start_app(
-        build_app(engine, admin, read), engine.state_dir, host, port
+        build_app(engine, admin, read, scrape), engine.state_dir, host, port
     )
     return runner

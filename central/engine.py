@@ -51,7 +51,7 @@ from edgesched.central.fleetseries import FleetSample, FleetSeries
 from edgesched.central.heartbeat import CentralPeers, Heartbeat
 from edgesched.central.leases import ShardLeases, shard_of
 from edgesched.central.liveness import Hearing, Liveness, NodeStatus
-from edgesched.central.metrics import CentralMetrics
+from edgesched.central.metrics import CentralMetrics, node_state_counts
 from edgesched.central.placement import Choice, assignment_entry, place_all, place_pinned
 from edgesched.central.power import PARKED, Move, power_plan
 from edgesched.central.replicas import NODE_DOC_PREFIX, NodeReplicas
@@ -1996,15 +1996,21 @@ class CentralEngine:
         }
 
     def refresh_metrics(self) -> None:
+        """Hand the metrics what is read at scrape time (``GET /metrics``)."""
         status = self.status()
-        self.metrics.nodes.set(status["nodes"])
-        self.metrics.online.set(status["online"])
-        self.metrics.broker_connected.set(1 if status["broker_connected"] else 0)
-        for kind, count in status["rejected"].items():
-            self.metrics.rejected.labels(kind).set(count)
-        for channel, reasons in status["refused"].items():
-            for reason, count in reasons.items():
-                self.metrics.refused.labels(channel, reason).set(count)
+        self.metrics.scrape(
+            nodes=node_state_counts(
+                self.replicas.replicas,
+                self.liveness.nodes,
+                self.clock(),
+                self.central.failover_after_s,
+                self.central.dead_after_s,
+            ),
+            online=status["online"],
+            broker_connected=status["broker_connected"],
+            rejected=status["rejected"],
+            refused=status["refused"],
+        )
 
 
 #: How many changed tasks one pass of :meth:`CentralEngine.record_history` looks at (the

@@ -1,7 +1,9 @@
 """The edge node's local HTTP API (aiohttp), for people and tools on the gateway itself.
 
 Loopback by default. Every route except ``/v1/health`` needs ``Authorization: Bearer <token>``
-with the token from ``<state_dir>/api-token`` (created 0600 at first start). Errors are RFC 9457
+with the token from ``<state_dir>/api-token`` (created 0600 at first start). ``GET /metrics``
+also takes the scrape-only token of ``<state_dir>/metrics-token`` (created alike), which every
+other route refuses (403): give Prometheus that one (docs/metrics.md). Errors are RFC 9457
 problem details (``application/problem+json``) naming the field; a bad body is a 4xx, never a
 500.
 
@@ -13,7 +15,7 @@ problem details (``application/problem+json``) naming the field; a bad body is a
     DELETE /v1/tasks/{id}          cancel
     GET    /v1/tasks/{id}/logs     its output: the last ?tail=N lines, ?follow=1 then more
     GET    /v1/decisions[?task=..] recent decisions with their reasons
-    GET    /metrics                Prometheus text format
+    GET    /metrics                Prometheus text format (api-token or metrics-token)
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from edgesched.edge.logserve import read_from, tail_lines
 from edgesched.edge.openapi import serve_edge
 from edgesched.rest.server import (
     MAX_BODY_BYTES,
+    METRICS_TOKEN_FILE,
+    METRICS_TOKEN_KEY,
     TOKEN_KEY,
     BodyError,
     json_body,
@@ -167,9 +171,9 @@ async def decisions(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     engine = _engine(request)
-    for channel, reasons in engine.refused_by_channel().items():
-        for reason, count in reasons.items():
-            engine.metrics.refused.labels(channel, reason).set(count)
+    engine.metrics.scrape(
+        broker_connected=engine.link.broker_connected, refused=engine.refused_by_channel()
+    )
     return web.Response(
         body=engine.metrics.render(),
         content_type="text/plain",
@@ -177,10 +181,12 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
-def build_app(engine: EdgeEngine, token: str) -> web.Application:
+def build_app(engine: EdgeEngine, token: str, metrics_token: str = "") -> web.Application:
+    """The API: ``token`` for every route, ``metrics_token`` (none if empty) for /metrics."""
     app = web.Application(middlewares=[token_guard()], client_max_size=MAX_BODY_BYTES)
     app[ENGINE_KEY] = engine
     app[TOKEN_KEY] = token
+    app[METRICS_TOKEN_KEY] = metrics_token
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/openapi.json", serve_edge)
     app.router.add_get("/v1/status", status)
@@ -199,7 +205,8 @@ async def serve(engine: EdgeEngine) -> web.AppRunner:
     lands in ``engine.api_port``."""
     host, port = engine.edge.api_host, engine.edge.api_port
     token = load_or_create_token(engine.state_dir)
+    metrics_token = load_or_create_token(engine.state_dir, METRICS_TOKEN_FILE)
     runner, engine.api_port = await start_app(
-        build_app(engine, token), engine.state_dir, host, port
+        build_app(engine, token, metrics_token), engine.state_dir, host, port
     )
     return runner

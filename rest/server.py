@@ -28,6 +28,13 @@ TOKEN_KEY = web.AppKey("token", str)
 #: Paths served without a token (liveness and the API's own description).
 PUBLIC_PATHS: frozenset[str] = frozenset({"/v1/health", "/v1/openapi.json"})
 
+#: The Prometheus scrape path, and the scrape-only token that reads it and nothing else
+#: (``<state_dir>/metrics-token``, created 0600 at first start; docs/metrics.md).
+METRICS_PATH = "/metrics"
+METRICS_TOKEN_FILE = "metrics-token"
+METRICS_TOKEN_KEY = web.AppKey("metrics_token", str)
+UNAUTHORIZED = "send Authorization: Bearer <token> (api-token; for /metrics also metrics-token)"
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 E = TypeVar("E")
 #: How an engine starts its API: called with the engine once it is up; the runner is cleaned up
@@ -70,13 +77,34 @@ def authorized(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(sent.encode(), f"Bearer {token}".encode())
 
 
+def bearer_of(request: web.Request) -> str:
+    """The token of the request's ``Authorization: Bearer`` header, or ``""``."""
+    sent = request.headers.get("Authorization", "")
+    return sent[len("Bearer ") :] if sent.startswith("Bearer ") else ""
+
+
+def metrics_token_refusal(request: web.Request, sent: str) -> web.Response | None:
+    """For a request that sent the app's metrics token (``METRICS_TOKEN_KEY``): None if it
+    reads ``GET``/``HEAD /metrics`` (let it through), a 403 problem for anything else. A
+    request that did not send it gets a 401 problem."""
+    token = request.app.get(METRICS_TOKEN_KEY, "")
+    if not (sent and token and hmac.compare_digest(sent.encode(), token.encode())):
+        return problem(401, "Unauthorized", UNAUTHORIZED)
+    if request.path == METRICS_PATH and request.method in ("GET", "HEAD"):
+        return None
+    return problem(403, "Forbidden", "the metrics token reads GET /metrics only")
+
+
 def token_guard(public: Collection[str] = PUBLIC_PATHS) -> Any:
-    """Middleware: every path but ``public`` needs the app's bearer token (``TOKEN_KEY``)."""
+    """Middleware: every path but ``public`` needs the app's bearer token (``TOKEN_KEY``);
+    ``GET /metrics`` also takes the metrics token (``METRICS_TOKEN_KEY``)."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in public and not authorized(request, request.app[TOKEN_KEY]):
-            return problem(401, "Unauthorized", "send Authorization: Bearer <token> (api-token)")
+            refusal = metrics_token_refusal(request, bearer_of(request))
+            if refusal is not None:
+                return refusal
         return await answer(request, handler)
 
     return guard

@@ -216,7 +216,7 @@ async def test_bad_entries_are_refused_counted_and_converged_at_both_tiers(
             assert central.get("/v1/health", auth=False)[0] == 200
             assert gw1.get("/v1/health", auth=False)[0] == 200
             metrics = central.request("GET", "/metrics")[1]
-            assert 'edgesched_central_rejected{reason="schema_entries"}' in metrics
+            assert 'edgesched_central_rejected_total{reason="schema_entries"}' in metrics
         finally:
             for task in running:
                 task.cancel()

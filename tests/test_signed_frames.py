@@ -196,8 +196,8 @@ async def test_a_forging_broker_gets_nothing_past_signatures(
         await until(fleet.converged, 30, "the keyed fleet converged after the attacks")
         # The same counts on both tiers' /metrics (Prometheus text).
         for proc, line in (
-            (b, 'edgesched_edge_refused{channel="policy",reason="replay"} '),
-            (fleet.central, 'edgesched_central_refused{channel="node",reason="signature"} '),
+            (b, 'edgesched_edge_refused_total{channel="policy",reason="replay"} '),
+            (fleet.central, 'edgesched_central_refused_total{channel="node",reason="signature"} '),
         ):
             code, text = await asyncio.to_thread(proc.get, "/metrics")
             assert code == 200
