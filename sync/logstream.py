@@ -42,8 +42,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Final
 
-from cryptography.exceptions import InvalidSignature
-
 from edgesched.core.task import MAX_TASK_ID_BYTES
 from edgesched.sync.signing import FrameSigning, ReplayWindow, SignatureRefused
 from edgesched.sync.wire import TOPIC_ROOT
@@ -323,6 +321,8 @@ def unseal(signing: FrameSigning | None, topic: str, sender: str, payload: bytes
     key = None if signing.keys is None else signing.keys.get(sender)
     if key is None:
         raise SignatureRefused("signature", f"no public key for {sender}")
+    from cryptography.exceptions import InvalidSignature  # (only where signing is configured)
+
     try:
         key.verify(signature, _signed_bytes(topic, seq) + body)
     except InvalidSignature:

@@ -43,13 +43,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING, Final
 
 from edgesched.sync import wire
+
+if TYPE_CHECKING:  # cryptography is imported where a key is used: a node that signs nothing
+    # does not load it (6.5 MB of RSS; bench/bench_edge_footprint.py)
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 __all__ = [
     "CONTEXT",
@@ -188,6 +191,9 @@ class KeyRing:
 def _read_public_key(directory: Path, identity: str) -> Ed25519PublicKey | None:
     if not identity or "/" in identity or identity.startswith(".") or "\0" in identity:
         return None
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
         data = (directory / f"{identity}.pub").read_bytes()
         key = serialization.load_pem_public_key(data)
@@ -263,6 +269,8 @@ class FrameSigning:
     @staticmethod
     def verify(sealed: Sealed, sender: str) -> None:
         """The signature check (the costly step; thread-safe, and the GIL is released)."""
+        from cryptography.exceptions import InvalidSignature
+
         try:
             sealed.key.verify(sealed.signature, sealed.signed + sealed.body)
         except InvalidSignature:
@@ -356,6 +364,9 @@ def _verify_all(items: list[tuple[Sealed, str]]) -> list[SignatureRefused | None
 
 def load_signing_key(path: Path) -> Ed25519PrivateKey:
     """An Ed25519 private key from a PEM file; ValueError naming the file otherwise."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     except OSError as exc:
@@ -378,6 +389,9 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
 def write_signing_key(directory: Path, identity: str, *, force: bool = False) -> tuple[Path, Path]:
     """A new Ed25519 key for ``identity``: ``directory/<identity>.signing.key`` (0600) and
     ``directory/keys/<identity>.pub``. FileExistsError unless ``force``."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from edgesched.sync.security import check_identity
 
     identity = check_identity(identity)
