@@ -14,10 +14,11 @@ STAMP  := $(VENV)/.installed
 # drives /usr/bin/chromium, it never downloads a browser), ip and nft (real partitions in
 # network namespaces), etcd (central replicas' shard leases) and NATS server (the clustered
 # MQTT broker tier), node and npm (the reference Yjs, npm yjs@13, referees the update decoder),
-# tcpdump (bench/pcap_mqtt.py reads real captures). Installed with apt when running as root
+# tcpdump (bench/pcap_mqtt.py reads real captures), promtool (Prometheus checks /metrics and
+# docs/alerts.yml). Installed with apt when running as root
 # (CI, a fresh gateway);
 # otherwise we say what is missing.
-SYSTEM_DEPS := mosquitto:mosquitto sysbench:sysbench fio:fio chromium:chromium ip:iproute2 nft:nftables etcd:etcd-server etcdctl:etcd-client nats-server:nats-server node:nodejs npm:npm tcpdump:tcpdump
+SYSTEM_DEPS := mosquitto:mosquitto sysbench:sysbench fio:fio chromium:chromium ip:iproute2 nft:nftables etcd:etcd-server etcdctl:etcd-client nats-server:nats-server node:nodejs npm:npm tcpdump:tcpdump promtool:prometheus
 .PHONY: system-deps
 system-deps:
 	@missing=""; for pair in $(SYSTEM_DEPS); do c=$${pair%%:*}; p=$${pair##*:}; command -v $$c >/dev/null 2>&1 || [ -x /usr/sbin/$$c ] || missing="$$missing $$p"; done; \
