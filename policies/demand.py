@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from edgesched.core.campus import BIN_S, BINS_PER_DAY, campus_scenario
+from edgesched.core.campus import BIN_S, BINS_PER_DAY
 from edgesched.core.forecast import (
     DemandHistory,
     Ewma,
@@ -41,7 +41,6 @@ from edgesched.core.forecast import (
     SeasonalNaive,
     time_of_day_features,
 )
-from edgesched.policies.onnxgraph import PRODUCER, save
 from edgesched.policies.ortsession import ModelLoadError, open_contract
 
 log = logging.getLogger("edgesched.policies.demand")
@@ -78,6 +77,8 @@ def class_demand(seed: int, days: int, scale: float = 1.0) -> tuple[FloatArray, 
     Offered demand: the cores in use if every task of the campus scenario started on arrival
     (what a forecaster for capacity planning must predict, independent of any scheduler).
     """
+    from edgesched.core.campus import campus_scenario
+
     scenario = campus_scenario(seed=seed, days=float(days), scale=scale)
     n_bins = days * BINS_PER_DAY
     edges = np.arange(n_bins + 1, dtype=np.float64) * BIN_S
@@ -264,6 +265,8 @@ def write_onnx(model: ForecastModel, path: Path) -> Path:
         "edgesched.lags": str(LAGS),
         "edgesched.step_s": str(BIN_S),
     }
+    from edgesched.policies.onnxgraph import PRODUCER, save  # (writing a model: training)
+
     return save(graph, path, props, PRODUCER)
 
 

@@ -29,22 +29,20 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from edgesched.core.campus import campus_scenario
-from edgesched.core.experiment import build_strategies
 from edgesched.core.learned import LEARNED_FEATURES, N_LEARNED_FEATURES
 from edgesched.core.model import SECONDS_PER_DAY
 from edgesched.core.nodetable import FloatArray
 from edgesched.core.policy import PolicyConfig, PolicyMode
-from edgesched.core.simulator import ScenarioLike, SimReport, simulate
-from edgesched.core.strategies import CoreStrategy, Strategy
-from edgesched.core.tidal import campus_profile
-from edgesched.policies.onnxgraph import PRODUCER, save
 from edgesched.policies.ortsession import ModelLoadError, open_contract
+
+if TYPE_CHECKING:  # training only: an engine that scores placements does not load them
+    from edgesched.core.simulator import ScenarioLike, SimReport
+    from edgesched.core.strategies import Strategy
 
 log = logging.getLogger("edgesched.policies.placement")
 
@@ -137,6 +135,8 @@ def write_onnx(
         "edgesched.features": ",".join(LEARNED_FEATURES),
         **(extra or {}),
     }
+    from edgesched.policies.onnxgraph import PRODUCER, save
+
     return save(graph, path, props, PRODUCER)
 
 
@@ -249,10 +249,15 @@ TINY_POLICY = PolicyTrainConfig(
 
 
 def _scenario(seed: int, config: PolicyTrainConfig) -> Any:
+    from edgesched.core.campus import campus_scenario
+
     return campus_scenario(seed=seed, days=config.days, scale=config.scale)
 
 
 def _run_weights(args: tuple[tuple[float, ...], tuple[int, ...], PolicyTrainConfig]) -> float:
+    from edgesched.core.simulator import simulate
+    from edgesched.core.strategies import CoreStrategy
+
     weights, seeds, config = args
     policy = PolicyConfig(mode=PolicyMode.LEARNED, learned_score=LinearScore(weights))
     total = 0.0
@@ -339,6 +344,11 @@ HEURISTICS = ("priority", "balance", "energy", "tidal+priority", "tidal+energy",
 
 
 def _eval_job(args: tuple[str, int, PolicyTrainConfig, str]) -> dict[str, float]:
+    from edgesched.core.experiment import build_strategies
+    from edgesched.core.simulator import simulate
+    from edgesched.core.strategies import CoreStrategy
+    from edgesched.core.tidal import campus_profile
+
     name, seed, config, model = args
     scenario = _scenario(seed, config)
     strategy: Strategy
