@@ -1208,7 +1208,9 @@ def _central_paths() -> dict[str, Schema]:
                 "Prometheus metrics",
                 fleet,
                 {"200": oa.TEXT, **oa.problems(401)},
-                description=read,
+                description=read[:-1] + ", or the scrape-only metrics-token (<state_dir>/"
+                "metrics-token), which every other route refuses (403). Series and units: "
+                "docs/metrics.md.",
             )
         },
         "/": {

@@ -281,7 +281,15 @@ def _edge_paths() -> dict[str, Schema]:
             )
         },
         "/metrics": {
-            "get": oa.op("metrics", "Prometheus metrics", tag, {"200": oa.TEXT, **oa.problems(401)})
+            "get": oa.op(
+                "metrics",
+                "Prometheus metrics",
+                tag,
+                {"200": oa.TEXT, **oa.problems(401)},
+                description="The api-token, or the scrape-only metrics-token (<state_dir>/"
+                "metrics-token), which every other route refuses (403). Series and units: "
+                "docs/metrics.md.",
+            )
         },
     }
 
