@@ -1,7 +1,11 @@
 """The ``edgesched`` command line (typer).
 
 Every command has ``--help``; user mistakes (bad config, bad option values, unknown names)
-end as one ``error:`` line on stderr and exit code 2, never a traceback.
+end as one ``error:`` line on stderr and exit code 2, never a traceback; an engine that cannot
+run (its API port in use, another process under its identity) is one ``error:`` line and exit
+code 1 (docs/troubleshooting.md). Help text and paths are printed verbatim: no Rich markup
+(``rich_markup_mode=None``, and messages escaped), so ``[edge]`` or ``/tmp/[bold]x`` stay as
+they are.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from edgesched.brokercli import register as register_join_commands
@@ -31,6 +36,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help printed verbatim: "[edge]" is text, not markup
 )
 config_app = typer.Typer(help="Inspect and check configuration files.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
@@ -39,8 +45,41 @@ err = Console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """One ``warning:`` line on stderr, ``message`` verbatim."""
+    err.print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside ``exc``'s (nested) exception groups, or ``[exc]``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _run_engine(tier: str, config: Path, run: Callable[[], None], known: tuple[type, ...]) -> None:
+    """Run an engine (``run``); what stops it that an operator can act on is one ``error:``
+    line and exit code 1 (the first such error inside a task group's exception group):
+    its API's port taken, another process under its identity, a store or hardware problem.
+    Anything else is a bug and keeps its traceback."""
+    from edgesched.rest.server import ListenError
+    from edgesched.sync.session import IdentityInUse
+
+    try:
+        run()
+    except Exception as exc:
+        for leaf in _leaves(exc):
+            if isinstance(leaf, ListenError):
+                fail(f"{tier} API ([{tier}] api_host, api_port in {config}): {leaf}", 1)
+            if isinstance(leaf, IdentityInUse):
+                fail(f"{tier}: {leaf}", 1)
+            if isinstance(leaf, known):
+                fail(str(leaf), 1)
+        raise
 
 
 def _version(value: bool) -> None:
@@ -72,8 +111,21 @@ def _load(path: Path | None) -> EdgeschedConfig:
 
 @config_app.command("check")
 def config_check(path: Annotated[Path, typer.Argument(help="TOML file to validate.")]) -> None:
-    """Validate a config file; print the effective policy or the first error."""
+    """Validate a config file and the files it names (as this user reads them); print the
+    effective policy, or the first error in the file, or one line per missing or unreadable
+    file (exit 2)."""
+    import tomllib
+
+    from edgesched.config import file_problems
+
     cfg = _load(path)
+    with path.open("rb") as f:
+        sections = [k for k in tomllib.load(f) if k in ("edge", "central")]
+    problems = file_problems(cfg, sections)
+    for problem in problems:
+        err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+    if problems:
+        raise typer.Exit(2)
     windows = ", ".join(w.name for w in cfg.policy.tidal.windows) or "none"
     typer.echo(
         f"{path}: ok (mode {cfg.policy.mode.value}, tidal profile {cfg.policy.tidal.name}: "
@@ -199,7 +251,7 @@ def sim(
             written = plot_day(result, plot, shown or tuple(names))
         except RuntimeError as exc:
             fail(str(exc))
-        err.print(f"plot written to {written}")
+        err.print(f"plot written to {written}", markup=False, highlight=False)
 
 
 def _logging(log_level: str) -> None:
@@ -243,10 +295,12 @@ def edge_run(
         fail(f"edge.mqtt: {exc}")
     _logging(log_level)
 
-    try:
-        asyncio.run(run_until_signalled(edge_engine(cfg, clock=_clock())))
-    except (StoreError, IdentityError, UnsupportedHardware, OSError) as exc:
-        fail(str(exc), 1)
+    _run_engine(
+        "edge",
+        config,
+        lambda: asyncio.run(run_until_signalled(edge_engine(cfg, clock=_clock()))),
+        (StoreError, IdentityError, UnsupportedHardware, OSError),
+    )
 
 
 def _api_client(config: Path, tier: str) -> ApiClient:
@@ -277,6 +331,23 @@ def _call(
         fail(str(exc))
 
 
+def _warn_broker(status: dict[str, Any]) -> None:
+    """A ``warning:`` line on stderr for a broker link that is down or shared with another
+    process (the JSON on stdout holds the details: ``broker``)."""
+    import time
+
+    broker = status.get("broker")
+    if not isinstance(broker, dict):
+        return
+    if not broker.get("connected"):
+        since = broker.get("since")
+        ago = "" if since is None else f" for {max(0.0, time.time() - since):.0f} s"
+        why = broker.get("last_error") or "no attempt has finished yet"
+        warn(f"not connected to broker {broker.get('address')}{ago}: {why}")
+    if broker.get("duplicate"):
+        warn(str(broker["duplicate"]))
+
+
 @edge_app.command("status")
 def edge_status(config: ConfigOption) -> None:
     """Mode, link and hardware of the running node, and its tasks by state."""
@@ -286,6 +357,7 @@ def edge_status(config: ConfigOption) -> None:
     for t in tasks:
         counts[t["state"]] = counts.get(t["state"], 0) + 1
     typer.echo(json.dumps({**status, "tasks": counts}, indent=2))
+    _warn_broker(status)
 
 
 @edge_app.command("submit")
@@ -398,13 +470,13 @@ def node_qualify(
         workdir,
         duration_s=duration,
         use_tools=not no_tools,
-        progress=None if as_json else (lambda msg: err.print(msg)),
+        progress=None if as_json else (lambda msg: err.print(msg, markup=False)),
     )
     doc = report.to_json()
     if target is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(doc, indent=2) + "\n")
-        err.print(f"saved to {target}")
+        err.print(f"saved to {target}", markup=False, highlight=False)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
@@ -443,16 +515,20 @@ def central_run(
     except ValueError as exc:
         fail(f"central.mqtt: {exc}")
     _logging(log_level)
-    try:
-        asyncio.run(run_until_signalled(central_engine(cfg, clock=_clock())))
-    except (StoreError, OSError) as exc:
-        fail(str(exc), 1)
+    _run_engine(
+        "central",
+        config,
+        lambda: asyncio.run(run_until_signalled(central_engine(cfg, clock=_clock()))),
+        (StoreError, OSError),
+    )
 
 
 @central_app.command("status")
 def central_status(config: CentralConfigOption) -> None:
     """Central's broker link, node counts and refused input, as JSON."""
-    typer.echo(json.dumps(_call(config, "GET", "/v1/status", tier="central"), indent=2))
+    status = _call(config, "GET", "/v1/status", tier="central")
+    typer.echo(json.dumps(status, indent=2))
+    _warn_broker(status)
 
 
 @central_app.command("nodes")
@@ -704,7 +780,7 @@ def demo(
     except DemoError as exc:
         fail(str(exc), 1)
     except Interrupted as exc:
-        err.print(f"demo {exc}; every process it started is stopped")
+        err.print(f"demo {exc}; every process it started is stopped", markup=False)
         raise typer.Exit(130) from None
     if as_json:
         typer.echo(json.dumps(result, indent=2))
@@ -899,7 +975,7 @@ def _fieldtest_runs(
                     run_scenario(name, seed, where, nodes=nodes, sites=sites, backend=backend,
                                  broker=broker,
                                  duration_s=duration if SCENARIOS[name].soak else None,
-                                 progress=lambda m: err.print(f"[dim]{m}[/dim]"))
+                                 progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"))
                 )  # fmt: skip
             except ValueError as exc:
                 fail(f"{name}: {exc}")
@@ -912,7 +988,8 @@ def _fieldtest_runs(
                 f"{verdict} {name} seed {seed} ({result['backend']}): "
                 f"{result['verdict']['acknowledged']} acknowledged, "
                 f"{result['verdict']['offline_decisions']} offline decisions, slowest heal "
-                f"{'-' if heal is None else f'{heal:.2f}s'}; {page}"
+                f"{'-' if heal is None else f'{heal:.2f}s'}; {page}",
+                markup=False,
             )
             reports.append(result)
     return reports
@@ -1013,7 +1090,7 @@ def bundle(
     from edgesched.bundle import BundleError, build_bundle
 
     def step(message: str) -> None:
-        err.print(f"[bold cyan]bundle:[/] {message}", highlight=False, soft_wrap=True)
+        err.print(f"[bold cyan]bundle:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
     try:
         with err.status("building the bundle", spinner="dots"):
@@ -1092,7 +1169,9 @@ def _transition(verb: str, run: Callable[[Callable[[str], None]], dict[str, Any]
 
     try:
         entry = run(
-            lambda m: err.print(f"[bold cyan]{verb}:[/] {m}", highlight=False, soft_wrap=True)
+            lambda m: err.print(
+                f"[bold cyan]{verb}:[/] {escape(m)}", highlight=False, soft_wrap=True
+            )
         )
     except UpgradeFailed as exc:
         fail(str(exc), 1)

@@ -15,7 +15,9 @@ import datetime as dt
 import difflib
 import json
 import math
+import os
 import re
+import shutil
 import ssl
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -812,30 +814,230 @@ def _parse_mqtt(t: _Table) -> MqttConfig:
     )
 
 
+# --- files a config names ---------------------------------------------------------------------
+
+
+def _file_problem(path: Path, kind: str) -> str | None:
+    """Why ``path`` is not a readable ``kind`` ("file", "directory", "program"), or None."""
+    try:
+        if not path.exists():
+            return "no such file or directory"
+        if kind == "directory":
+            if not path.is_dir():
+                return "not a directory"
+            if not os.access(path, os.R_OK | os.X_OK):
+                return "not readable by this user"
+            return None
+        if path.is_dir():
+            return "a directory, not a file"
+        if not os.access(path, os.R_OK):
+            return "not readable by this user"
+        if kind == "program" and not os.access(path, os.X_OK):
+            return "not executable by this user"
+    except OSError as exc:  # (a path component not searchable, a name too long)
+        return exc.strerror or str(exc)
+    return None
+
+
+def _mqtt_files(prefix: str, mqtt: MqttConfig) -> list[tuple[str, str, str]]:
+    keys = ("ca_file", "cert_file", "key_file", "password_file", "signing_key")
+    named = [(f"{prefix}.{key}", getattr(mqtt, key), "file") for key in keys]
+    return [*named, (f"{prefix}.peer_keys", mqtt.peer_keys, "directory")]
+
+
+def _state_dir_problem(path: Path) -> str | None:
+    """A state directory must be a writable directory, or be creatable (made at start)."""
+    if path.exists():
+        if not path.is_dir():
+            return "not a directory"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return "not writable by this user"
+        return None
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"does not exist, and {parent} is not writable by this user to make it"
+    return None
+
+
+def file_problems(config: EdgeschedConfig, sections: Iterable[str]) -> list[str]:
+    """``"<key>: <path>: <problem>"`` for each file, directory or program the config's
+    ``sections`` ("edge", "central") name that is missing or not readable (writable, for a
+    state directory) by this user: the CA, certificate, key, password and signing-key files,
+    the peer keys' directory, model files, ``hal_root``, a container runtime or power command
+    given as a path. Relative paths are taken from the current directory, as the engines do."""
+    wanted = set(sections)
+    checks: list[tuple[str, str, str]] = []
+    if "edge" in wanted:
+        e = config.edge
+        checks += _mqtt_files("edge.mqtt", e.mqtt)
+        checks += [
+            ("edge.forecast_model", e.forecast_model, "file"),
+            ("edge.placement_model", e.placement_model, "file"),
+            ("edge.hal_root", e.hal_root, "directory"),
+            ("edge.state_dir", e.state_dir, "state"),
+        ]
+        if e.container_runtime.startswith("/"):
+            checks.append(("edge.container_runtime", e.container_runtime, "program"))
+        for key, argv in (("park_command", e.park_command), ("wake_command", e.wake_command)):
+            if argv and "/" in argv[0]:
+                checks.append((f"edge.{key}[0]", argv[0], "program"))
+            elif argv and shutil.which(argv[0]) is None:
+                checks.append((f"edge.{key}[0]", argv[0], "on-path"))
+    if "central" in wanted:
+        c = config.central
+        checks += _mqtt_files("central.mqtt", c.mqtt)
+        checks += [
+            ("central.forecast_model", c.forecast_model, "file"),
+            ("central.placement_model", c.placement_model, "file"),
+            ("central.state_dir", c.state_dir, "state"),
+        ]
+    problems = []
+    for key, value, kind in checks:
+        if not value:
+            continue
+        path = Path(value)
+        if kind == "on-path":
+            problem: str | None = "not found on this user's PATH"
+        elif kind == "state":
+            problem = _state_dir_problem(path)
+        else:
+            problem = _file_problem(path, kind)
+        if problem is not None:
+            problems.append(f"{key}: {value}: {problem}")
+    return problems
+
+
 # --- the example config ------------------------------------------------------------------------
 
 
+#: A comment for a key of the example (section, key) -> text; keys without one still appear.
+_EXAMPLE_COMMENTS: dict[tuple[str, str], str] = {
+    ("policy", "mode"): " | ".join(m.value for m in PolicyMode),
+    ("policy", "preemption"): "higher priorities may evict lower ones",
+    ("policy", "park_idle_after_s"): "park a node idle this long (energy)",
+    ("policy", "spare_cpu_fraction"): "awake headroom over forecast demand",
+    ("policy", "min_spare_cpu"): "... but at least this many cores",
+    ("policy", "max_migrations_per_cycle"): "consolidation moves",
+    ("policy", "consolidate_below"): "drain nodes used less than this",
+    ("policy", "accel_reserve_cpu"): "left free per free accelerator",
+    ("policy", "score_nodes"): "past twice this many nodes, score a sample",
+    ("sim", "scale"): "multiplies the scenario's load",
+    ("sim", "step_s"): "delay from an event to the cycle it triggers",
+    ("edge", "node_id"): "required: the node's fixed identity (= MQTT client id)",
+    ("edge", "state_dir"): "SQLite, task logs, api-token, api-port",
+    ("edge", "api_port"): "the local API (0: any free port, written to api-port)",
+    ("edge", "lease_s"): "connected while central was heard within this",
+    ("edge", "forecast_model"): "ONNX file; empty: the shipped one",
+    ("edge", "placement_model"): "ONNX file; empty: the shipped one",
+    ("edge", "park_command"): "argv run when central parks this node",
+    ("edge", "wake_command"): "argv run when central wakes it",
+    ("edge", "centrals"): "the central ids this node follows",
+    ("edge", "hal_root"): "read hardware under this tree (simulated nodes)",
+    ("edge", "container_runtime"): "docker | podman | an absolute path",
+    ("edge", "history_retention_s"): "finished tasks and decisions leave SQLite",
+    ("edge", "telemetry_source"): "host | reserved (a simulated node's bookings)",
+    ("edge", "accel_time_slices"): "time-slicing share of an accelerator (1: whole)",
+    ("edge", "site_peers"): "the other members of this node's site",
+    ("central", "nodes"): "node ids accepted; empty: any the ACL lets publish",
+    ("central", "peers"): "fellow central replicas",
+    ("central", "etcd_endpoints"): '"host:port" of etcd for shard leases',
+    ("central", "reconcile"): "keep-original | keep-replacement | best-score | longest-running",
+    ("mqtt", "host"): "the broker",
+    ("mqtt", "tls"): "true in production (with ca_file)",
+    ("mqtt", "ca_file"): "the fleet CA (edgesched certs init)",
+    ("mqtt", "cert_file"): "this peer's certificate (certs issue)",
+    ("mqtt", "key_file"): "... and its private key",
+    ("mqtt", "username"): "default: the peer's own id",
+    ("mqtt", "password_file"): "without client certificates",
+    ("mqtt", "reconnect_max_s"): "cap of the reconnect backoff",
+    ("mqtt", "protocol"): '"5" or "3.1.1"',
+    ("mqtt", "hosts"): "more members of a clustered broker",
+    ("mqtt", "signing_key"): "certs signing-key; with peer_keys",
+    ("mqtt", "peer_keys"): "directory of the peers' <id>.pub",
+}
+
+#: What a key whose default is empty ("unset", which TOML cannot write as a value the parser
+#: takes) looks like set; the example shows it commented out.
+_EXAMPLE_SET: dict[tuple[str, str], object] = {
+    ("edge", "node_id"): "gw-01",
+    ("edge", "forecast_model"): "/etc/edgesched/forecast.onnx",
+    ("edge", "placement_model"): "/etc/edgesched/placement.onnx",
+    ("edge", "container_runtime"): "podman",
+    ("central", "forecast_model"): "/etc/edgesched/forecast.onnx",
+    ("central", "placement_model"): "/etc/edgesched/placement.onnx",
+    ("mqtt", "ca_file"): "/etc/edgesched/ca.crt",
+    ("mqtt", "cert_file"): "/etc/edgesched/node.crt",
+    ("mqtt", "key_file"): "/etc/edgesched/node.key",
+    ("mqtt", "username"): "gw-01",
+    ("mqtt", "password_file"): "/etc/edgesched/mqtt-password",
+    ("mqtt", "signing_key"): "/etc/edgesched/gw-01.signing.key",
+    ("mqtt", "peer_keys"): "/etc/edgesched/keys",
+}
+
+#: The example's sections made from their dataclass: every field is a key (nested
+#: dataclasses are their own section), so a new field appears in the example by itself.
+_EXAMPLE_SECTIONS: tuple[tuple[str, type], ...] = (
+    ("sim", SimConfig),
+    ("edge", EdgeConfig),
+    ("edge.mqtt", MqttConfig),
+    ("central", CentralConfig),
+    ("central.mqtt", MqttConfig),
+)
+
+
+#: Fields of the config dataclasses that are not config keys (set at run time).
+NOT_CONFIG_KEYS: frozenset[tuple[str, str]] = frozenset({("policy", "learned_score")})
+
+
+def example_sections() -> dict[str, type]:
+    """The example's sections and the dataclass each one's keys come from."""
+    return {"policy": PolicyConfig, **dict(_EXAMPLE_SECTIONS)}
+
+
+def _section_lines(section: str, cls: type) -> list[str]:
+    """Every field of ``cls`` as ``key = default`` (or, when unset by default, a commented
+    example), with its comment; nested dataclasses are left to their own section."""
+    default = cls()
+    short = section.rpartition(".")[2]
+    lines = [f"[{section}]"]
+    for f in fields(cls):
+        value = getattr(default, f.name)
+        if hasattr(type(value), "__dataclass_fields__"):
+            continue  # (its own section)
+        comment = _EXAMPLE_COMMENTS.get((short, f.name), "")
+        if value == "" or (short, f.name) in _EXAMPLE_SET:
+            shown = _EXAMPLE_SET.get((short, f.name), "")
+            if section.startswith("central") and isinstance(shown, str):
+                shown = shown.replace("gw-01", "central").replace("node.", "central.")
+            lines.append(_line(f.name, shown, comment, commented=True))
+        else:
+            lines.append(_line(f.name, value, comment))
+    return lines
+
+
 def default_config_toml() -> str:
-    """A commented example config: the defaults, with energy mode and the campus profile."""
+    """A commented example config with every key of every section: the defaults (generated
+    from the config dataclasses, so it cannot drift from them), with energy mode and the
+    campus profile; a key unset by default is shown commented out, set to an example."""
     p = PolicyConfig()
-    s = SimConfig()
     gates = builtin_profiles()["campus"].windows[0]
+    policy = [
+        _line(f.name, getattr(p, f.name), _EXAMPLE_COMMENTS.get(("policy", f.name), ""))
+        for f in fields(PolicyConfig)
+        if f.name not in ("mode", "tidal", "weights") and ("policy", f.name) not in NOT_CONFIG_KEYS
+    ]
     lines = [
-        "# edgesched configuration. Every key is optional; the values below are the defaults",
-        '# except mode (default "priority") and the tidal profile (default "none").',
+        "# edgesched configuration: every key of every section. Every key is optional (but",
+        "# [edge] node_id to run a node); the values below are the defaults except mode",
+        '# (default "priority") and the tidal profile (default "none"); a commented-out key',
+        "# is unset by default. A node's config needs [edge] and [edge.mqtt], central's",
+        "# [central] and [central.mqtt]: docs/configuration.md.",
         "",
         "[policy]",
-        _line("mode", PolicyMode.ENERGY.value, " | ".join(m.value for m in PolicyMode)),
-        _line("preemption", p.preemption, "higher priorities may evict lower ones"),
-        _line("park_idle_after_s", p.park_idle_after_s, "park a node idle this long (energy)"),
-        _line("spare_cpu_fraction", p.spare_cpu_fraction, "awake headroom over forecast demand"),
-        _line("min_spare_cpu", p.min_spare_cpu, "... but at least this many cores"),
-        _line("max_migrations_per_cycle", p.max_migrations_per_cycle, "consolidation moves"),
-        _line("consolidate_below", p.consolidate_below, "drain nodes used less than this"),
-        _line("max_preemptions_per_task", p.max_preemptions_per_task),
-        _line("accel_reserve_cpu", p.accel_reserve_cpu, "left free per free accelerator"),
-        _line("accel_reserve_mem_gib", p.accel_reserve_mem_gib),
-        _line("score_nodes", p.score_nodes, "past twice this many nodes, score a sample"),
+        _line("mode", PolicyMode.ENERGY.value, _EXAMPLE_COMMENTS["policy", "mode"]),
+        *policy,
         "",
         "# Overrides of the mode's score plugin weights, any of:",
         f"# {_listing(KNOWN_WEIGHTS)}.",
@@ -860,28 +1062,9 @@ def default_config_toml() -> str:
         '# rotate = ["ai-training", "video-analytics"]  # optional: take turns holding ...',
         _line("rotate_share", 0.3, "... this extra share", commented=True),
         _line("slice_minutes", 30, "... for this long each", commented=True),
-        "",
-        "[sim]",
-        _line("scenario", s.scenario),
-        _line("seed", s.seed),
-        _line("days", s.days),
-        _line("scale", s.scale, "multiplies the scenario's load"),
-        _line("step_s", s.step_s, "delay from an event to the cycle it triggers"),
-        _line("affinity_load", s.affinity_load),
-        "",
-        "# An edge node's table; node_id, state_dir, the API and [edge.mqtt]: see the docs.",
-        "[edge]",
-        _line(
-            "history_retention_s",
-            EdgeConfig().history_retention_s,
-            "finished tasks and decisions leave SQLite",
-        ),
-        _line(
-            "telemetry_source",
-            EdgeConfig().telemetry_source.value,
-            "host | reserved (a simulated node's bookings)",
-        ),
     ]
+    for section, cls in _EXAMPLE_SECTIONS:
+        lines += ["", *_section_lines(section, cls)]
     return "\n".join(lines) + "\n"
 
 
@@ -1101,7 +1284,9 @@ def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return json.dumps(value)
+        return json.dumps(str(value))
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value) if isinstance(value, int | float) else str(value)
 
 

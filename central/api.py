@@ -110,7 +110,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(_central(request).status())
+    engine = _central(request)
+    # (the broker link's state: docs/troubleshooting.md)
+    return web.json_response({**engine.status(), "broker": engine.session.link.report()})
 
 
 async def nodes(request: web.Request) -> web.Response:

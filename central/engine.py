@@ -211,6 +211,7 @@ class CentralEngine:
             self._endpoint,
             backoff_initial_s=min(0.5, self.central.mqtt.reconnect_max_s),
             backoff_max_s=self.central.mqtt.reconnect_max_s,
+            presence=True,  # a second process as this central stops (IdentityInUse)
         )
         self.heartbeat = Heartbeat(self.central.central_id, self.central.heartbeat_s, clock)
         self.peers = CentralPeers(self.central.central_id, 3 * self.central.heartbeat_s, clock)

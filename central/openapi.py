@@ -101,6 +101,7 @@ def _central_schemas() -> dict[str, Schema]:
                 "central": oa.STR,
                 "uptime_s": oa.NUMBER,
                 "broker_connected": oa.BOOL,
+                "broker": oa.broker_link_schema(),
                 "nodes": oa.INT,
                 "online": oa.INT,
                 "heartbeats_sent": oa.INT,

@@ -42,6 +42,7 @@ from edgesched.rest.server import (
     start_app,
     token_guard,
 )
+from edgesched.sync.session import BrokerLink
 
 ENGINE_KEY = web.AppKey("engine", EdgeEngine)
 
@@ -72,7 +73,17 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(_engine(request).status())
+    engine = _engine(request)
+    return web.json_response({**engine.status(), "broker": broker_link(engine)})
+
+
+def broker_link(engine: EdgeEngine) -> dict[str, Any]:
+    """The MQTT link's state (``broker`` in /v1/status; docs/troubleshooting.md); before the
+    session starts, not connected to the configured broker."""
+    if engine.session is not None:
+        return engine.session.link.report()
+    mqtt = engine.edge.mqtt
+    return BrokerLink(f"{mqtt.host}:{mqtt.port}").report()
 
 
 async def list_tasks(request: web.Request) -> web.Response:

@@ -200,6 +200,8 @@ class EdgeEngine:
         self.profile: HardwareProfile | None = None
         self.node: Node | None = None
         self.api_port: int | None = None
+        #: the node's one MQTT connection, made in run() (its ``link``: the status's broker)
+        self.session: MqttSession | None = None
         self.models: ActiveModels | None = None  # loaded in run(): onnxruntime is slow to import
         self.demand = ClassDemand()  # what each workload class asks for, in 5-minute bins
         self.power = PowerControl(
@@ -539,11 +541,12 @@ class EdgeEngine:
 
     def _mqtt_session(self) -> MqttSession:
         """The node's one MQTT connection, as ``node_id``: the central link and our document."""
-        session = MqttSession(
+        session = self.session = MqttSession(
             self._endpoint,
             will=self.link.will(),
             backoff_initial_s=min(0.5, self.edge.mqtt.reconnect_max_s),
             backoff_max_s=self.edge.mqtt.reconnect_max_s,
+            presence=True,  # a second process as this node stops (IdentityInUse)
         )
         session.add(self.link)
         session.add(self.telemetry)

@@ -47,6 +47,7 @@ def _edge_schemas() -> dict[str, Schema]:
                 "site": oa.STR,
                 "mode": {"type": "string", "enum": ["connected", "autonomous"]},
                 "broker_connected": oa.BOOL,
+                "broker": oa.broker_link_schema(),
                 "central_heard_s_ago": oa.nullable(oa.NUMBER),
                 "lease_s": oa.NUMBER,
                 "policy": {"type": "string", "enum": [m.value for m in PolicyMode]},

@@ -173,6 +173,38 @@ NUMBER: Schema = {"type": "number"}
 INT: Schema = {"type": "integer"}
 STR: Schema = {"type": "string"}
 BOOL: Schema = {"type": "boolean"}
+
+
+def broker_link_schema() -> Schema:
+    """``broker`` in both tiers' ``/v1/status``: the MQTT link's state
+    (:meth:`edgesched.sync.session.BrokerLink.report`)."""
+    return obj(
+        {
+            "address": {"type": "string", "description": "host:port connected to, or tried next"},
+            "connected": BOOL,
+            "since": {
+                **nullable(NUMBER),
+                "description": "Unix time the link last went up or down (null: no attempt yet)",
+            },
+            "last_error": {
+                **nullable(STR),
+                "description": "why the last connect failed or the last connection ended",
+            },
+            "last_error_at": nullable(NUMBER),
+            "failed_attempts": {
+                "type": "integer",
+                "description": "connects that failed since the last one that worked",
+            },
+            "connects": INT,
+            "duplicate": {
+                **nullable(STR),
+                "description": "another process seen connecting under the same identity",
+            },
+        },
+        description="the MQTT broker link (docs/troubleshooting.md)",
+    )
+
+
 TEXT: Schema = content(STR, "Prometheus text exposition format", "text/plain")
 
 # --- shared schemas: the task spec, problems --------------------------------------------------

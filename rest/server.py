@@ -8,6 +8,7 @@ its own routes; this module only holds what both need.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
 import os
@@ -182,6 +183,21 @@ async def json_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> Any:
     return parse_json(raw)
 
 
+class ListenError(OSError):
+    """The API could not listen on ``host:port`` (in use, not an address of this machine, a
+    privileged port): ``str()`` is one line naming the address and why; ``errno`` is kept."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        why = os.strerror(cause.errno) if cause.errno else str(cause)
+        if cause.errno == errno.EADDRINUSE:
+            why = "the port is already in use (by another process: see `ss -ltnp`)"
+        super().__init__(cause.errno, f"cannot listen on {host}:{port}: {why}")
+        self.host, self.port = host, port
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 async def start_app(
     app: web.Application, state_dir: Path, host: str, port: int
 ) -> tuple[web.AppRunner, int]:
@@ -190,7 +206,11 @@ async def start_app(
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ListenError(host, port, exc) from None
     addresses = runner.addresses
     bound = int(addresses[0][1]) if addresses else port
     (state_dir / "api-port").write_text(f"{bound}\n")

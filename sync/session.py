@@ -25,6 +25,13 @@ its parent when a child fails while the parent already waits in ``__aexit__`` (f
 Pythons). A session's pair of loops therefore runs under :func:`first_failure`, which gives the
 same structure (the first to fail cancels the other, both are awaited) without touching the
 caller's cancel count.
+
+Failures are loud (docs/troubleshooting.md): every backoff step after failed connects logs one
+WARNING naming each address and why it failed, and :attr:`MqttSession.link` (a
+:class:`BrokerLink`) holds the state the status commands and ``/v1/status`` show. Two
+processes under one identity take each other's session at the broker; :class:`Presence` and
+:meth:`MqttSession._judge_loss` notice it, and the process that never held its session for
+:data:`STABLE_S` raises :class:`IdentityInUse` instead of flapping.
 """
 
 from __future__ import annotations
@@ -32,14 +39,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
+import os
 import random
+import secrets
 import socket
 import ssl
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import aiomqtt
@@ -49,6 +59,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.sync import pahofast
+from edgesched.sync.wire import TOPIC_ROOT
 
 log = logging.getLogger("edgesched.sync.session")
 
@@ -494,6 +505,213 @@ class _Wildcard:
         return len(self.levels) == count
 
 
+# --- loud failure: the link's state, and one identity used twice ------------------------------
+
+#: A connection held this long proves the session was ours: a process that has held one this
+#: long keeps its session when another process takes it over (the other one exits).
+STABLE_S = 10.0
+#: A connection the broker ends sooner than this after its CONNACK ended "at once": what a
+#: second process under the same identity does to it (it reconnects within its backoff).
+FLAP_S = 5.0
+#: Connections in a row ended at once before the session says (without proof) that another
+#: process probably uses its identity.
+FLAP_COUNT = 3
+#: MQTT v5's DISCONNECT reason "Session taken over" (sent by brokers that send it: Mosquitto
+#: 2.0.11 closes the old connection without it).
+SESSION_TAKEN_OVER = 0x8E
+
+
+class IdentityInUse(Exception):
+    """Another live process connects under this session's identity (client id): the broker
+    lets one connection per identity, so the two would take the session from each other
+    forever. Raised by :meth:`MqttSession.run` in the process that never held its session
+    for :data:`STABLE_S`; the message is the one line to show."""
+
+
+def presence_topic(identifier: str) -> str:
+    """Where a session announces its process (retained): ``edgesched/v1/node/<id>/instance``
+    (the fleet's ACL lets every identity, centrals too, read and write ``node/<own id>/#``)."""
+    return f"{TOPIC_ROOT}/node/{identifier}/instance"
+
+
+@dataclass
+class BrokerLink:
+    """The broker link's state, as ``/v1/status`` and the status commands show it.
+
+    ``since`` is the wall-clock time (Unix seconds) of the last change between connected and
+    not (None: never connected and no attempt has failed yet); ``last_error`` the last
+    failed connect or lost connection, with ``last_error_at``; ``failed_attempts`` the
+    connects that failed since the last one that worked; ``duplicate`` what is known of
+    another process under the same identity (None: none seen)."""
+
+    address: str
+    connected: bool = False
+    since: float | None = None
+    last_error: str | None = None
+    last_error_at: float | None = None
+    failed_attempts: int = 0
+    connects: int = 0
+    duplicate: str | None = None
+
+    def up(self, address: str) -> None:
+        self.address, self.connected, self.since = address, True, time.time()
+        self.failed_attempts = 0
+        self.connects += 1
+
+    def failed(self, address: str, error: str) -> None:
+        now = time.time()
+        if self.connected or self.since is None:
+            self.since = now
+        self.address, self.connected = address, False
+        self.last_error, self.last_error_at = error, now
+        self.failed_attempts += 1
+
+    def lost(self, address: str, error: str) -> None:
+        now = time.time()
+        self.address, self.connected, self.since = address, False, now
+        self.last_error, self.last_error_at = error, now
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "connected": self.connected,
+            "since": None if self.since is None else round(self.since, 3),
+            "last_error": self.last_error,
+            "last_error_at": None if self.last_error_at is None else round(self.last_error_at, 3),
+            "failed_attempts": self.failed_attempts,
+            "connects": self.connects,
+            "duplicate": self.duplicate,
+        }
+
+
+@dataclass
+class Marker:
+    """One process's presence marker, as :class:`Presence` publishes it."""
+
+    instance: str
+    host: str
+    pid: int
+    address: str
+    seq: int
+    #: when that process's session began (Unix time, its clock)
+    started: float
+    #: whether it had held a connection for STABLE_S when it wrote this
+    held: bool
+
+    def rank(self) -> tuple[bool, float, str]:
+        """Lower keeps the session: one that held it, then the earlier start, then the id."""
+        return (not self.held, self.started, self.instance)
+
+    def describe(self) -> str:
+        where = f" from {self.address}" if self.address else ""
+        return f"pid {self.pid} on host {self.host}{where}"
+
+
+@dataclass
+class Presence:
+    """A channel: this process's marker on :func:`presence_topic` (retained, on every
+    connect), and the markers of other processes that connect under the same identity.
+
+    The proof that another process is live: a marker not ours, heard after our own came back
+    to us (the retained marker is the last one written, so another process wrote it after us),
+    or one whose ``seq`` changed. A restarted process hears its previous life's marker first,
+    before its own: no proof, no false alarm."""
+
+    identifier: str
+    topic: str = ""
+    instance: str = field(default_factory=lambda: secrets.token_hex(8))
+    started: float = field(default_factory=time.time)
+    #: whether this session has held a connection for STABLE_S (set by the session)
+    held: bool = False
+    seq: int = 0
+    #: whether our own marker came back to us (after it, a foreign one proves a live other)
+    echoed: bool = False
+    #: the last marker of another process heard, and whether it proves that one live
+    other: Marker | None = None
+    proven: bool = False
+
+    def __post_init__(self) -> None:
+        self.topic = self.topic or presence_topic(self.identifier)
+        self.routes: tuple[str, ...] = (self.topic,)
+        self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
+            (self.topic, SubscribeOptions(qos=1)),
+        )
+
+    async def serve(self, client: aiomqtt.Client) -> None:
+        self.seq += 1
+        address = ""
+        with contextlib.suppress(AttributeError, OSError, TypeError, ValueError):
+            sock = client._client.socket()
+            if isinstance(sock, socket.socket):  # (an ssl.SSLSocket is one too)
+                host, port = sock.getsockname()[:2]
+                address = f"{host}:{port}"
+        marker = {
+            "instance": self.instance,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "address": address,
+            "seq": self.seq,
+            "started": round(self.started, 3),
+            "held": self.held,
+        }
+        payload = json.dumps(marker).encode()
+        await publish(client, self.topic, payload, qos=1, retain=True)
+
+    def handle(self, topic: str, payload: bytes) -> None:
+        try:
+            data = json.loads(payload)
+            marker = Marker(
+                str(data["instance"]),
+                str(data.get("host", "?"))[:255],
+                int(data.get("pid", 0)),
+                str(data.get("address", ""))[:64],
+                int(data.get("seq", 0)),
+                float(data.get("started", 0.0)),
+                bool(data.get("held", False)),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return  # (an empty retained message clears the topic: nothing to learn)
+        if marker.instance == self.instance:
+            self.echoed = True
+            return
+        before = self.other
+        changed = (
+            before is not None and before.instance == marker.instance and (before.seq != marker.seq)
+        )
+        if self.echoed or changed:
+            if not self.proven or before is None or before.instance != marker.instance:
+                log.warning(
+                    "%s: another process connects under the same identity: %s (the broker "
+                    "lets one connection per identity; one of the two must stop)",
+                    self.identifier,
+                    marker.describe(),
+                )
+            self.proven = True
+        self.other = marker
+
+    def disconnected(self) -> None:
+        return None
+
+    def yields_to(self, other: Marker) -> bool:
+        """Whether this process, not ``other``, is the one to stop: ``other`` ranks lower
+        (:meth:`Marker.rank`). Both sides rank alike from what the markers say, and a
+        marker can only understate ``held``, so at most one of two processes stops."""
+        return (not self.held, self.started, self.instance) > other.rank()
+
+
+def _disconnect_code(client: aiomqtt.Client | None) -> int | None:
+    """The reason code the connection ended with, from aiomqtt's ``_disconnected`` future:
+    the DISCONNECT's reason when the broker sent one (0x8E: session taken over), paho's
+    "unspecified" (128) when the socket closed; None if it ended otherwise or is unknown."""
+    future = getattr(client, "_disconnected", None)
+    if not isinstance(future, asyncio.Future) or not future.done() or future.cancelled():
+        return None
+    exc = future.exception()
+    rc = getattr(exc, "rc", None)
+    value = getattr(rc, "value", rc)
+    return value if isinstance(value, int) else None
+
+
 class MqttSession:
     """One aiomqtt client for many channels: connect, subscribe, dispatch, reconnect.
 
@@ -519,9 +737,13 @@ class MqttSession:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         fallback: Channel | None = None,
+        presence: bool = False,
     ) -> None:
         """``fallback`` gets the messages no other channel routes (for example central's
-        discovery of documents it has not seen yet, which then adds a channel)."""
+        discovery of documents it has not seen yet, which then adds a channel). With
+        ``presence`` the session announces its process on :func:`presence_topic` and stops
+        with :class:`IdentityInUse` when another live process takes its session (the engines
+        ask for it; see :meth:`_judge_loss`)."""
         pahofast.install()  # v5 property tables built once, not per message received
         self.endpoint = endpoint
         self.will = will
@@ -545,6 +767,16 @@ class MqttSession:
         self._at = 0  # index into _addresses of the one to connect to next
         #: what ended the last connection, when a channel's own work did (for the log)
         self._failed_in = ""
+        #: the link's state for the status commands and /v1/status
+        self.link = BrokerLink("{}:{}".format(*self.address))
+        self.presence: Presence | None = None
+        if presence:
+            self.presence = Presence(endpoint.identifier)
+            self.add(self.presence)
+        #: whether a connection of ours lasted STABLE_S (the session was ours)
+        self._held = False
+        #: connections in a row the broker ended within FLAP_S
+        self._quick_losses = 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -624,30 +856,47 @@ class MqttSession:
         return client
 
     async def run(self) -> None:
-        """Forever: connect, serve every channel, and on any MQTT error back off and retry."""
+        """Forever: connect, serve every channel, and on any MQTT error back off and retry.
+
+        Failed connects are one WARNING per backoff step, naming each address tried and why
+        it failed; a lost connection is one WARNING. Raises :class:`IdentityInUse` (see
+        :meth:`_judge_loss`), and nothing else but a cancel."""
         delay = self.backoff_initial_s
+        failures: list[str] = []  # this backoff step's failed connects: "address (reason)"
         while True:
             where = "{}:{}".format(*self.address)
             self._failed_in = ""
+            client: aiomqtt.Client | None = None
+            up_at: float | None = None
             try:
-                async with self._client() as client:
+                client = self._client()
+                async with client:
+                    up_at = time.monotonic()
                     self.connected = True
                     self.stats["connects"] += 1
+                    self.link.up(where)
+                    failures.clear()
                     delay = self.backoff_initial_s
                     log.info("%s connected to broker %s", self.endpoint.identifier, where)
                     await self._connected(client)
             except aiomqtt.MqttError as exc:
                 reraise_if_cancelling()
-                if self.connected:
+                reason = str(exc) or type(exc).__name__
+                if exc.__cause__ is not None and str(exc.__cause__) not in reason:
+                    reason = f"{reason}: {exc.__cause__}"
+                if up_at is not None:
+                    self.link.lost(where, reason)
                     log.warning(
                         "%s lost broker %s: %s%s",
                         self.endpoint.identifier,
                         where,
-                        exc,
+                        reason,
                         f" (in {self._failed_in})" if self._failed_in else "",
                     )
+                    self._judge_loss(client, time.monotonic() - up_at)
                 else:
-                    log.debug("broker %s unreachable: %s", where, exc)
+                    self.link.failed(where, reason)
+                    failures.append(f"{where} ({reason})")
             finally:
                 if self.connected:
                     for channel in self.channels:
@@ -657,8 +906,71 @@ class MqttSession:
                 self._at = (self._at + 1) % len(self._addresses)
                 if self._at != 0:
                     continue
-            await asyncio.sleep(random.uniform(0, delay))
+            pause = random.uniform(0, delay)
+            if failures:
+                log.warning(
+                    "%s: broker unreachable: %s; retrying in %.1f s (failed attempt %d)",
+                    self.endpoint.identifier,
+                    ", ".join(failures),
+                    pause,
+                    self.link.failed_attempts,
+                )
+                failures.clear()
+            await asyncio.sleep(pause)
             delay = min(delay * 2, self.backoff_max_s)
+
+    def _judge_loss(self, client: aiomqtt.Client | None, held_s: float) -> None:
+        """After a lost connection: was the session taken over by another process under our
+        identity, and must this one stop?
+
+        Evidence: MQTT v5's DISCONNECT "session taken over" (0x8E), or a connection the
+        broker ended within :data:`FLAP_S` of its CONNACK while :class:`Presence` has proof
+        of another live process. The rule: the process that started last stops (raises
+        :class:`IdentityInUse`), by the start times the markers carry, unless only it has
+        held a connection for :data:`STABLE_S` (then the session was its own first,
+        whatever the clocks say): :meth:`Presence.yields_to`. The other one keeps its
+        session and logs an ERROR. With 0x8E and no marker of the other, the process that
+        never held its session stops. Without proof
+        (no presence, or the other process publishes no marker), :data:`FLAP_COUNT` such
+        losses in a row are a WARNING only: a flapping link looks the same."""
+        if held_s >= STABLE_S:
+            self._held = True
+            if self.presence is not None:
+                self.presence.held = True
+        code = _disconnect_code(client)
+        quick = held_s < FLAP_S and code is not None
+        self._quick_losses = self._quick_losses + 1 if quick else 0
+        me = self.endpoint.identifier
+        other = self.presence.other if self.presence is not None else None
+        proven = self.presence is not None and self.presence.proven
+        if code == SESSION_TAKEN_OVER or (quick and proven and other is not None):
+            who = (
+                other.describe()
+                if other is not None and proven
+                else "the broker does not say which process or address"
+            )
+            what = f"another process connected to broker {self.link.address} as {me}: {who}"
+            self.link.duplicate = what
+            if other is None or not proven or self.presence is None:
+                stop = not self._held  # (0x8E, and nothing known of the other)
+            else:
+                stop = self.presence.yields_to(other)
+            if stop:
+                raise IdentityInUse(
+                    f"{what}; the broker allows one connection per identity and this process "
+                    f"(pid {os.getpid()}) started after it, so it stops: give one of the two "
+                    "another id, or stop the other one"
+                )
+            log.error("%s; this process was first and keeps the session", what)
+        elif self._quick_losses >= FLAP_COUNT and self._quick_losses % FLAP_COUNT == 0:
+            what = (
+                f"broker {self.link.address} closed our connection right after connect "
+                f"{self._quick_losses} times in a row: probably another process connects as "
+                f"{me} (the broker does not say which; its log shows 'New client connected "
+                f"from ADDRESS as {me}'), or it refuses what we send"
+            )
+            self.link.duplicate = what
+            log.warning("%s", what)
 
     async def _connected(self, client: aiomqtt.Client) -> None:
         """Subscribe and serve every channel (and each one added meanwhile) until one fails.
