@@ -405,6 +405,9 @@ def _hand_to_user(bd: BrokerDir, state: FleetState) -> None:
         os.chown(key, 0, entry.pw_gid)
         key.chmod(0o640)
     os.chown(bd.data, entry.pw_uid, entry.pw_gid)
+    # Mosquitto writes its pid file after dropping to the user, in a directory it cannot write.
+    bd.pid_file.touch(0o644)
+    os.chown(bd.pid_file, entry.pw_uid, entry.pw_gid)
 
 
 def _central_snippet(bd: BrokerDir, state: FleetState) -> None:

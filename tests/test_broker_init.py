@@ -9,6 +9,7 @@ removed node (TLS: revoked), a join file that does not match its token.
 
 from __future__ import annotations
 
+import shutil
 import stat
 import subprocess
 import time
@@ -25,7 +26,7 @@ from edgesched.brokercheck import Target, check
 from edgesched.brokerinit import BrokerDir
 from edgesched.cli import app
 from edgesched.joinfile import read
-from edgesched.sync.security import issue, load_ca, make_ca
+from edgesched.sync.security import acl, issue, load_ca, make_ca
 
 runner = CliRunner()
 
@@ -89,7 +90,12 @@ def test_the_written_config_starts_and_listens_with_tls_only(
     ):  # fmt: skip
         assert directive in conf, directive
     assert stat.S_IMODE((bd.root / "ca" / "ca.key").stat().st_mode) == 0o600
-    assert "ExecStart=" in bd.unit.read_text() and str(bd.conf) in bd.unit.read_text()
+    assert f"ExecStart={shutil.which('mosquitto')} -c {bd.conf}" in bd.unit.read_text()
+    analyze = shutil.which("systemd-analyze")
+    if analyze is not None:  # installed here, though systemd is not PID 1
+        verified = subprocess.run([analyze, "verify", "--man=no", str(bd.unit)],
+                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert verified.returncode == 0 and not verified.stderr, verified.stderr
     # Plain MQTT on the TLS port gets no CONNACK: nothing answers in clear.
     plain = Target("127.0.0.1", broker.port, "gw-x", "", tls=False)
     said = lines_of(plain)
@@ -273,3 +279,18 @@ def test_a_site_broker_bridges_its_nodes_to_central(tmp_path: Path) -> None:
         central.stop()
     # The site broker's ACL admits the node too (add-node --site updated it).
     assert "user gw-n1" in (sdir / "acl").read_text()
+
+
+def test_the_per_node_acl_is_the_pattern_acl_for_listed_nodes_only() -> None:
+    patterns = [
+        line.split(" ", 2)[1:]
+        for line in acl(["central"]).splitlines()
+        if line.startswith("pattern")
+    ]
+    text = acl(["central"], nodes=["gw-01"], bridges={"bridge-s1": ["gw-01", "gw-09"]})
+    assert "pattern " not in text and "gw-09" not in text
+    for access, pattern in patterns:
+        assert f"topic {access} {pattern.replace('%u', 'gw-01')}" in text
+    assert text.count("topic write edgesched/v1/node/gw-01/#") == 2  # the node, its bridge
+    with pytest.raises(ValueError, match="cannot also be a node"):
+        acl(["central"], nodes=["central"])
