@@ -228,14 +228,20 @@ def init_broker(opts: InitOptions) -> tuple[BrokerDir, list[str]]:
         raise BrokerDirError("--site and --central-broker go together (a site broker's bridge)")
     centrals = [_identity(c, "--central-id") for c in opts.centrals] or ["central"]
     site = _identity(opts.site, "--site") if opts.site is not None else None
-    host, port = split_address(opts.address or socket.getfqdn())
+    try:
+        host, port = split_address(opts.address or socket.getfqdn())
+    except BrokerDirError as exc:
+        raise BrokerDirError(f"--address: {exc}") from None
     if opts.port is not None:
         if not 0 < opts.port < 65536:
             raise BrokerDirError(f"--port: must be 1-65535, got {opts.port}")
         port = opts.port if opts.address is None or ":" not in opts.address else port
     listen_port = opts.port or port
     if opts.central_broker is not None:
-        split_address(opts.central_broker)
+        try:
+            split_address(opts.central_broker)
+        except BrokerDirError as exc:
+            raise BrokerDirError(f"--central-broker: {exc}") from None
     done: list[str] = []
     previous = bd.load() if bd.state.exists() else None
     ca_dir = Path(opts.ca_dir) if opts.ca_dir else bd.root / "ca"

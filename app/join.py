@@ -55,6 +55,11 @@ class JoinOptions:
 
 def join(opts: JoinOptions, say: Say = print) -> None:
     """Join this gateway (see the module docstring); JoinError naming the failed step."""
+    if str(opts.source).startswith(("http:/", "https:/")):
+        raise JoinError(
+            f"{opts.source}: join URLs are not served yet: copy the join file that "
+            "`central add-node` wrote to this gateway and give its path"
+        )
     try:
         j = read(opts.source, opts.token)
         host, port = split_address(j.broker)
