@@ -1,12 +1,15 @@
 """The edge service's lean entry point (``python -m edgesched.edgemain`` / ``edgesched-edge``):
 it runs the real engine against a real Mosquitto, with its shipped ONNX models, and the
 service process never imports the CLI's libraries (typer, rich, click) nor central's
-modules; its mistakes are one ``error:`` line, as ``edgesched edge run``'s."""
+modules; it tells systemd it is ready (``Type=notify``); its mistakes are one ``error:`` line,
+as ``edgesched edge run``'s."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,14 +38,21 @@ def test_runs_the_engine_connected_with_its_models_and_no_cli_libraries(
     config, state = write_edge_config(tmp_path, broker.port, node_id="gw-lean")
     log = tmp_path / "edge.log"
     node = EdgeNode(config, state, log)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # systemd's end of sd_notify
+    notify.bind(str(tmp_path / "notify"))
+    notify.settimeout(20)
     with log.open("wb") as out:
         node.proc = subprocess.Popen(
             [sys.executable, "-X", "importtime", "-m", "edgesched.edgemain", "-c", str(config)],
             stdout=out,
             stderr=out,
             cwd=tmp_path,
+            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify")},
         )
     try:
+        messages = [notify.recv(4096).decode()]
+        while not any("READY=1" in m.splitlines() for m in messages):
+            messages.append(notify.recv(4096).decode())
         node.wait(
             lambda: (state / "api-port").exists() and node.get("/v1/health", auth=False)[0] == 200,
             what="/v1/health",
@@ -69,6 +79,7 @@ def test_runs_the_engine_connected_with_its_models_and_no_cli_libraries(
             node.proc.kill()
             node.proc.wait()
         kill_task_processes(state)
+        notify.close()
     text = log.read_text()
     assert "edge node gw-lean up" in text and "edge node gw-lean stopped" in text
     imported = _imported(text)
@@ -115,6 +126,18 @@ def test_console_script_mistakes_are_one_error_line(tmp_path: Path) -> None:
     no_password = _run("-c", str(config))
     assert no_password.returncode == 2
     assert no_password.stderr.startswith("error: edge.mqtt: password_file ")
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    config, _ = write_edge_config(tmp_path, free_port(), api_port=taken.getsockname()[1])
+    with taken:
+        in_use = _run("-c", str(config))
+    assert in_use.returncode == 1, in_use.stderr
+    last = in_use.stderr.splitlines()[-1]  # (after the engine's log lines)
+    assert last.startswith("error: edge API ([edge] api_host, api_port in "), in_use.stderr
+    assert "already in use" in last
+    assert "Traceback" not in in_use.stderr and in_use.stderr.count("error:") == 1
 
     bad_level = _run("-c", str(config.with_name("x.toml")), "--log-level", "loud")
     assert bad_level.returncode == 2 and bad_level.stderr.startswith("error: ")
