@@ -289,6 +289,7 @@ class EdgeEngine:
                 self.state_dir / "run",
                 arch=self.profile.arch,
                 container_runtime=self.edge.container_runtime,
+                cgroup_parent="auto",  # inside the cgroup systemd delegates, if it does
             )
             agent = Agent(self.profile, power, self.hal_root)
             self._load_models()

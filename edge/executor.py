@@ -44,6 +44,19 @@ task gets ``<cgroup_parent>/task-<id>`` with ``memory.max`` (``limits.memory_mb`
 ``cpu.max`` (``spec.cpu`` CPUs), and the child moves itself in before ``exec``; otherwise
 ``limits.memory_mb`` becomes ``RLIMIT_AS``. ``nofile`` and ``cpu_seconds`` are rlimits either
 way. Missing cgroups never fail a start: the handle says what was used (``limits_via``).
+
+Where the task cgroups go (``cgroup_parent="auto"``, the engine's choice;
+:func:`cgroup_layout`): under systemd with ``Delegate=yes`` (the unit's cgroup carries
+systemd's ``trusted.delegate``/``user.delegate`` mark) they go *inside the subtree systemd
+handed over*, ``<unit cgroup>/tasks/task-<id>``, and the engine first moves itself into the
+leaf ``<unit cgroup>/engine`` (cgroup v2 allows processes in leaves only once controllers are
+enabled). Controllers (``memory.max``, ``cpu.max``) are enabled in the unit's cgroup only when
+systemd started the engine in that leaf itself (``DelegateSubgroup=engine``, systemd 254 and
+later): otherwise a restart, which puts the new engine in the unit's cgroup while the tasks
+of the old one still run below it, would fail (219/CGROUP, systemd issue #24064), so task
+cgroups only group and account the tasks, and memory limits fall back to ``RLIMIT_AS``. Not
+under a delegating systemd (a shell, a container, a test): ``/sys/fs/cgroup/edgesched`` as
+before (needs root).
 """
 
 from __future__ import annotations
@@ -62,7 +75,8 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cache
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import psutil
@@ -80,7 +94,15 @@ from edgesched.edge.container import (
 from edgesched.edge.hal import UnsupportedHardware, arch_of
 from edgesched.sync.session import wait_event
 
-__all__ = ["Executor", "ExecutorError", "ExitEvent", "LimitsVia", "ProcessHandle"]
+__all__ = [
+    "CgroupLayout",
+    "Executor",
+    "ExecutorError",
+    "ExitEvent",
+    "LimitsVia",
+    "ProcessHandle",
+    "cgroup_layout",
+]
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +123,8 @@ _CPU_PERIOD_US = 100_000
 _MIN_CPU_QUOTA_US = 1_000
 _CREATE_TIME_TOLERANCE_S = 2.0  # btime (/proc/stat) may tick by a second under NTP slewing
 _KILL_WAIT_S = 5.0
+#: Where task cgroups go when no systemd delegated a subtree (needs root).
+LEGACY_CGROUP_PARENT = Path("/sys/fs/cgroup/edgesched")
 
 
 class ExecutorError(Exception):
@@ -146,7 +170,7 @@ class Executor:
         *,
         log_max_bytes: int = 1 << 20,
         log_backups: int = 3,
-        cgroup_parent: Path | None = Path("/sys/fs/cgroup/edgesched"),
+        cgroup_parent: Path | Literal["auto"] | None = LEGACY_CGROUP_PARENT,
         poll_s: float = 0.2,
         arch: Arch | None = None,
         container_runtime: str = "",
@@ -157,6 +181,11 @@ class Executor:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_max_bytes = log_max_bytes
         self.log_backups = log_backups
+        #: where task cgroups go and how (see the module docstring); None: as cgroup_parent says
+        self.cgroup_layout: CgroupLayout | None = None
+        if cgroup_parent == "auto":
+            self.cgroup_layout = cgroup_layout()
+            cgroup_parent = self.cgroup_layout.tasks
         self.cgroup_parent = cgroup_parent
         self.poll_s = poll_s
         # the node's architecture picks a task's image (edge/container.py); None: this host's
@@ -212,10 +241,11 @@ class Executor:
         for stale in (exit_path, self._path(task_id, ".exit.tmp"), self._path(task_id, ".pid")):
             stale.unlink(missing_ok=True)
         cgroup = self._make_cgroup(spec)
+        limited = cgroup is not None and self._cgroup_limits
         lim = spec.limits
         memory = lim.memory_mb << 20 if lim.memory_mb is not None else None
         rlimits: list[tuple[str, int, int]] = []
-        if memory is not None and cgroup is None:
+        if memory is not None and not limited:
             rlimits.append(("RLIMIT_AS", resource.RLIMIT_AS, memory))
         if lim.nofile is not None:
             rlimits.append(("RLIMIT_NOFILE", resource.RLIMIT_NOFILE, lim.nofile))
@@ -235,7 +265,7 @@ class Executor:
                 cwd=cwd,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_child_setup(rlimits, cpus, cgroup, memory, err_w),
+                preexec_fn=_child_setup(rlimits, cpus, cgroup, memory if limited else None, err_w),
             )
         except subprocess.SubprocessError:
             os.close(go_w)
@@ -255,10 +285,11 @@ class Executor:
             log.warning("%s: %s; cgroups off, memory limit via RLIMIT_AS", task_id, note)
             self._cgroup_ok = False
             self._remove_cgroup(cgroup)
-            cgroup = None
-            if memory is not None:
+            if memory is not None and limited:
                 rlimits.append(("RLIMIT_AS", resource.RLIMIT_AS, memory))
-        limits_via: LimitsVia = "cgroup" if cgroup else "rlimit" if rlimits else "none"
+            cgroup = None
+            limited = False
+        limits_via: LimitsVia = "cgroup" if limited else "rlimit" if rlimits else "none"
 
         pid = popen.pid
         ticks = _start_ticks(pid, zombie_ok=True)
@@ -564,6 +595,11 @@ class Executor:
 
     # cgroups ---------------------------------------------------------------
 
+    @property
+    def _cgroup_limits(self) -> bool:
+        """Whether task cgroups carry memory.max and cpu.max (else they only group)."""
+        return self.cgroup_layout is None or self.cgroup_layout.controllers
+
     def _cgroups_usable(self) -> bool:
         """Decide once whether per-task cgroups work under ``cgroup_parent``."""
         if self._cgroup_ok is not None:
@@ -572,6 +608,10 @@ class Executor:
         parent = self.cgroup_parent
         if parent is None:
             return False
+        layout = self.cgroup_layout
+        if layout is not None and layout.unit is not None:
+            self._cgroup_ok = self._enter_delegated(layout)
+            return self._cgroup_ok
         root = parent.parent
         if not (root / "cgroup.controllers").is_file():
             log.info("no cgroup v2 at %s; limits via rlimits", root)
@@ -591,6 +631,40 @@ class Executor:
         self._cgroup_ok = True
         return True
 
+    def _enter_delegated(self, layout: CgroupLayout) -> bool:
+        """Under systemd's delegation: the engine into its leaf, ``tasks/`` made, controllers
+        enabled for it when the layout allows. False (logged) if the subtree is not ours."""
+        unit, engine, tasks = layout.unit, layout.engine, layout.tasks
+        assert unit is not None and engine is not None
+        try:
+            engine.mkdir(exist_ok=True)
+            if _own_cgroup_dir(layout.mount) != engine:
+                (engine / "cgroup.procs").write_text(str(os.getpid()))
+            tasks.mkdir(exist_ok=True)
+            if layout.controllers:
+                wanted = {"memory", "cpu"}
+                if not wanted <= set((unit / "cgroup.controllers").read_text().split()):
+                    raise OSError(f"{unit} lacks the memory and cpu controllers")
+                (unit / "cgroup.subtree_control").write_text("+memory +cpu")
+                (tasks / "cgroup.subtree_control").write_text("+memory +cpu")
+        except OSError as exc:
+            log.warning(
+                "cgroup subtree %s delegated by systemd is not usable (%s); limits via rlimits",
+                unit,
+                exc,
+            )
+            return False
+        how = (
+            "memory.max and cpu.max"
+            if layout.controllers
+            else "no controllers (memory limits via RLIMIT_AS; DelegateSubgroup=engine, "
+            "systemd 254+, enables them)"
+        )
+        log.info(
+            "task cgroups under %s, delegated by systemd; engine in %s; %s", tasks, engine, how
+        )
+        return True
+
     def _make_cgroup(self, spec: TaskSpec) -> Path | None:
         if self.cgroup_parent is None or not self._cgroups_usable():
             return None
@@ -599,6 +673,8 @@ class Executor:
         quota = max(_MIN_CPU_QUOTA_US, round(spec.cpu * _CPU_PERIOD_US))
         try:
             path.mkdir(exist_ok=True)
+            if not self._cgroup_limits:
+                return path
             (path / "memory.max").write_text(str(memory << 20) if memory is not None else "max")
             (path / "cpu.max").write_text(f"{quota} {_CPU_PERIOD_US}")
         except OSError as exc:
@@ -628,6 +704,111 @@ class Executor:
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
+
+
+# --------------------------------------------------------------------- cgroup layout
+
+#: The leaf the engine lives in, inside its delegated cgroup (``DelegateSubgroup=engine``).
+ENGINE_LEAF = "engine"
+#: The parent of the task cgroups, inside the delegated cgroup.
+TASKS_DIR = "tasks"
+_DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLayout:
+    """Where an engine's task cgroups go (see the module docstring)."""
+
+    mode: Literal["subgroup", "delegated", "legacy"]
+    mount: Path  # the cgroup v2 mount point
+    unit: Path | None  # the cgroup systemd delegated to the unit; None: legacy
+    engine: Path | None  # the engine's leaf in it
+    tasks: Path  # the task cgroups' parent
+    controllers: bool  # memory.max and cpu.max set on task cgroups
+
+    def describe(self) -> str:
+        if self.unit is None:
+            return f"not delegated: task cgroups under {self.tasks}"
+        return f"delegated ({self.mode}): engine in {self.engine}, task cgroups under {self.tasks}"
+
+
+def unified_path(proc_cgroup: str) -> PurePosixPath | None:
+    """The cgroup v2 path in ``/proc/<pid>/cgroup`` text: the ``0::<path>`` line."""
+    for line in proc_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "" and path.startswith("/"):
+            return PurePosixPath(path)
+    return None
+
+
+def cgroup2_mount(mounts: str) -> Path | None:
+    """The cgroup v2 mount point in ``/proc/self/mounts`` text (``/sys/fs/cgroup``, or
+    ``/sys/fs/cgroup/unified`` on a hybrid host), or None."""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            return Path(fields[1].replace("\\040", " "))
+    return None
+
+
+def plan_layout(
+    proc_cgroup: str,
+    mount: Path | None,
+    delegated: Callable[[Path], bool],
+    legacy: Path = LEGACY_CGROUP_PARENT,
+) -> CgroupLayout:
+    """Where task cgroups go, for a process in ``proc_cgroup`` (``/proc/self/cgroup`` text)
+    with the cgroup v2 hierarchy at ``mount``; ``delegated(dir)`` says whether systemd marked
+    a cgroup directory as delegated. Pure but for ``delegated``."""
+    own = unified_path(proc_cgroup)
+    if mount is not None and own is not None and own != PurePosixPath("/"):
+        here = mount / own.relative_to("/")
+        if own.name == ENGINE_LEAF and delegated(here.parent):
+            # DelegateSubgroup=engine: systemd put us in the leaf; the unit's cgroup may
+            # enable controllers, a restart lands in the leaf again
+            unit = here.parent
+            return CgroupLayout("subgroup", mount, unit, here, unit / TASKS_DIR, True)
+        if delegated(here):
+            return CgroupLayout(
+                "delegated", mount, here, here / ENGINE_LEAF, here / TASKS_DIR, False
+            )
+    return CgroupLayout("legacy", mount or legacy.parent, None, None, legacy, True)
+
+
+def is_delegated(path: Path) -> bool:
+    """Whether systemd marked the cgroup directory ``path`` as delegated (systemd 251+)."""
+    for name in _DELEGATE_XATTRS:
+        try:
+            if os.getxattr(path, name).strip() == b"1":
+                return True
+        except OSError:  # absent, not readable (trusted.* needs CAP_SYS_ADMIN), unsupported
+            continue
+    return False
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+@cache
+def cgroup_layout() -> CgroupLayout:
+    """This process's layout, decided once, from where the process *started*: the engine
+    moves itself into its leaf later, which must not read as ``DelegateSubgroup=``."""
+    layout = plan_layout(
+        _read("/proc/self/cgroup"), cgroup2_mount(_read("/proc/self/mounts")), is_delegated
+    )
+    log.debug("cgroups: %s", layout.describe())
+    return layout
+
+
+def _own_cgroup_dir(mount: Path) -> Path | None:
+    own = unified_path(_read("/proc/self/cgroup"))
+    return None if own is None else mount / own.relative_to("/")
 
 
 # --------------------------------------------------------------------- helpers
