@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -294,3 +295,29 @@ def test_the_per_node_acl_is_the_pattern_acl_for_listed_nodes_only() -> None:
     assert text.count("topic write edgesched/v1/node/gw-01/#") == 2  # the node, its bridge
     with pytest.raises(ValueError, match="cannot also be a node"):
         acl(["central"], nodes=["central"])
+
+
+def test_join_checks_then_installs_everything_from_the_file(
+    fleet: tuple[BrokerDir, Broker], tmp_path: Path
+) -> None:
+    bd, broker = fleet
+    code, out, err = cli("central", "add-node", "gw-02", "--dir", bd.root)
+    assert code == 0, out + err
+    join_file, token = out.split()[2:4]
+    root = tmp_path / "gw"
+    code, out, err = cli("join", join_file, token, "--root", root, "--dry-run")
+    assert code == 0 and "ACL:  ok" in out and "nothing is written" in out, out + err
+    assert not root.exists()
+    code, out, err = cli("join", join_file, token, "--root", root, "--wait", "0")
+    assert code == 0, out + err
+    edge = tomllib.loads((root / "etc/edgesched/edge.toml").read_text())["edge"]
+    assert edge["node_id"] == "gw-02" and edge["centrals"] == ["central"]
+    assert edge["mqtt"] == {
+        "host": "127.0.0.1", "port": broker.port, "tls": True,
+        "ca_file": "/etc/edgesched/certs/ca.crt",
+        "cert_file": "/etc/edgesched/certs/gw-02.crt",
+        "key_file": "/etc/edgesched/certs/gw-02.key",
+    }  # fmt: skip
+    key = root / "etc/edgesched/certs/gw-02.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert key.read_text() == read(Path(join_file)).key
