@@ -31,6 +31,7 @@ import pwd
 import shutil
 import signal
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -475,11 +476,26 @@ def reload(bd: BrokerDir) -> str:
             f"the broker is not running (no live Mosquitto in {bd.pid_file}): it reads the new "
             f"files when started (mosquitto -c {bd.conf})"
         )
+    # A Mosquitto that has written its pid file but not yet set its handlers would die of
+    # the SIGHUP (its default action): wait until it catches it (SigCgt in /proc).
+    deadline = time.monotonic() + 5.0
+    while not _catches_sighup(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
     try:
         os.kill(pid, signal.SIGHUP)
     except OSError as exc:
         raise BrokerDirError(f"cannot signal Mosquitto (pid {pid}): {exc.strerror}") from None
     return f"reloaded the broker (SIGHUP to Mosquitto pid {pid})"
+
+
+def _catches_sighup(pid: int) -> bool:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGHUP - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True  # cannot tell: signal it
 
 
 def start_command(bd: BrokerDir) -> Sequence[str]:
