@@ -2,8 +2,11 @@
 
 Every command has ``--help``; user mistakes (bad config, bad option values, unknown names)
 end as one ``error:`` line on stderr and exit code 2, never a traceback; an engine that cannot
-run (its API port in use, another process under its identity) is one ``error:`` line and exit
-code 1 (docs/troubleshooting.md). Help text and paths are printed verbatim: no Rich markup
+run (its API port in use, a store or hardware problem) is one ``error:`` line and exit code 1,
+and one that stops because another process runs under its identity exits 3
+(:data:`EXIT_IDENTITY_IN_USE`, which a systemd unit lists in ``RestartPreventExitStatus``:
+restarting it would only take the session from the other one again; see
+docs/troubleshooting.md). Help text and paths are printed verbatim: no Rich markup
 (``rich_markup_mode=None``, and messages escaped), so ``[edge]`` or ``/tmp/[bold]x`` stay as
 they are.
 """
@@ -43,6 +46,9 @@ app.add_typer(config_app, name="config")
 
 err = Console(stderr=True)
 
+#: The exit code of an engine that stopped because another process runs under its identity.
+EXIT_IDENTITY_IN_USE = 3
+
 
 def fail(message: str, code: int = 2) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
@@ -63,8 +69,8 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 def _run_engine(tier: str, config: Path, run: Callable[[], None], known: tuple[type, ...]) -> None:
     """Run an engine (``run``); what stops it that an operator can act on is one ``error:``
-    line and exit code 1 (the first such error inside a task group's exception group):
-    its API's port taken, another process under its identity, a store or hardware problem.
+    line (the first such error inside a task group's exception group) and exit code 1 (its
+    API's port taken, a store or hardware problem) or :data:`EXIT_IDENTITY_IN_USE`.
     Anything else is a bug and keeps its traceback."""
     from edgesched.rest.server import ListenError
     from edgesched.sync.session import IdentityInUse
@@ -76,7 +82,7 @@ def _run_engine(tier: str, config: Path, run: Callable[[], None], known: tuple[t
             if isinstance(leaf, ListenError):
                 fail(f"{tier} API ([{tier}] api_host, api_port in {config}): {leaf}", 1)
             if isinstance(leaf, IdentityInUse):
-                fail(f"{tier}: {leaf}", 1)
+                fail(f"{tier}: {leaf}", EXIT_IDENTITY_IN_USE)
             if isinstance(leaf, known):
                 fail(str(leaf), 1)
         raise

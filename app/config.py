@@ -846,18 +846,14 @@ def _mqtt_files(prefix: str, mqtt: MqttConfig) -> list[tuple[str, str, str]]:
 
 
 def _state_dir_problem(path: Path) -> str | None:
-    """A state directory must be a writable directory, or be creatable (made at start)."""
-    if path.exists():
-        if not path.is_dir():
-            return "not a directory"
-        if not os.access(path, os.W_OK | os.X_OK):
-            return "not writable by this user"
+    """A state directory that exists must be a writable directory (one that does not is made
+    at start, or by systemd's ``StateDirectory``)."""
+    if not path.exists():
         return None
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"does not exist, and {parent} is not writable by this user to make it"
+    if not path.is_dir():
+        return "not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "not writable by this user"
     return None
 
 
@@ -865,8 +861,9 @@ def file_problems(config: EdgeschedConfig, sections: Iterable[str]) -> list[str]
     """``"<key>: <path>: <problem>"`` for each file, directory or program the config's
     ``sections`` ("edge", "central") name that is missing or not readable (writable, for a
     state directory) by this user: the CA, certificate, key, password and signing-key files,
-    the peer keys' directory, model files, ``hal_root``, a container runtime or power command
-    given as a path. Relative paths are taken from the current directory, as the engines do."""
+    the peer keys' directory, model files, ``hal_root``, ``state_dir`` (when it exists), a
+    container runtime or power command given as a path (or a name not on ``PATH``). Relative
+    paths are taken from the current directory, as the engines do."""
     wanted = set(sections)
     checks: list[tuple[str, str, str]] = []
     if "edge" in wanted:

@@ -93,7 +93,7 @@ from edgesched.sync.schema import (
     TaskReport,
     TidalEntry,
 )
-from edgesched.sync.session import MqttSession, wait_event
+from edgesched.sync.session import MqttSession, presence_topic, wait_event
 from edgesched.sync.signing import VerifyThread
 from edgesched.sync.stall import StallWatch
 from edgesched.sync.store import Store, StoreError
@@ -211,7 +211,7 @@ class CentralEngine:
             self._endpoint,
             backoff_initial_s=min(0.5, self.central.mqtt.reconnect_max_s),
             backoff_max_s=self.central.mqtt.reconnect_max_s,
-            presence=True,  # a second process as this central stops (IdentityInUse)
+            presence=presence_topic(self.central.central_id, "central"),  # a second one stops
         )
         self.heartbeat = Heartbeat(self.central.central_id, self.central.heartbeat_s, clock)
         self.peers = CentralPeers(self.central.central_id, 3 * self.central.heartbeat_s, clock)

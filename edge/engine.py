@@ -104,7 +104,7 @@ from edgesched.sync.schema import (
     Registration,
     TaskReport,
 )
-from edgesched.sync.session import MqttSession, wait_event
+from edgesched.sync.session import MqttSession, presence_topic, wait_event
 from edgesched.sync.store import Store, StoreError, StoreFullError
 from edgesched.sync.telemetry import TelemetryPublisher
 
@@ -547,7 +547,7 @@ class EdgeEngine:
             will=self.link.will(),
             backoff_initial_s=min(0.5, self.edge.mqtt.reconnect_max_s),
             backoff_max_s=self.edge.mqtt.reconnect_max_s,
-            presence=True,  # a second process as this node stops (IdentityInUse)
+            presence=presence_topic(self.edge.node_id),  # a second process as us stops
         )
         session.add(self.link)
         session.add(self.telemetry)

@@ -528,10 +528,14 @@ class IdentityInUse(Exception):
     for :data:`STABLE_S`; the message is the one line to show."""
 
 
-def presence_topic(identifier: str) -> str:
+def presence_topic(identifier: str, tier: str = "node") -> str:
     """Where a session announces its process (retained): ``edgesched/v1/node/<id>/instance``
-    (the fleet's ACL lets every identity, centrals too, read and write ``node/<own id>/#``)."""
-    return f"{TOPIC_ROOT}/node/{identifier}/instance"
+    for a node (which the fleet's ACL lets read and write ``node/<own id>/#``),
+    ``edgesched/v1/central/<id>/instance`` for a central (which writes ``central/#`` and
+    reads everything). Nobody else subscribes to either."""
+    if tier not in ("node", "central"):
+        raise ValueError(f"tier must be node or central, got {tier!r}")
+    return f"{TOPIC_ROOT}/{tier}/{identifier}/instance"
 
 
 @dataclass
@@ -618,7 +622,7 @@ class Presence:
     before its own: no proof, no false alarm."""
 
     identifier: str
-    topic: str = ""
+    topic: str
     instance: str = field(default_factory=lambda: secrets.token_hex(8))
     started: float = field(default_factory=time.time)
     #: whether this session has held a connection for STABLE_S (set by the session)
@@ -631,7 +635,6 @@ class Presence:
     proven: bool = False
 
     def __post_init__(self) -> None:
-        self.topic = self.topic or presence_topic(self.identifier)
         self.routes: tuple[str, ...] = (self.topic,)
         self.subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
             (self.topic, SubscribeOptions(qos=1)),
@@ -737,13 +740,14 @@ class MqttSession:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         fallback: Channel | None = None,
-        presence: bool = False,
+        presence: str = "",
     ) -> None:
         """``fallback`` gets the messages no other channel routes (for example central's
         discovery of documents it has not seen yet, which then adds a channel). With
-        ``presence`` the session announces its process on :func:`presence_topic` and stops
-        with :class:`IdentityInUse` when another live process takes its session (the engines
-        ask for it; see :meth:`_judge_loss`)."""
+        ``presence`` (a topic: :func:`presence_topic`) the session announces its process
+        there and stops with :class:`IdentityInUse` when another live process takes its
+        session (the engines ask for it; see :meth:`_judge_loss`). A broker that refuses that
+        topic costs the detection only (a WARNING), never the connection."""
         pahofast.install()  # v5 property tables built once, not per message received
         self.endpoint = endpoint
         self.will = will
@@ -771,7 +775,7 @@ class MqttSession:
         self.link = BrokerLink("{}:{}".format(*self.address))
         self.presence: Presence | None = None
         if presence:
-            self.presence = Presence(endpoint.identifier)
+            self.presence = Presence(endpoint.identifier, presence)
             self.add(self.presence)
         #: whether a connection of ours lasted STABLE_S (the session was ours)
         self._held = False
@@ -1015,6 +1019,17 @@ class MqttSession:
                 if not refused:
                     break
                 self.stats["subscribe_refused"] += 1
+                if channel is self.presence:  # (optional: the detection only is lost)
+                    log.warning(
+                        "%s: broker %s:%d refused the subscription to %s (%s): a second process "
+                        "under this identity will not be detected (let it read and write that "
+                        "topic in the ACL)",
+                        self.endpoint.identifier,
+                        *self.address,
+                        topic_filter,
+                        ", ".join(str(c) for c in refused),
+                    )
+                    break
                 log.warning(
                     "%s: broker %s:%d refused the subscription to %s (%s), attempt %d of %d",
                     self.endpoint.identifier,

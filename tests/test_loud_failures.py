@@ -14,6 +14,7 @@ ends in one clear line, and the state shows where the operator looks.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import logging
 import os
 import re
@@ -36,10 +37,11 @@ from conftest import (
     write_central_config,
     write_edge_config,
 )
+from test_sync_session import _dynsec_broker
 from typer.testing import CliRunner
 
 from edgesched import config as config_mod
-from edgesched.cli import app
+from edgesched.cli import EXIT_IDENTITY_IN_USE, app
 from edgesched.config import (
     NOT_CONFIG_KEYS,
     ConfigError,
@@ -48,7 +50,7 @@ from edgesched.config import (
     parse_config,
 )
 from edgesched.sync import session as session_mod
-from edgesched.sync.session import Endpoint, IdentityInUse, MqttSession
+from edgesched.sync.session import Endpoint, IdentityInUse, MqttSession, presence_topic
 
 runner = CliRunner()
 
@@ -202,7 +204,9 @@ async def test_two_sessions_under_one_identity_the_later_one_stops(
 
     def make() -> MqttSession:
         endpoint = Endpoint("127.0.0.1", broker.port, "gw-dup")
-        return MqttSession(endpoint, backoff_initial_s=0.2, backoff_max_s=0.5, presence=True)
+        return MqttSession(
+            endpoint, backoff_initial_s=0.2, backoff_max_s=0.5, presence=presence_topic("gw-dup")
+        )
 
     first = make()
     one = asyncio.create_task(first.run())
@@ -242,7 +246,7 @@ async def test_a_restart_is_not_taken_for_a_duplicate(broker: Broker) -> None:
     """The previous life's retained marker is heard first: no proof, no alarm."""
     endpoint = Endpoint("127.0.0.1", broker.port, "gw-again")
     for _ in range(2):
-        session = MqttSession(endpoint, backoff_initial_s=0.1, presence=True)
+        session = MqttSession(endpoint, backoff_initial_s=0.1, presence=presence_topic("gw-again"))
         task = asyncio.create_task(session.run())
         async with asyncio.timeout(5):
             while session.presence is None or not session.presence.echoed:
@@ -253,10 +257,50 @@ async def test_a_restart_is_not_taken_for_a_duplicate(broker: Broker) -> None:
     assert session.presence is not None and session.presence.other is not None  # (heard)
 
 
+@pytest.mark.parametrize("refused_at", ["suback", "delivery"])
+async def test_a_broker_that_refuses_the_presence_topic_costs_the_detection_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, refused_at: str
+) -> None:
+    """An ACL without the presence topic: the connection stays up (a refused subscription of
+    any other channel renews the connection). Refused at SUBACK (Mosquitto's dynamic-security
+    plugin), a WARNING says the detection is lost; refused at delivery (its plain ACL file:
+    the PUBLISH denied with PUBACK 0x87, the SUBSCRIBE granted), no marker comes back."""
+    if refused_at == "suback":
+        broker = _dynsec_broker(tmp_path)  # (anonymous may subscribe to open/# only)
+    else:
+        port = free_port()
+        acl = tmp_path / "acl"
+        acl.write_text("topic readwrite edgesched/v1/node/gw-acl/status\n")  # (anonymous)
+        conf = tmp_path / "mosquitto.conf"
+        conf.write_text(
+            f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+            f"log_dest none\nacl_file {acl}\nuser {getpass.getuser()}\n"
+        )
+        broker = Broker(port, None, conf)  # type: ignore[arg-type]
+        broker.start()
+    caplog.set_level(logging.WARNING, logger="edgesched.sync.session")
+    endpoint = Endpoint("127.0.0.1", broker.port, "gw-acl")
+    session = MqttSession(endpoint, backoff_initial_s=0.1, presence=presence_topic("gw-acl"))
+    task = asyncio.create_task(session.run())
+    try:
+        async with asyncio.timeout(5):
+            while not session.link.report()["connected"]:
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(1.0)
+        assert session.link.report()["connected"] and session.link.connects == 1
+        assert session.presence is not None and session.presence.echoed is False
+        lost = [r for r in caplog.records if "will not be detected" in r.getMessage()]
+        assert len(lost) == (1 if refused_at == "suback" else 0), caplog.text
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        broker.stop()
+
+
 def test_two_edge_processes_under_one_node_id_the_second_exits(
     broker: Broker, tmp_path: Path
 ) -> None:
-    """Two real `edgesched edge run` with the same node_id on one broker: the second exits 1
+    """Two real `edgesched edge run` with the same node_id on one broker: the second exits 3
     with one line naming the first's pid; the first keeps running and shows the duplicate."""
     nodes = []
     for name in ("a", "b"):
@@ -276,7 +320,7 @@ def test_two_edge_processes_under_one_node_id_the_second_exits(
                 stderr=out,
             )
         second.proc.wait(30)
-        assert second.proc.returncode == 1
+        assert second.proc.returncode == EXIT_IDENTITY_IN_USE == 3
         line = _one_error_line(second.log.read_text())
         assert line.startswith(
             f"error: edge: another process connected to broker 127.0.0.1:{broker.port} as "
