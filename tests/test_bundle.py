@@ -209,13 +209,13 @@ def test_bundle_installs_offline_and_the_node_runs(
     # Again, now with the service step: the release is reused, and the arguments install.sh
     # does not know go to `edgesched install` (a dry run staged under a scratch root here).
     done = _in(netns, ["sh", str(host_bundle / "install.sh"), "--prefix", str(prefix),
-                       "--node-id", "gw-bundle", "--broker", "mqtt.example", "--dry-run",
+                       "--node-id", "gw-bundle", "--broker", "127.0.0.1", "--dry-run",
                        "--root", str(tmp_path / "root")],
                env)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"release {version} is already installed" in done.stdout
     assert (
-        f"edgesched install --prefix {prefix} --node-id gw-bundle --broker mqtt.example --dry-run"
+        f"edgesched install --prefix {prefix} --node-id gw-bundle --broker 127.0.0.1 --dry-run"
         in done.stdout
     )
     assert f"ExecStart={prefix}/current/bin/edgesched edge run" in done.stdout, done.stdout
