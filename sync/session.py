@@ -631,6 +631,7 @@ class Presence:
     #: whether our own marker came back to us (after it, a foreign one proves a live other)
     echoed: bool = False
     #: the last marker of another process heard, and whether it proves that one live
+    #: (during the current connection)
     other: Marker | None = None
     proven: bool = False
 
@@ -693,7 +694,9 @@ class Presence:
         self.other = marker
 
     def disconnected(self) -> None:
-        return None
+        # The proof is per connection (judged before this is called): once the other
+        # process is gone, our next connect finds our own marker retained, and no proof.
+        self.proven = False
 
     def yields_to(self, other: Marker) -> bool:
         """Whether this process, not ``other``, is the one to stop: ``other`` ranks lower
@@ -934,9 +937,9 @@ class MqttSession:
         held a connection for :data:`STABLE_S` (then the session was its own first,
         whatever the clocks say): :meth:`Presence.yields_to`. The other one keeps its
         session and logs an ERROR. With 0x8E and no marker of the other, the process that
-        never held its session stops. Without proof
-        (no presence, or the other process publishes no marker), :data:`FLAP_COUNT` such
-        losses in a row are a WARNING only: a flapping link looks the same."""
+        never held its session stops. Without proof (no presence, or the other process
+        publishes no marker), :data:`FLAP_COUNT` such losses in a row are a WARNING only: a
+        flapping link looks the same."""
         if held_s >= STABLE_S:
             self._held = True
             if self.presence is not None:
