@@ -155,7 +155,8 @@ print("ready", flush=True)
 time.sleep(120)
 """
 
-#: What the engine imports, one library at a time: each step's RSS growth in a fresh process.
+#: What the engine imports, one library at a time: each step's RSS growth in a fresh process
+#: (``sys.argv[1]``: how many steps; the model files after it).
 _STEPS = [
     ("numpy", "import numpy"),
     ("onnxruntime", "import onnxruntime"),
@@ -171,12 +172,14 @@ _STEPS = [
         "sqlite3, psutil, aiomqtt, prometheus_client",
         "import sqlite3, psutil, aiomqtt, prometheus_client",
     ),
+    # (the third-party libraries end here: the "libraries" baseline stops after this step)
+    ("edgesched's edge modules", "import edgesched.edge.api, edgesched.edgemain"),
     (
-        "cryptography (Ed25519, frame signing only)",
+        "cryptography (only with frame signing on)",
         "import cryptography.hazmat.primitives.asymmetric.ed25519",
     ),
-    ("edgesched's edge modules", "import edgesched.edge.api, edgesched.edgemain"),
 ]
+_LIBRARY_STEPS = 7
 _LIBRARIES = f"""
 import sys, time
 def rss():
@@ -184,7 +187,7 @@ def rss():
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
 prev = rss()
 print(f"python|{{prev:.1f}}|{{prev:.1f}}", flush=True)
-for name, code in {_STEPS!r}:
+for name, code in {_STEPS!r}[: int(sys.argv.pop(1))]:
     exec(code)
     now = rss()
     print(f"{{name}}|{{now:.1f}}|{{now - prev:.1f}}", flush=True)
@@ -247,6 +250,12 @@ def main() -> None:
     parser.add_argument("--sample-s", type=float, default=5.0)
     parser.add_argument("--cycle-s", type=float, default=1.0)
     parser.add_argument("--no-cli", action="store_true", help="skip the full CLI's run")
+    parser.add_argument(
+        "--optimize",
+        action="store_true",
+        help="also run the lean entry under python -OO (no docstrings, no asserts); a first "
+        "run writes the -OO bytecode files (*.opt-2.pyc) the measured second run reads",
+    )
     args = parser.parse_args()
     models = [str(shipped("forecast")), str(shipped("placement"))]
 
@@ -254,7 +263,8 @@ def main() -> None:
     bare, _ = baseline("import time; print('ready', flush=True); time.sleep(120)")
     ort_engine, _ = baseline(_SESSIONS, "engine", *models)
     ort_default, _ = baseline(_SESSIONS, "default", *models)
-    libs, steps = baseline(_LIBRARIES, *models)
+    libs, _ = baseline(_LIBRARIES, str(_LIBRARY_STEPS), *models)
+    _, steps = baseline(_LIBRARIES, str(len(_STEPS)), *models)
 
     python = sys.executable
     runs = [
@@ -266,6 +276,12 @@ def main() -> None:
     if not args.no_cli:
         cli = str(Path(python).with_name("edgesched"))
         runs.append(measure_engine("engine, `edgesched edge run`", [cli, "edge", "run"], {}, args))
+    if args.optimize:
+        oo = [python, "-OO", "-m", "edgesched.edgemain"]
+        writes = {**UNIT_ENV, "PYTHONDONTWRITEBYTECODE": ""}  # (empty: bytecode is written)
+        warm = argparse.Namespace(**{**vars(args), "seconds": 1.0, "settle": 0.0})
+        measure_engine("(warm-up: writes .opt-2.pyc)", oo, writes, warm)
+        runs.append(measure_engine("engine, lean entry + unit env, -OO", oo, UNIT_ENV, args))
 
     print(
         f"edge node idle footprint: offline (MQTT port closed), sample_s {args.sample_s:g}, "
@@ -278,7 +294,7 @@ def main() -> None:
     print(row("bare python (sleep)", bare))
     print(row("python + ORT, 2 models (engine)", ort_engine))
     print(row("python + ORT, 2 models (defaults)", ort_default))
-    print(row("python + the engine's libraries", libs))
+    print(row("python + the engine's libraries", libs) + " (no edgesched module)")
     print("the engine's imports, one at a time in a fresh process (RSS after, added):")
     for line in steps:
         name, after, added = line.split("|")
