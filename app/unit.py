@@ -4,10 +4,10 @@ Role: one pure function, :func:`render_unit`, from a few parameters to the unit 
 units are ``Type=notify`` with a watchdog (:mod:`edgesched.sdnotify`: ``READY=1`` once the
 engine is up, ``WATCHDOG=1`` while its control loop turns). The comments inside the template
 say why each directive is there, and why the two roles differ: central runs no tasks, so it
-gets the full sandbox systemd offers (``systemd-analyze security``: 1.9, was 5.6); an edge
+gets the full sandbox systemd offers (``systemd-analyze security``: 1.1, was 5.6); an edge
 node's tasks are its own child processes and inherit the unit's sandbox, so options that would
 break ordinary workloads (GPUs, JITs, CAN buses, 32-bit binaries, rootless containers) or the
-executor (cgroups, CPU pinning, ``/proc``) are left out on purpose there (4.8, was 5.6).
+executor (cgroups, CPU pinning, ``/proc``) are left out on purpose there (4.1, was 5.6).
 """
 
 from __future__ import annotations

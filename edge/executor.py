@@ -192,6 +192,8 @@ class Executor:
         self.arch = arch
         self.container_runtime = container_runtime
         self._cgroup_ok: bool | None = None  # decided at the first start
+        if self.cgroup_layout is not None and self.cgroup_layout.unit is not None:
+            self._cgroups_usable()  # delegated: the engine into its leaf now, tasks or not
         self._tasks: dict[str, _Tracked] = {}
         self._stopping: set[str] = set()
         self._events: deque[ExitEvent] = deque()
