@@ -161,8 +161,11 @@ def _units(base: Path) -> None:
         "[edge]\nnode_id = 'gw-sd'\nstate_dir = '/var/lib/edgesched'\napi_port = 0\n"
         f"cycle_s = 0.2\nsample_s = 1.0\n[edge.mqtt]\nport = {port}\n"
     )
+    from edgesched.policies.models import shipped
+
     (base / "etc" / "central.toml").write_text(
         "[central]\nstate_dir = '/var/lib/edgesched-central'\napi_port = 0\ncycle_s = 0.2\n"
+        f"forecast_model = '{shipped('forecast')}'\nplacement_model = '{shipped('placement')}'\n"
         f"[central.mqtt]\nport = {port}\n"
     )
     passwd = Path("/etc/passwd").read_text()
@@ -261,7 +264,10 @@ def test_central_is_ready_notified_watched_and_sandboxed(booted: Booted) -> None
     assert again["NRestarts"] == "0" and again["ActiveState"] == "active", again
     booted.systemctl("stop", "edgesched-central.service")
     assert booted.show("edgesched-central.service")["ActiveState"] == "inactive"
-    assert "Traceback" not in booted.log("central"), booted.log("central")
+    log = booted.log("central")
+    assert "Traceback" not in log, log
+    # onnxruntime ran both models under MemoryDenyWriteExecute and @system-service
+    assert "forecast model in use" in log and "placement model in use" in log, log
 
 
 def _edge_api(b: Booted, method: str, path: str, body: Any = None) -> tuple[int, Any]:
