@@ -321,6 +321,8 @@ def test_edge_delegation_watchdog_restart_and_task_survival(booted: Booted) -> N
     assert engine_cg == f"0::{cg}/engine", booted.log("edge")  # moved itself to its leaf
     task_uid = _proc_status(booted, str(task))["Uid"].split()[0]
     assert task_uid == str(SERVICE_UID)  # the task runs as the service user, in the sandbox
+    environ = booted.ns("cat", f"/proc/{task}/environ").split("\0")
+    assert not [v for v in environ if v.startswith(("NOTIFY_SOCKET=", "WATCHDOG_"))], environ
 
     # a hung engine: the watchdog (3 s here) kills it, Restart=always brings it back
     booted.ns("kill", "-STOP", seen["MainPID"])
