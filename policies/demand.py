@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from edgesched.core.campus import BIN_S, BINS_PER_DAY
+from edgesched.core.classdemand import BIN_S as BIN_S  # (= the campus scenario's; tested)
 from edgesched.core.forecast import (
     DemandHistory,
     Ewma,
@@ -41,9 +41,15 @@ from edgesched.core.forecast import (
     SeasonalNaive,
     time_of_day_features,
 )
+from edgesched.core.model import SECONDS_PER_DAY
 from edgesched.policies.ortsession import ModelLoadError, open_contract
 
 log = logging.getLogger("edgesched.policies.demand")
+
+#: Five-minute bins a day. The engines' demand bins (core.classdemand), which the campus
+#: scenario the models train on also uses; imported from there, the campus module would load
+#: with every engine (0.4 MB of RSS) although only training needs it.
+BINS_PER_DAY = round(SECONDS_PER_DAY / BIN_S)
 
 FloatArray = npt.NDArray[np.float64]
 

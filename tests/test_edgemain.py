@@ -17,10 +17,19 @@ from pathlib import Path
 
 from conftest import Broker, EdgeNode, kill_task_processes, write_edge_config
 
+from edgesched.core import campus
+from edgesched.policies import demand
+from edgesched.policies.models import shipped
+from edgesched.policies.ortsession import open_session
 from edgesched.ports import free_port
 
 #: Modules a service process must not load (what the lean entry point leaves out).
 FORBIDDEN = re.compile(r"^(typer|rich|click|edgesched\.cli|edgesched\.central)(\.|$)")
+#: Modules imported only where they are used: frame signing (off here) and models' training.
+LAZY = re.compile(
+    r"^(cryptography|edgesched\.core\.(campus|simulator|experiment|strategies)"
+    r"|edgesched\.policies\.onnxgraph)(\.|$)"
+)
 
 
 def _imported(importtime_log: str) -> set[str]:
@@ -85,6 +94,7 @@ def test_runs_the_engine_connected_with_its_models_and_no_cli_libraries(
     imported = _imported(text)
     assert "edgesched.edge.engine" in imported and "onnxruntime" in imported  # the log is read
     assert sorted(m for m in imported if FORBIDDEN.match(m)) == []
+    assert sorted(m for m in imported if LAZY.match(m)) == []
 
 
 def test_the_full_cli_would_have_loaded_them() -> None:
@@ -98,6 +108,20 @@ def test_the_full_cli_would_have_loaded_them() -> None:
     )
     found = {m.split(".")[0] for m in _imported(out.stderr) if FORBIDDEN.match(m)}
     assert {"typer", "rich"} <= found
+
+
+def test_every_session_gets_the_memory_options() -> None:
+    session = open_session(shipped("forecast"))
+    options = session.get_session_options()
+    assert (options.enable_cpu_mem_arena, options.enable_mem_pattern) == (False, False)
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_the_forecasters_bins_are_the_campus_scenarios() -> None:
+    """demand.py takes its bins from the engines' (core.classdemand), not from the campus
+    scenario its models train on (which it no longer imports): they must be the same."""
+    assert (demand.BIN_S, demand.BINS_PER_DAY) == (campus.BIN_S, campus.BINS_PER_DAY)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
