@@ -7,7 +7,7 @@ say why each directive is there, and why the two roles differ: central runs no t
 gets the full sandbox systemd offers (``systemd-analyze security``: 1.1, was 5.6); an edge
 node's tasks are its own child processes and inherit the unit's sandbox, so options that would
 break ordinary workloads (GPUs, JITs, CAN buses, 32-bit binaries, rootless containers) or the
-executor (cgroups, CPU pinning, ``/proc``) are left out on purpose there (4.1, was 5.6).
+executor (cgroups, CPU pinning, ``/proc``) are left out on purpose there (4.0, was 5.6).
 """
 
 from __future__ import annotations
@@ -195,6 +195,10 @@ PrivateMounts=yes
 # Packet sockets need CAP_NET_RAW, which the unit does not have: refused outright. (A drop-in
 # that grants it to a task must also reset this with an empty RestrictAddressFamilies=.)
 RestrictAddressFamilies=~AF_PACKET
+# Realtime scheduling (SCHED_FIFO/RR) needs CAP_SYS_NICE or a LimitRTPRIO=, neither granted
+# here: refused outright. (A drop-in granting either for a control loop must also set
+# RestrictRealtime=no.)
+RestrictRealtime=yes
 # personality(2) stays as the kernel set it at exec (32-bit binaries still run); only
 # `setarch`-style emulation switches are refused.
 LockPersonality=yes
@@ -221,7 +225,6 @@ SystemCallErrorNumber=EPERM
 #    programs (debuggers, container runtimes), and ARM gateways often run 32-bit (armhf)
 #    binaries on arm64 kernels;
 #  RestrictAddressFamilies (an allow-list): tasks may need CAN, Bluetooth or netlink;
-#  RestrictRealtime: control loops may need SCHED_FIFO;
 #  RestrictNamespaces, PrivateUsers: rootless container runtimes need user namespaces;
 #  ProcSubset=pid: the node's agent reads /proc/stat, /proc/meminfo and /proc/pressure.
 """
