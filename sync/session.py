@@ -705,6 +705,21 @@ class Presence:
         return (not self.held, self.started, self.instance) > other.rank()
 
 
+#: What paho reports for a connection whose socket closed (MQTT's "unspecified error").
+CLOSED = 0x80
+
+
+def _closed_at_once(client: aiomqtt.Client) -> bool:
+    """Whether the connection closed before aiomqtt's ``__aenter__`` returned: aiomqtt then
+    drops the disconnect (it resets its ``_disconnected`` future "if it's already in completed
+    state after connecting") and the client would look connected on a closed socket forever.
+    A second process under our identity does this when both connect in the same instant.
+    paho's socket is gone then. Private attributes, so checked first."""
+    paho = getattr(client, "_client", None)
+    socket_of = getattr(paho, "socket", None)
+    return callable(socket_of) and socket_of() is None
+
+
 def _disconnect_code(client: aiomqtt.Client | None) -> int | None:
     """The reason code the connection ended with, from aiomqtt's ``_disconnected`` future:
     the DISCONNECT's reason when the broker sent one (0x8E: session taken over), paho's
@@ -875,6 +890,7 @@ class MqttSession:
             self._failed_in = ""
             client: aiomqtt.Client | None = None
             up_at: float | None = None
+            code: int | None = None  # how the connection ended, when known here
             try:
                 client = self._client()
                 async with client:
@@ -885,6 +901,9 @@ class MqttSession:
                     failures.clear()
                     delay = self.backoff_initial_s
                     log.info("%s connected to broker %s", self.endpoint.identifier, where)
+                    if _closed_at_once(client):
+                        code = CLOSED
+                        raise aiomqtt.MqttError("the broker closed the connection at its CONNACK")
                     await self._connected(client)
             except aiomqtt.MqttError as exc:
                 reraise_if_cancelling()
@@ -900,7 +919,9 @@ class MqttSession:
                         reason,
                         f" (in {self._failed_in})" if self._failed_in else "",
                     )
-                    self._judge_loss(client, time.monotonic() - up_at)
+                    if code is None:
+                        code = _disconnect_code(client)
+                    self._judge_loss(code, time.monotonic() - up_at)
                 else:
                     self.link.failed(where, reason)
                     failures.append(f"{where} ({reason})")
@@ -926,9 +947,9 @@ class MqttSession:
             await asyncio.sleep(pause)
             delay = min(delay * 2, self.backoff_max_s)
 
-    def _judge_loss(self, client: aiomqtt.Client | None, held_s: float) -> None:
+    def _judge_loss(self, code: int | None, held_s: float) -> None:
         """After a lost connection: was the session taken over by another process under our
-        identity, and must this one stop?
+        identity, and must this one stop? ``code``: the reason code it ended with, if known.
 
         Evidence: MQTT v5's DISCONNECT "session taken over" (0x8E), or a connection the
         broker ended within :data:`FLAP_S` of its CONNACK while :class:`Presence` has proof
@@ -944,7 +965,6 @@ class MqttSession:
             self._held = True
             if self.presence is not None:
                 self.presence.held = True
-        code = _disconnect_code(client)
         quick = held_s < FLAP_S and code is not None
         self._quick_losses = self._quick_losses + 1 if quick else 0
         me = self.endpoint.identifier
@@ -969,7 +989,9 @@ class MqttSession:
                     "another id, or stop the other one"
                 )
             log.error("%s; this process was first and keeps the session", what)
-        elif self._quick_losses >= FLAP_COUNT and self._quick_losses % FLAP_COUNT == 0:
+        elif self._quick_losses == FLAP_COUNT or (  # (then once per 100: no flood)
+            self._quick_losses > FLAP_COUNT and self._quick_losses % 100 == 0
+        ):
             what = (
                 f"broker {self.link.address} closed our connection right after connect "
                 f"{self._quick_losses} times in a row: probably another process connects as "

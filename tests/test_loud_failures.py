@@ -242,6 +242,35 @@ async def test_two_sessions_under_one_identity_the_later_one_stops(
         await asyncio.gather(one, return_exceptions=True)
 
 
+async def test_without_markers_repeated_takeovers_are_a_warning_and_nobody_exits(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No proof (MQTT 3.1.1, no presence markers): three connections in a row closed right
+    after connect are a WARNING that says what is probable and that the broker does not say
+    which process; neither session stops on a guess (a flapping link looks the same)."""
+    caplog.set_level(logging.WARNING, logger="edgesched.sync.session")
+    endpoint = Endpoint("127.0.0.1", broker.port, "gw-old", protocol="3.1.1")
+    sessions = [MqttSession(endpoint, backoff_initial_s=0.05, backoff_max_s=0.1) for _ in "ab"]
+    tasks = [asyncio.create_task(s.run()) for s in sessions]
+    try:
+        async with asyncio.timeout(10):
+            while not any(s.link.duplicate for s in sessions):
+                await asyncio.sleep(0.02)
+        said = next(s.link.duplicate for s in sessions if s.link.duplicate)
+        assert said == (
+            f"broker 127.0.0.1:{broker.port} closed our connection right after connect 3 times "
+            "in a row: probably another process connects as gw-old (the broker does not say "
+            "which; its log shows 'New client connected from ADDRESS as gw-old'), or it "
+            "refuses what we send"
+        )
+        assert any(r.levelno == logging.WARNING and said in r.getMessage() for r in caplog.records)
+        assert not any(t.done() for t in tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_a_restart_is_not_taken_for_a_duplicate(broker: Broker) -> None:
     """The previous life's retained marker is heard first: no proof, no alarm."""
     endpoint = Endpoint("127.0.0.1", broker.port, "gw-again")
