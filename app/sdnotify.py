@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 ENV_SOCKET = "NOTIFY_SOCKET"
 ENV_WATCHDOG_USEC = "WATCHDOG_USEC"
 ENV_WATCHDOG_PID = "WATCHDOG_PID"
+#: The longest one send may block (systemd's socket queue full): the event loop runs it.
+SEND_TIMEOUT_S = 1.0
 
 
 def socket_address(value: str) -> str | bytes:
@@ -121,6 +123,7 @@ class Notifier:
         data = message(**fields)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+                sock.settimeout(SEND_TIMEOUT_S)  # a busy manager never holds the loop for long
                 sock.connect(self.address)
                 sock.sendall(data)
         except OSError as exc:
