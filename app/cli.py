@@ -46,7 +46,8 @@ app.add_typer(config_app, name="config")
 
 err = Console(stderr=True)
 
-#: The exit code of an engine that stopped because another process runs under its identity.
+#: The exit code of an engine that stopped because another process runs under its identity
+#: (:data:`edgesched.sync.session.EXIT_IDENTITY_IN_USE`, not imported: it pulls in aiomqtt).
 EXIT_IDENTITY_IN_USE = 3
 
 

@@ -521,6 +521,12 @@ FLAP_COUNT = 3
 SESSION_TAKEN_OVER = 0x8E
 
 
+#: The exit code of an engine process that stopped on :class:`IdentityInUse` (its CLIs use
+#: it; a systemd unit lists it in ``RestartPreventExitStatus=``: starting the process again
+#: would only take the session from the other one once more).
+EXIT_IDENTITY_IN_USE = 3
+
+
 class IdentityInUse(Exception):
     """Another live process connects under this session's identity (client id): the broker
     lets one connection per identity, so the two would take the session from each other

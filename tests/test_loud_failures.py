@@ -349,7 +349,7 @@ def test_two_edge_processes_under_one_node_id_the_second_exits(
                 stderr=out,
             )
         second.proc.wait(30)
-        assert second.proc.returncode == EXIT_IDENTITY_IN_USE == 3
+        assert second.proc.returncode == EXIT_IDENTITY_IN_USE == session_mod.EXIT_IDENTITY_IN_USE
         line = _one_error_line(second.log.read_text())
         assert line.startswith(
             f"error: edge: another process connected to broker 127.0.0.1:{broker.port} as "
