@@ -76,6 +76,7 @@ def render_unit(p: UnitParams) -> str:
         else "# Runs as root (install --user root): still no capability at all, see below.\n"
     )
     body = _edge(p) if p.role == "edge" else _central(p)
+    whose = "node's" if p.role == "edge" else "central's"
     kept = (
         "The SQLite store, task logs and exit records, the API token"
         if p.role == "edge"
@@ -110,6 +111,10 @@ Environment=PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 # Logs go to the journal (stdout/stderr): `journalctl -u edgesched-{p.role}`.
 Restart=always
 RestartSec=2
+# Exit status 3: another process runs under this {whose} identity and was there first
+# (edgesched.sync.session, docs/troubleshooting.md). Starting again would only take the broker
+# session from it once more: stay stopped, `systemctl status` shows why.
+RestartPreventExitStatus=3
 TimeoutStartSec={START_TIMEOUT_S[p.role]}
 # The watchdog: the engine pings every {WATCHDOG_S[p.role] // 2} s while its control loop
 # turns; a loop held for longer (a deadlock, a hung disk) gets the process killed (SIGABRT)

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from conftest import edgesched_binary, free_port, write_central_config
 
+from edgesched.sync.session import EXIT_IDENTITY_IN_USE
 from edgesched.unit import UnitParams, render_unit
 
 ANALYZE = shutil.which("systemd-analyze")
@@ -109,6 +110,8 @@ def test_both_units_are_notify_with_a_watchdog() -> None:
         assert d["WatchdogSec"] == [watchdog], role
         env = " ".join(d["Environment"])
         assert "PYTHONFAULTHANDLER=1" in env  # a watchdog abort leaves every thread's stack
+        # a second process under the same identity exits with it: not restarted into a fight
+        assert d["RestartPreventExitStatus"] == [str(EXIT_IDENTITY_IN_USE)], role
 
 
 def test_central_is_sandboxed_for_what_it_does() -> None:
