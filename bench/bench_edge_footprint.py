@@ -2,10 +2,12 @@
 
 Starts the edge engine offline (MQTT port closed, so autonomous) with the two ONNX models it
 ships with (the per-class demand forecaster and the placement score, each in an onnxruntime
-session), in two ways: the service's lean entry point (``python -m edgesched.edgemain``, what
-the systemd unit runs, also with the unit's allocator environment) and, for reference, the
+session): through the service's lean entry point (``python -m edgesched.edgemain``, what
+the systemd unit should run, also with the unit's allocator environment) and, for reference, the
 full CLI (``edgesched edge run``: typer and rich, and central's modules through
-``edgesched.serve``). After /v1/health answers and a settle time, it measures each engine's CPU
+``edgesched.serve``); and, to measure what removing onnxruntime would save, the lean entry
+with a stub ``onnxruntime`` that fails to import (the engine then refuses both models and
+keeps its heuristics). After /v1/health answers and a settle time, it measures each engine's CPU
 share of one core over the window and its RSS (anonymous and file-backed parts) and USS at the
 end. Baselines measured in the same run, each alone (USS leaves out pages shared with a
 concurrent process): a bare interpreter that only sleeps; one that opens the same two models in
@@ -276,6 +278,22 @@ def main() -> None:
     if not args.no_cli:
         cli = str(Path(python).with_name("edgesched"))
         runs.append(measure_engine("engine, `edgesched edge run`", [cli, "edge", "run"], {}, args))
+    with tempfile.TemporaryDirectory(prefix="edgesched-no-ort-") as stub:
+        # What the engine would weigh without onnxruntime: a stub package that fails to import
+        # ahead of the real one, so the engine refuses both models and keeps its heuristics.
+        # Not a configuration: the measure of what removing onnxruntime would save.
+        (Path(stub) / "onnxruntime").mkdir()
+        (Path(stub) / "onnxruntime" / "__init__.py").write_text(
+            "raise ImportError('onnxruntime blocked by bench_edge_footprint')\n"
+        )
+        runs.append(
+            measure_engine(
+                "engine WITHOUT onnxruntime (stub)",
+                [python, "-m", "edgesched.edgemain"],
+                {**UNIT_ENV, "PYTHONPATH": stub},
+                args,
+            )
+        )
     if args.optimize:
         oo = [python, "-OO", "-m", "edgesched.edgemain"]
         writes = {**UNIT_ENV, "PYTHONDONTWRITEBYTECODE": ""}  # (empty: bytecode is written)
