@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from edgesched.edge.hal import UnsupportedHardware
     from edgesched.rest.server import ListenError
     from edgesched.sdnotify import run_until_signalled
-    from edgesched.sync.session import IdentityInUse
+    from edgesched.sync.session import EXIT_IDENTITY_IN_USE, IdentityInUse
     from edgesched.sync.store import StoreError
 
     # What edgesched.serve.edge_engine does, without importing that module: it wires central
@@ -98,13 +98,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as exc:
-        # As `edgesched edge run`: what an operator can act on is one line, exit 1 (the first
-        # such error inside a task group's exception group); anything else keeps its traceback.
+        # As `edgesched edge run`: what an operator can act on is one line, exit 1, or 3 for
+        # another process under the node's identity (the unit's RestartPreventExitStatus), the
+        # first such error inside a task group's exception group; anything else keeps its
+        # traceback.
         for leaf in _leaves(exc):
             if isinstance(leaf, ListenError):
                 fail(f"edge API ([edge] api_host, api_port in {args.config}): {leaf}", 1)
             if isinstance(leaf, IdentityInUse):
-                fail(f"edge: {leaf}", 1)
+                fail(f"edge: {leaf}", EXIT_IDENTITY_IN_USE)
             if isinstance(leaf, StoreError | IdentityError | UnsupportedHardware | OSError):
                 fail(str(leaf), 1)
         raise

@@ -2,7 +2,7 @@
 it runs the real engine against a real Mosquitto, with its shipped ONNX models, and the
 service process never imports the CLI's libraries (typer, rich, click) nor central's
 modules; it tells systemd it is ready (``Type=notify``); its mistakes are one ``error:`` line,
-as ``edgesched edge run``'s."""
+as ``edgesched edge run``'s (a second process under the node's identity exits 3)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from edgesched.policies import demand
 from edgesched.policies.models import shipped
 from edgesched.policies.ortsession import open_session
 from edgesched.ports import free_port
+from edgesched.sync.session import EXIT_IDENTITY_IN_USE
 
 #: Modules a service process must not load (what the lean entry point leaves out).
 FORBIDDEN = re.compile(r"^(typer|rich|click|edgesched\.cli|edgesched\.central)(\.|$)")
@@ -81,6 +82,18 @@ def test_runs_the_engine_connected_with_its_models_and_no_cli_libraries(
         )
         assert code == 201, record
         node.wait(lambda: node.tasks()["t1"]["state"] == "running", what="t1 running")
+
+        # A second service process under the same node id stops, exit 3 (which the unit's
+        # RestartPreventExitStatus names), with one line naming the first one's pid.
+        twin_dir = tmp_path / "twin"
+        twin_dir.mkdir()
+        twin_config, _ = write_edge_config(twin_dir, broker.port, node_id="gw-lean")
+        twin = _run("-c", str(twin_config))
+        assert twin.returncode == EXIT_IDENTITY_IN_USE == 3, twin.stderr[-3000:]
+        last = twin.stderr.splitlines()[-1]
+        assert last.startswith("error: edge: another process connected to broker"), last
+        assert f"pid {node.proc.pid}" in last and twin.stderr.count("error:") == 1
+        assert node.proc.poll() is None
         node.proc.send_signal(signal.SIGTERM)
         assert node.proc.wait(15) == 0, log.read_text()[-3000:]
     finally:
