@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from edgesched import runengine
 from edgesched.brokercli import register as register_join_commands
 from edgesched.config import ConfigError, EdgeschedConfig, default_config_toml, load_config
 from edgesched.fleetcli import register as register_fleet_commands
@@ -46,10 +47,6 @@ app.add_typer(config_app, name="config")
 
 err = Console(stderr=True)
 
-#: The exit code of an engine that stopped because another process runs under its identity
-#: (:data:`edgesched.sync.session.EXIT_IDENTITY_IN_USE`, not imported: it pulls in aiomqtt).
-EXIT_IDENTITY_IN_USE = 3
-
 
 def fail(message: str, code: int = 2) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
@@ -59,34 +56,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def warn(message: str) -> None:
     """One ``warning:`` line on stderr, ``message`` verbatim."""
     err.print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside ``exc``'s (nested) exception groups, or ``[exc]``."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
-
-
-def _run_engine(tier: str, config: Path, run: Callable[[], None], known: tuple[type, ...]) -> None:
-    """Run an engine (``run``); what stops it that an operator can act on is one ``error:``
-    line (the first such error inside a task group's exception group) and exit code 1 (its
-    API's port taken, a store or hardware problem) or :data:`EXIT_IDENTITY_IN_USE`.
-    Anything else is a bug and keeps its traceback."""
-    from edgesched.rest.server import ListenError
-    from edgesched.sync.session import IdentityInUse
-
-    try:
-        run()
-    except Exception as exc:
-        for leaf in _leaves(exc):
-            if isinstance(leaf, ListenError):
-                fail(f"{tier} API ([{tier}] api_host, api_port in {config}): {leaf}", 1)
-            if isinstance(leaf, IdentityInUse):
-                fail(f"{tier}: {leaf}", EXIT_IDENTITY_IN_USE)
-            if isinstance(leaf, known):
-                fail(str(leaf), 1)
-        raise
 
 
 def _version(value: bool) -> None:
@@ -262,14 +231,7 @@ def sim(
 
 
 def _logging(log_level: str) -> None:
-    import logging
-
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        fail(f"--log-level: unknown level {log_level!r}")
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    runengine.setup_logging(log_level, fail)
 
 
 edge_app = typer.Typer(help="Run and talk to an edge node's sub-engine.", no_args_is_help=True)
@@ -302,11 +264,12 @@ def edge_run(
         fail(f"edge.mqtt: {exc}")
     _logging(log_level)
 
-    _run_engine(
+    runengine.run_engine(
         "edge",
         config,
         lambda: asyncio.run(run_until_signalled(edge_engine(cfg, clock=_clock()))),
         (StoreError, IdentityError, UnsupportedHardware, OSError),
+        fail,
     )
 
 
@@ -522,11 +485,12 @@ def central_run(
     except ValueError as exc:
         fail(f"central.mqtt: {exc}")
     _logging(log_level)
-    _run_engine(
+    runengine.run_engine(
         "central",
         config,
         lambda: asyncio.run(run_until_signalled(central_engine(cfg, clock=_clock()))),
         (StoreError, OSError),
+        fail,
     )
 
 
@@ -853,21 +817,9 @@ def policies_eval(
 
 
 def _clock() -> Callable[[], float]:
-    """The wall clock, offset by ``EDGESCHED_CLOCK_SKEW_S`` seconds if set. A test hook: the
-    field tests skew one node's clock on a machine whose clock all processes share. It moves
-    the engine's wall clock (records, tidal windows), not the monotonic one of leases."""
-    import os
-    import time
-
-    raw = os.environ.get("EDGESCHED_CLOCK_SKEW_S")
-    if not raw:
-        return time.time
-    try:
-        skew = float(raw)
-    except ValueError:
-        fail(f"EDGESCHED_CLOCK_SKEW_S: not a number of seconds: {raw!r}")
-    err.print(f"[yellow]clock skewed by {skew:+g} s (EDGESCHED_CLOCK_SKEW_S, a test hook)[/]")
-    return lambda: time.time() + skew
+    """The wall clock, skewed by ``EDGESCHED_CLOCK_SKEW_S`` if set (a test hook):
+    :func:`edgesched.runengine.clock`."""
+    return runengine.clock(fail)
 
 
 fieldtest_app = typer.Typer(

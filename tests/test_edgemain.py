@@ -33,6 +33,10 @@ LAZY = re.compile(
 )
 
 
+#: What the ``edgesched`` console script runs, with the arguments that follow it.
+ENTRY = "import sys; from edgesched.entry import main; sys.argv[0] = 'edgesched'; main()"
+
+
 def _imported(importtime_log: str) -> set[str]:
     """The modules ``python -X importtime`` reported loading."""
     names = set()
@@ -53,7 +57,8 @@ def test_runs_the_engine_connected_with_its_models_and_no_cli_libraries(
     notify.settimeout(20)
     with log.open("wb") as out:
         node.proc = subprocess.Popen(
-            [sys.executable, "-X", "importtime", "-m", "edgesched.edgemain", "-c", str(config)],
+            # as the unit starts it, `edgesched edge run` (the console script's entry.main)
+            [sys.executable, "-X", "importtime", "-c", ENTRY, "edge", "run", "-c", str(config)],
             stdout=out,
             stderr=out,
             cwd=tmp_path,

@@ -41,7 +41,7 @@ from test_sync_session import _dynsec_broker
 from typer.testing import CliRunner
 
 from edgesched import config as config_mod
-from edgesched.cli import EXIT_IDENTITY_IN_USE, app
+from edgesched.cli import app
 from edgesched.config import (
     NOT_CONFIG_KEYS,
     ConfigError,
@@ -49,6 +49,7 @@ from edgesched.config import (
     example_sections,
     parse_config,
 )
+from edgesched.runengine import EXIT_IDENTITY_IN_USE
 from edgesched.sync import session as session_mod
 from edgesched.sync.session import Endpoint, IdentityInUse, MqttSession, presence_topic
 
