@@ -37,6 +37,7 @@ import os
 import pwd
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import tomllib
@@ -205,6 +206,29 @@ class InstallOptions:
 def systemd_running() -> bool:
     """Whether systemd is PID 1 here (sd_booted(): ``/run/systemd/system`` exists)."""
     return os.path.isdir("/run/systemd/system")
+
+
+def parse_systemd_version(text: str) -> int | None:
+    """The version number ``systemctl --version`` prints first ("systemd 252 (252.30-1)")."""
+    words = text.split()
+    if len(words) >= 2 and words[0] == "systemd" and words[1].isdigit():
+        return int(words[1])
+    return None
+
+
+def systemd_version(layout: Layout) -> int | None:
+    """The version of this machine's systemd, for a unit installed here (newer ones get
+    ``DelegateSubgroup=``, :mod:`edgesched.unit`); None when staged under ``--root`` (the
+    unit is for another machine) or when ``systemctl`` is not there."""
+    if layout.staged or shutil.which("systemctl") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["systemctl", "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_systemd_version(out)
 
 
 def _pid1() -> str:
@@ -553,6 +577,7 @@ def _unit_file(opts: InstallOptions, user: str | None, version: str) -> WriteFil
             user=user,
             version=version,
             read_write_paths=tuple(PurePosixPath(p) for p in opts.read_write_paths),
+            systemd_version=systemd_version(lay),
         )
     except ValueError as exc:
         raise InstallError(f"unit: {exc}") from None

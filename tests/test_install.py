@@ -29,6 +29,7 @@ from edgesched.cli import app
 from edgesched.config import default_config_toml, load_config
 from edgesched.core.task import TaskSpec
 from edgesched.edge.executor import Executor, kill_leftovers
+from edgesched.install import Layout, parse_systemd_version, systemd_version
 from edgesched.sync.security import issue, make_ca
 from edgesched.tomlwrite import toml_dumps
 from edgesched.unit import UnitParams, render_unit
@@ -698,3 +699,31 @@ def test_a_base_config_naming_the_broker_is_enough(root: Path, tmp_path: Path) -
     assert result.exit_code == 0, result.output
     mqtt = tomllib.loads((root / "etc/edgesched/edge.toml").read_text())["edge"]["mqtt"]
     assert (mqtt["host"], mqtt["port"]) == ("127.0.0.1", 1884)
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("systemd 252 (252.39-1~deb12u2)\n+PAM +AUDIT", 252),
+        ("systemd 256 (256.7)", 256),
+        ("", None),
+        ("systemctl: command not found", None),
+        ("systemd x (y)", None),
+    ],
+)
+def test_the_systemd_version_is_read_from_systemctl(text: str, version: int | None) -> None:
+    assert parse_systemd_version(text) == version
+
+
+def test_a_unit_for_this_machine_fits_its_systemd_and_a_staged_one_assumes_none(
+    tmp_path: Path,
+) -> None:
+    """Installed here, the unit is rendered for this machine's systemd (DelegateSubgroup= only
+    from 254 on); staged under --root it is for another machine, whose version is unknown."""
+    assert systemd_version(Layout("edge", root=tmp_path)) is None
+    here = systemd_version(Layout("edge"))
+    if shutil.which("systemctl") is None:
+        assert here is None
+        return
+    real = subprocess.run(["systemctl", "--version"], capture_output=True, text=True).stdout
+    assert here == int(real.split()[1])
