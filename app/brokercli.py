@@ -1,7 +1,7 @@
 """The join flow's commands (issue 18): ``broker init``, ``broker check``, ``central
-add-node``, ``central remove-node`` and ``join``, registered on the ``edgesched`` app by
-:func:`register`. Each failure is one ``error:`` line on stderr (exit 2 for bad input,
-1 for a check or a wait that failed), never a traceback.
+add-node``, ``central remove-node``, ``central join-server`` and ``join``, registered on
+the ``edgesched`` app by :func:`register`. Each failure is one ``error:`` line on stderr
+(exit 2 for bad input, 1 for a check or a wait that failed), never a traceback.
 """
 
 from __future__ import annotations
@@ -123,21 +123,82 @@ def register(app: typer.Typer, central_app: typer.Typer) -> None:
         node_id: Annotated[str, typer.Argument(help="The new node's id.")],
         site: Annotated[str | None, typer.Option(help="Its site (a site broker).")] = None,
         directory: BrokerDirOption = DEFAULT_DIR,
+        ttl: Annotated[
+            str, typer.Option(help="How long the join token is good for (30m, 1h, 2d).")
+        ] = "1h",
+        url: Annotated[
+            str | None,
+            typer.Option(help="The join server's URL (default https://BROKER-HOST:8884)."),
+        ] = None,
+        file: Annotated[
+            bool,
+            typer.Option(
+                "--file", help="Write a join file holding the node's key instead (offline)."
+            ),
+        ] = False,
         force: Annotated[bool, typer.Option(help="Issue an admitted node anew.")] = False,
     ) -> None:
-        """Admit a node: issue its certificate, add it to the broker's ACL, reload Mosquitto,
-        and print the line to run on the gateway."""
+        """Admit a node: print the `edgesched join URL TOKEN` line to run on the gateway (a
+        one-time token for the join server), or with --file write a join file."""
         from edgesched.brokerinit import BrokerDirError
-        from edgesched.nodeaccess import add_node
+        from edgesched.jointoken import TokenError, parse_ttl
+        from edgesched.nodeaccess import add_node, invite
+
+        if file:
+            try:
+                admission = add_node(directory, node_id, site, force=force)
+            except BrokerDirError as exc:
+                _fail(str(exc))
+            for line in admission.done:
+                typer.echo(line, err=True)
+            typer.echo(f"copy {admission.join_file} to the gateway, then run there:", err=True)
+            typer.echo(admission.join_line())
+            return
+        if url is not None and not url.startswith("https://"):
+            _fail(f"--url: must be https://HOST[:PORT], got {url!r}")
+        try:
+            invitation = invite(
+                directory, node_id, site, ttl_s=parse_ttl(ttl), url=url, force=force
+            )
+        except (BrokerDirError, TokenError) as exc:
+            _fail(str(exc))
+        for line in invitation.done:
+            typer.echo(line, err=True)
+        typer.echo(
+            f"with `edgesched central join-server --dir {directory}` running, run on the "
+            "gateway (once):",
+            err=True,
+        )
+        typer.echo(invitation.join_line())
+
+    @central_app.command("join-server")
+    def central_join_server(
+        directory: BrokerDirOption = DEFAULT_DIR,
+        listen: Annotated[
+            str, typer.Option(help="HOST:PORT to serve HTTPS on (the join URL's port).")
+        ] = "0.0.0.0:8884",
+    ) -> None:
+        """Serve joins by URL: gateways spend their one-time tokens here for a certificate
+        (HTTPS with the broker's certificate; GET /join/ca, POST /join)."""
+        import asyncio
+        import logging
+
+        from edgesched.brokerinit import BrokerDirError, split_address
+        from edgesched.joinserver import serve
 
         try:
-            admission = add_node(directory, node_id, site, force=force)
+            host, port = split_address(listen, 8884)
+        except BrokerDirError as exc:
+            _fail(f"--listen: {exc}")
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+        try:
+            asyncio.run(serve(directory, host, port))
         except BrokerDirError as exc:
             _fail(str(exc))
-        for line in admission.done:
-            typer.echo(line, err=True)
-        typer.echo(f"copy {admission.join_file} to the gateway, then run there:", err=True)
-        typer.echo(admission.join_line())
+        except OSError as exc:
+            _fail(f"--listen {listen}: {exc.strerror or exc}", 1)
+        except KeyboardInterrupt:
+            pass
 
     @central_app.command("remove-node")
     def central_remove_node(
@@ -157,9 +218,15 @@ def register(app: typer.Typer, central_app: typer.Typer) -> None:
 
     @app.command("join")
     def join_command(
-        source: Annotated[Path, typer.Argument(help="The join file central add-node wrote.")],
+        source: Annotated[
+            Path,
+            typer.Argument(
+                help="The join server's URL (https://HOST:PORT) or a join file (--file)."
+            ),
+        ],
         token: Annotated[
-            str | None, typer.Argument(help="The token printed beside it (checked).")
+            str | None,
+            typer.Argument(help="The token printed beside it (a URL's is one-time)."),
         ] = None,
         user: Annotated[
             str | None, typer.Option(help="Run as this existing user (default: edgesched).")
@@ -192,8 +259,9 @@ def register(app: typer.Typer, central_app: typer.Typer) -> None:
             bool, typer.Option("--dry-run", help="Check and print the install; write nothing.")
         ] = False,
     ) -> None:
-        """Join this gateway to the fleet: check the broker, install the node, wait until it
-        is connected (or say exactly what failed)."""
+        """Join this gateway to the fleet: get its certificate from the join server (its key
+        made here), check the broker, install the node, wait until it is connected (or say
+        exactly what failed)."""
         from edgesched.install import InstallError, Layout
         from edgesched.join import JoinError, JoinOptions, join
 

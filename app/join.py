@@ -1,7 +1,11 @@
-"""``edgesched join FILE [TOKEN]``: make this gateway a node of the fleet, in one command.
+"""``edgesched join URL TOKEN`` or ``join FILE [TOKEN]``: make this gateway a node of the
+fleet, in one command.
 
-Role: the gateway side of the join flow (central's side: :mod:`edgesched.nodeaccess`). From
-the join file (:mod:`edgesched.joinfile`) it
+Role: the gateway side of the join flow (central's side: :mod:`edgesched.nodeaccess` and
+the join server :mod:`edgesched.joinserver`). With a URL it first gets the node's
+certificate from the join server for a key it makes here (:mod:`edgesched.joinclient`:
+the server's CA pinned by the token); with a join file (:mod:`edgesched.joinfile`, the
+offline bundle) it has them already. Then it
 
 1. checks the broker as the node will reach it (:mod:`edgesched.brokercheck`: DNS, TCP,
    TLS, auth, ACL) and stops at the first failure, one line, with nothing installed;
@@ -10,7 +14,9 @@ the join file (:mod:`edgesched.joinfile`) it
 3. waits until the running node says it is connected: its broker link up and central's
    heartbeat heard (its ``/v1/status``), or says what is missing.
 
-Errors are :class:`JoinError`, one line.
+Errors are :class:`JoinError`, one line. A URL join that fails after the token was spent
+(step 1 or 2) keeps the node's certificate and key in ``<etc-dir>/<node>.join`` (0600) and
+says so: ``edgesched join`` that file retries without a new token.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from typing import Any
 from edgesched.brokercheck import Target, check
 from edgesched.brokerinit import BrokerDirError, split_address
 from edgesched.install import InstallError, InstallOptions, Layout, install, systemd_running
-from edgesched.joinfile import JoinFileError, read
+from edgesched.joinclient import JoinClientError, join_by_url, probe
+from edgesched.joinfile import JoinFile, JoinFileError, read, write
 from edgesched.tomlwrite import toml_dumps
 
 Say = Callable[[str], None]
@@ -53,21 +60,68 @@ class JoinOptions:
     dry_run: bool = False
 
 
+def is_url(source: str | Path) -> bool:
+    return str(source).startswith(("http:/", "https:/"))
+
+
 def join(opts: JoinOptions, say: Say = print) -> None:
     """Join this gateway (see the module docstring); JoinError naming the failed step."""
-    if str(opts.source).startswith(("http:/", "https:/")):
-        raise JoinError(
-            f"{opts.source}: join URLs are not served yet: copy the join file that "
-            "`central add-node` wrote to this gateway and give its path"
-        )
+    if is_url(opts.source):
+        j = _from_url(opts, say)
+        if j is None:
+            return
+    else:
+        try:
+            j = read(opts.source, opts.token)
+        except JoinFileError as exc:
+            raise JoinError(str(exc)) from None
+        mode = stat.S_IMODE(opts.source.stat().st_mode)
+        if mode & 0o077:
+            say(f"warning: {opts.source} is readable by others (mode {mode:o}): it holds a key")
     try:
-        j = read(opts.source, opts.token)
-        host, port = split_address(j.broker)
-    except (JoinFileError, BrokerDirError) as exc:
+        _check_and_install(opts, j, say)
+    except JoinError as exc:
+        if not is_url(opts.source):
+            raise
+        # The token is spent and the key exists nowhere else: keep them for a retry.
+        kept = opts.layout.host(opts.layout.etc_dir) / f"{j.node_id}.join"
+        try:
+            write(kept, j)
+        except OSError as err:
+            raise JoinError(f"{exc}; and the node's key could not be kept: {err}") from None
+        raise JoinError(
+            f"{exc}; the token is spent: the node's certificate and key are kept in {kept} "
+            f"(0600), retry with `edgesched join {kept}`"
+        ) from None
+    if opts.dry_run or opts.wait_s <= 0:
+        return
+    wait_connected(opts, j.node_id, say)
+
+
+def _from_url(opts: JoinOptions, say: Say) -> JoinFile | None:
+    """The node's files from the join server (None after a dry run: nothing spent)."""
+    url = str(opts.source).replace(":/", "://", 1) if "://" not in str(opts.source) else ""
+    url = url or str(opts.source)
+    if opts.token is None:
+        raise JoinError(f"{url}: a join URL needs its token (the line `central add-node` printed)")
+    try:
+        if opts.dry_run:
+            say(probe(url, opts.token))
+            say("dry run: the node's key is not made, nothing is written")
+            return None
+        say(f"asking the join server {url} for this node's certificate (its key is made here)")
+        j = join_by_url(url, opts.token)
+    except JoinClientError as exc:
         raise JoinError(str(exc)) from None
-    mode = stat.S_IMODE(opts.source.stat().st_mode)
-    if mode & 0o077:
-        say(f"warning: {opts.source} is readable by others (mode {mode:o}): it holds a key")
+    say(f"the join server admitted {j.node_id}; its certificate is issued by the pinned CA")
+    return j
+
+
+def _check_and_install(opts: JoinOptions, j: JoinFile, say: Say) -> None:
+    try:
+        host, port = split_address(j.broker)
+    except BrokerDirError as exc:
+        raise JoinError(f"broker address: {exc}") from None
     say(f"joining {j.node_id} to the fleet through the broker {j.broker}")
     with tempfile.TemporaryDirectory(prefix="edgesched-join-") as tmp:
         d = Path(tmp)
@@ -103,9 +157,6 @@ def join(opts: JoinOptions, say: Say = print) -> None:
             install(install_opts, dry_run=opts.dry_run, say=say)
         except InstallError as exc:
             raise JoinError(f"install: {exc}") from None
-    if opts.dry_run or opts.wait_s <= 0:
-        return
-    wait_connected(opts, j.node_id, say)
 
 
 def wait_connected(opts: JoinOptions, node_id: str, say: Say) -> dict[str, Any]:

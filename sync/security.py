@@ -14,6 +14,7 @@ take over (and drain) another's session. The ACL is written against ``%u`` only,
 * :func:`acl`: what each node and each central may publish and receive.
 * :func:`accept_sender`: the check central makes before applying a document frame.
 * :func:`write_crl`: the revocation list of removed nodes' certificates (``crlfile``).
+* :func:`sign_client_csr`: a node's client certificate on a key the node made (join by URL).
 
 Mosquitto 2.0 grants every SUBSCRIBE (a granted SUBACK proves nothing) and enforces ``read``
 per message at delivery; a denied PUBLISH is acknowledged and dropped. Test what is delivered.
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from edgesched.sync import wire
@@ -619,3 +620,81 @@ def accept_sender(topic: str, claimed_client_id: int, expected: Mapping[str, int
     if isinstance(claimed_client_id, bool) or not isinstance(claimed_client_id, int):
         return False
     return claimed_client_id == want
+
+
+def sign_client_csr(
+    ca: CaFiles, csr_pem: bytes, identity: str, *, days: int = 825
+) -> x509.Certificate:
+    """A client certificate for ``identity`` (as :func:`issue` makes: CN ``identity``,
+    clientAuth) on the public key of ``csr_pem``, signed by ``ca``: the key stays with whoever
+    made the request (the join by URL). The request must be self-signed correctly, hold an EC
+    P-256/P-384 or RSA >= 2048 key and name nobody else: a subject other than empty or
+    ``CN=identity``, or any subject alternative name but ``identity``, is a ValueError (the
+    certificate is always made for ``identity``, whatever the request says)."""
+    check_identity(identity)
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError:
+        raise ValueError("csr_pem is not a PEM certificate signing request") from None
+    if not csr.is_signature_valid:
+        raise ValueError("the CSR's signature does not verify")
+    public = csr.public_key()
+    if isinstance(public, ec.EllipticCurvePublicKey):
+        if public.curve.name not in ("secp256r1", "secp384r1"):
+            raise ValueError(f"the CSR's key is on curve {public.curve.name}: use P-256 or P-384")
+    elif isinstance(public, rsa.RSAPublicKey):
+        if public.key_size < 2048:
+            raise ValueError(f"the CSR's RSA key has {public.key_size} bits: use 2048 or more")
+    else:
+        raise ValueError("the CSR's key must be EC (P-256, P-384) or RSA")
+    for attr in csr.subject:
+        if attr.oid != NameOID.COMMON_NAME or attr.value != identity:
+            raise ValueError(
+                f"the CSR names {attr.rfc4514_string()!r}: this token is for {identity} only"
+            )
+    try:
+        sans = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        sans = None
+    for san in sans or ():
+        if not (isinstance(san, x509.DNSName) and san.value == identity):
+            raise ValueError(
+                f"the CSR names {san.value!r} (subject alternative name): this token is for "
+                f"{identity} only"
+            )
+    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{ca.key} is not an EC private key")
+    now = _now()
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )

@@ -58,7 +58,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[BrokerDir, Broker]]:
 
 def node_files(bd: BrokerDir, node: str, tmp_path: Path, *site: str) -> Target:
     """Admit ``node`` with the CLI and unpack its join file as join does."""
-    code, out, err = cli("central", "add-node", node, "--dir", bd.root, *site)
+    code, out, err = cli("central", "add-node", "--file", node, "--dir", bd.root, *site)
     assert code == 0, out + err
     line = out.strip().splitlines()[-1].split()
     assert line[:2] == ["edgesched", "join"] and len(line) == 4, out
@@ -199,20 +199,20 @@ def test_a_removed_node_is_refused_and_its_open_connection_loses_its_rights(
 
 def test_add_node_refusals_and_the_join_token(tmp_path: Path) -> None:
     d = tmp_path / "broker"
-    code, out, err = cli("central", "add-node", "gw-02", "--dir", d)
+    code, out, err = cli("central", "add-node", "--file", "gw-02", "--dir", d)
     assert code == 2 and err.strip().startswith(f"error: {d}: no broker here"), err
     code, out, err = cli("broker", "init", "--dir", d, "--address", "127.0.0.1", "--user", "root")
     assert code == 0, out + err
     code, out, err = cli("broker", "init", "--dir", d)
     assert code == 2 and "exists: this directory has a broker already" in err
-    code, out, err = cli("central", "add-node", "gw-02", "--dir", d)
+    code, out, err = cli("central", "add-node", "--file", "gw-02", "--dir", d)
     assert code == 0 and "the broker is not running" in err, err
     join_file, token = out.split()[2:4]
-    code, out, err = cli("central", "add-node", "gw-02", "--dir", d)
+    code, out, err = cli("central", "add-node", "--file", "gw-02", "--dir", d)
     assert code == 2 and "gw-02 is admitted already" in err
-    code, out, err = cli("central", "add-node", "gw-03", "--site", "north", "--dir", d)
+    code, out, err = cli("central", "add-node", "--file", "gw-03", "--site", "north", "--dir", d)
     assert code == 2 and "--site north: no site broker registered" in err
-    code, out, err = cli("central", "add-node", "central", "--dir", d)
+    code, out, err = cli("central", "add-node", "--file", "central", "--dir", d)
     assert code == 2 and "taken by a central" in err
     # join refuses a file that does not match its token, or is not there: one line each.
     code, out, err = cli("join", join_file, "0" * 16, "--root", tmp_path / "gw")
@@ -301,7 +301,7 @@ def test_join_checks_then_installs_everything_from_the_file(
     fleet: tuple[BrokerDir, Broker], tmp_path: Path
 ) -> None:
     bd, broker = fleet
-    code, out, err = cli("central", "add-node", "gw-02", "--dir", bd.root)
+    code, out, err = cli("central", "add-node", "--file", "gw-02", "--dir", bd.root)
     assert code == 0, out + err
     join_file, token = out.split()[2:4]
     root = tmp_path / "gw"
