@@ -209,7 +209,8 @@ def join_by_url(url: str, token_text: str, timeout: float = 5.0) -> JoinFile:
     ).encode()
     status, data = _request(conn, "POST", "/join", body)
     if status == 403:
-        raise JoinClientError(f"token: the join server refused it: {_message(data)}")
+        reason = _message(data).removeprefix("token refused: ")
+        raise JoinClientError(f"token: refused by the join server: {reason}")
     if status != 200:
         raise JoinClientError(f"join server: POST /join: {status}: {_message(data)}")
     answer = _answer(data)

@@ -39,7 +39,7 @@ from edgesched.nodeaccess import join_by_token
 MAX_BODY: Final = 16 * 1024
 REFUSED: Final = (
     "token refused: unknown, expired or already used (ask central's operator for a new one: "
-    "edgesched central add-node NODE --force)"
+    "edgesched central add-node NODE)"
 )
 
 log = logging.getLogger("edgesched.joinserver")

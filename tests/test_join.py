@@ -3,6 +3,8 @@ Mosquitto from the config it wrote, `central run` over TLS, `central add-node gw
 `edgesched join ...` line it printed run on the gateway, a network namespace of its own with
 the broker reached over a veth: the node ends connected at central. Then `central
 remove-node gw-02`: the node's next connection is refused (TLS: its certificate revoked).
+Twice: joining by URL (`central join-server` on central's machine, the gateway spending its
+one-time token there for a certificate on a key it made) and by join file (`--file`).
 
 Root only (network namespaces); CI runs as root. There is no systemd here, so the test
 starts the node's engine as the unit would (`edgesched edge run` with the installed config,
@@ -67,8 +69,9 @@ def wait(pred: Any, timeout: float, what: str) -> Any:
     raise TimeoutError(f"{what} not reached in {timeout}s; last={last!r}")
 
 
+@pytest.mark.parametrize("how", ["url", "file"])
 def test_a_gateway_joins_with_the_printed_line_and_a_removed_one_is_refused(
-    fabric: Fabric, tmp_path: Path
+    fabric: Fabric, tmp_path: Path, how: str
 ) -> None:
     central_host, gateway = fabric.add_host("central"), fabric.add_host("gw")
     bdir = tmp_path / "broker"
@@ -89,12 +92,23 @@ def test_a_gateway_joins_with_the_printed_line_and_a_removed_one_is_refused(
     wait(lambda: api(central_host, central_state, "/v1/status"), 20, "central up")
     assert central.poll() is None, (tmp_path / "central.log").read_text()
 
-    # 2. central add-node prints the line to run on the gateway
-    added = run(None, "central", "add-node", "gw-02", "--dir", bdir)
+    # 2. central add-node prints the line to run on the gateway: the join server's URL and
+    # a one-time token (the server runs on central's machine), or a join file and its token
+    if how == "url":
+        join_log = (tmp_path / "join-server.log").open("ab")
+        central_host.popen([edgesched_binary(), "central", "join-server", "--dir", str(bdir),
+                            "--listen", f"{central_host.ip}:8884"], log=join_log)  # fmt: skip
+        added = run(None, "central", "add-node", "gw-02", "--dir", bdir)
+    else:
+        added = run(None, "central", "add-node", "--file", "gw-02", "--dir", bdir)
+        assert "reloaded the broker (SIGHUP" in added.stderr, added.stderr
     assert added.returncode == 0, added.stdout + added.stderr
-    assert "reloaded the broker (SIGHUP" in added.stderr, added.stderr
     line = added.stdout.strip().splitlines()[-1].split()
     assert line[:2] == ["edgesched", "join"] and len(line) == 4, added.stdout
+    if how == "url":
+        assert line[2] == f"https://{central_host.ip}:8884", line
+        wait(lambda: b"join server on" in (tmp_path / "join-server.log").read_bytes(), 10,
+             "the join server listening")  # fmt: skip
 
     # 3. the gateway runs it (layout in scratch directories, as root: no user is made)
     gw = tmp_path / "gw"
@@ -126,6 +140,9 @@ def test_a_gateway_joins_with_the_printed_line_and_a_removed_one_is_refused(
     assert joining.returncode == 0, out + err
     for step in ("DNS:  ok", "TCP:  ok", "TLS:  ok", "auth: ok", "ACL:  ok"):
         assert step in out, out
+    if how == "url":  # the key was made on the gateway: central's directory never held it
+        key_body = (gw / "etc/certs/gw-02.key").read_bytes().split(b"-----")[2]
+        assert not any(key_body in p.read_bytes() for p in bdir.rglob("*") if p.is_file())
     assert "gw-02 is connected: broker link up, central's heartbeat heard" in out, out
 
     # 4. central shows it connected

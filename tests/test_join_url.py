@@ -183,7 +183,10 @@ def test_a_token_is_spent_once_and_an_expired_or_unknown_one_is_refused_alike(
     # Reused: the same line as for an expired token, and nothing installed.
     code, out, err = join(fleet, token, tmp_path / "again")
     reused = one_error(err)
-    assert reused.startswith("error: token: the join server refused it: token refused"), err
+    assert reused == (
+        "error: token: refused by the join server: unknown, expired or already used (ask "
+        "central's operator for a new one: edgesched central add-node NODE)"
+    ), err
     assert not (tmp_path / "again").exists()
 
     expiring = fleet.add("gw-late", "--ttl", "1s")
@@ -282,3 +285,26 @@ def test_each_gateway_side_failure_is_one_line(fleet: Fleet, tmp_path: Path) -> 
     assert not root.exists()
     code, out, err = join(fleet, token, root)
     assert code == 0, out + err
+
+
+def test_a_failure_after_the_token_is_spent_keeps_the_key_for_a_retry(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    token = fleet.add("gw-keep")
+    root = tmp_path / "gw"
+    fleet.broker.stop()  # the join server admits the node; its broker check then fails
+    try:
+        code, out, err = join(fleet, token, root)
+    finally:
+        fleet.broker.start()
+    kept = root / "etc/edgesched/gw-keep.join"
+    assert code == 1 and one_error(err) == (
+        f"error: TCP: 127.0.0.1:{fleet.broker.port}: Connection refused (nothing was "
+        f"installed); the token is spent: the node's certificate and key are kept in {kept} "
+        f"(0600), retry with `edgesched join {kept}`"
+    ), err
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    assert not (root / "etc/edgesched/edge.toml").exists()
+    code, out, err = cli("join", kept, "--root", root, "--wait", "0")
+    assert code == 0 and "ACL:  ok" in out, out + err
+    assert lines_of(installed(root, "gw-keep", fleet.broker.port))[-1].startswith("ACL:  ok")
