@@ -254,7 +254,7 @@ LimitNOFILE=65536
 # The full sandbox: central needs its state directory, its config (read-only), TCP to the
 # broker and from API clients, and nothing else.
 NoNewPrivileges=yes
-# No capability at all (the API port is not privileged: 8080 by default).
+# No capability at all (the API port is not privileged: 7300 by default).
 CapabilityBoundingSet=
 AmbientCapabilities=
 # Read-only file system but the state directory{" and the ReadWritePaths below" if rw else ""};
