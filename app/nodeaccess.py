@@ -123,7 +123,12 @@ def _admit(
     done = [f"issued {node_id}'s certificate (serial {serial:x}) from the fleet CA"]
     if node_id in state.removed:
         state.removed.remove(node_id)
+    # A node issued anew (--force) keeps its older serials, for remove-node to revoke too.
+    before = state.nodes.get(node_id) or {}
+    previous = [*before.get("previous", []), *([before["serial"]] if "serial" in before else [])]
     state.nodes[node_id] = {"site": site, "serial": f"{serial:x}"}
+    if previous:
+        state.nodes[node_id]["previous"] = previous
     bd.save(state)
     return done + _apply(bd, state, site_dir, site, f"admitted {node_id}")
 
@@ -251,8 +256,11 @@ def join_by_token(broker_dir: Path, secret: str, csr_pem: bytes) -> Joined:
 def _locked(bd: BrokerDir) -> Iterator[None]:
     if not bd.root.is_dir():
         bd.load()  # raises the "no broker here" error
-    with jointoken.locked(bd.root):
-        yield
+    try:
+        with jointoken.locked(bd.root):
+            yield
+    except OSError as exc:  # the broker directory's files (joins.json, nodes/, the lock)
+        raise BrokerDirError(f"{bd.root}: {exc}") from None
 
 
 def remove_node(broker_dir: Path, node_id: str) -> list[str]:
@@ -275,8 +283,9 @@ def _remove(bd: BrokerDir, node_id: str) -> list[str]:
             f"{node_id}: not a node of this broker (admitted: "
             f"{', '.join(admitted(state)) or 'none'})"
         )
-    if info.get("serial") and info["serial"] not in state.revoked:
-        state.revoked.append(info["serial"])
+    for serial in [*info.get("previous", []), info.get("serial")]:
+        if serial and serial not in state.revoked:
+            state.revoked.append(serial)
     state.removed.append(node_id)
     bd.save(state)
     bd.node_cert(node_id).unlink(missing_ok=True)

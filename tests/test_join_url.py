@@ -308,3 +308,23 @@ def test_a_failure_after_the_token_is_spent_keeps_the_key_for_a_retry(
     code, out, err = cli("join", kept, "--root", root, "--wait", "0")
     assert code == 0 and "ACL:  ok" in out, out + err
     assert lines_of(installed(root, "gw-keep", fleet.broker.port))[-1].startswith("ACL:  ok")
+
+
+def test_remove_node_revokes_every_certificate_a_node_was_issued(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    code, out, err = join(fleet, fleet.add("gw-twice"), tmp_path / "one")
+    assert code == 0, out + err
+    # Admitted already: a new token needs --force; its certificate joins the first.
+    code, out, err = cli("central", "add-node", "gw-twice", "--dir", fleet.bd.root)
+    assert code == 2 and "gw-twice is admitted already" in one_error(err), err
+    code, out, err = join(fleet, fleet.add("gw-twice", "--force"), tmp_path / "two")
+    assert code == 0, out + err
+    first, second = (installed(tmp_path / r, "gw-twice", fleet.broker.port) for r in ("one", "two"))
+    assert lines_of(first)[-1].startswith("ACL:  ok")
+    code, out, err = cli("central", "remove-node", "gw-twice", "--dir", fleet.bd.root)
+    assert code == 0, out + err
+    time.sleep(0.5)  # the SIGHUP is asynchronous
+    for t in (first, second):
+        said = lines_of(t)
+        assert said[-1].startswith("TLS:  FAILED: the broker refused our certificate"), said
