@@ -12,10 +12,12 @@ spending the token; a node joined by URL is revoked by `remove-node` as any othe
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from typer.testing import CliRunner
 from edgesched.brokercheck import Target, check
 from edgesched.brokerinit import BrokerDir
 from edgesched.cli import app
+from edgesched.joinserver import serve
 from edgesched.jointoken import TOKENS, ca_pin, load
 from edgesched.sync.security import make_ca
 
@@ -328,3 +331,41 @@ def test_remove_node_revokes_every_certificate_a_node_was_issued(
     for t in (first, second):
         said = lines_of(t)
         assert said[-1].startswith("TLS:  FAILED: the broker refused our certificate"), said
+
+
+def test_a_join_server_reached_by_a_name_its_certificate_lacks_is_not_trusted(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The pin holds (same CA), but the certificate does not name 127.0.0.2: the verified
+    connection fails, before the token is sent."""
+    port = free_port()
+    ready, done = threading.Event(), threading.Event()
+
+    def run() -> None:
+        async def main() -> None:
+            up, stop = asyncio.Event(), asyncio.Event()
+            task = asyncio.create_task(serve(fleet.bd.root, "127.0.0.2", port, ready=up, stop=stop))
+            await up.wait()
+            ready.set()
+            while not done.is_set():
+                await asyncio.sleep(0.05)
+            stop.set()
+            await task
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(10)
+        token = fleet.add("gw-name")
+        code, _, err = cli("join", f"https://127.0.0.2:{port}", token, "--root", tmp_path)
+        assert code == 1 and one_error(err).startswith(
+            "error: TLS: the join server's certificate does not verify against the pinned "
+            "fleet CA (IP address mismatch"
+        ), err
+    finally:
+        done.set()
+        thread.join(10)
+    records = [r for r in load(fleet.bd.root).values() if r["node_id"] == "gw-name"]
+    assert [r["used"] for r in records] == [False]
