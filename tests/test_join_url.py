@@ -369,3 +369,14 @@ def test_a_join_server_reached_by_a_name_its_certificate_lacks_is_not_trusted(
         thread.join(10)
     records = [r for r in load(fleet.bd.root).values() if r["node_id"] == "gw-name"]
     assert [r["used"] for r in records] == [False]
+
+
+def test_join_server_refusals_are_one_line(fleet: Fleet, tmp_path: Path) -> None:
+    port = fleet.url.rsplit(":", 1)[1]
+    code, _, err = cli("central", "join-server", "--dir", fleet.bd.root,
+                       "--listen", f"127.0.0.1:{port}")  # fmt: skip
+    assert code == 1 and "address already in use" in one_error(err), err
+    code, _, err = cli("central", "join-server", "--dir", tmp_path / "none")
+    assert code == 2 and one_error(err).startswith(f"error: {tmp_path / 'none'}: no broker"), err
+    code, _, err = cli("central", "add-node", "gw-x", "--dir", fleet.bd.root, "--ttl", "soon")
+    assert code == 2 and one_error(err).startswith("error: --ttl: 'soon' is not a duration"), err
