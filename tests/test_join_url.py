@@ -13,12 +13,14 @@ spending the token; a node joined by URL is revoked by `remove-node` as any othe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import ssl
 import subprocess
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -333,18 +335,15 @@ def test_remove_node_revokes_every_certificate_a_node_was_issued(
         assert said[-1].startswith("TLS:  FAILED: the broker refused our certificate"), said
 
 
-def test_a_join_server_reached_by_a_name_its_certificate_lacks_is_not_trusted(
-    fleet: Fleet, tmp_path: Path
-) -> None:
-    """The pin holds (same CA), but the certificate does not name 127.0.0.2: the verified
-    connection fails, before the token is sent."""
-    port = free_port()
+@contextlib.contextmanager
+def join_server(broker_dir: Path, host: str, port: int) -> Iterator[None]:
+    """The join server in a thread of this process (:func:`edgesched.joinserver.serve`)."""
     ready, done = threading.Event(), threading.Event()
 
     def run() -> None:
         async def main() -> None:
             up, stop = asyncio.Event(), asyncio.Event()
-            task = asyncio.create_task(serve(fleet.bd.root, "127.0.0.2", port, ready=up, stop=stop))
+            task = asyncio.create_task(serve(broker_dir, host, port, ready=up, stop=stop))
             await up.wait()
             ready.set()
             while not done.is_set():
@@ -358,17 +357,54 @@ def test_a_join_server_reached_by_a_name_its_certificate_lacks_is_not_trusted(
     thread.start()
     try:
         assert ready.wait(10)
+        yield
+    finally:
+        done.set()
+        thread.join(10)
+
+
+def test_a_join_server_reached_by_a_name_its_certificate_lacks_is_not_trusted(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The pin holds (same CA), but the certificate does not name 127.0.0.2: the verified
+    connection fails, before the token is sent."""
+    port = free_port()
+    with join_server(fleet.bd.root, "127.0.0.2", port):
         token = fleet.add("gw-name")
         code, _, err = cli("join", f"https://127.0.0.2:{port}", token, "--root", tmp_path)
         assert code == 1 and one_error(err).startswith(
             "error: TLS: the join server's certificate does not verify against the pinned "
             "fleet CA (IP address mismatch"
         ), err
-    finally:
-        done.set()
-        thread.join(10)
     records = [r for r in load(fleet.bd.root).values() if r["node_id"] == "gw-name"]
     assert [r["used"] for r in records] == [False]
+
+
+def test_a_site_node_joined_by_url_goes_to_its_site_broker(tmp_path: Path) -> None:
+    cdir, sdir = tmp_path / "central", tmp_path / "site-north"
+    cport, sport, jport = free_port(), free_port(), free_port()
+    code, out, err = cli("broker", "init", "--dir", cdir, "--address", f"127.0.0.1:{cport}",
+                         "--user", "root")  # fmt: skip
+    assert code == 0, out + err
+    code, out, err = cli(
+        "broker", "init", "--dir", sdir, "--address", f"127.0.0.1:{sport}", "--user", "root",
+        "--site", "north", "--central-broker", f"127.0.0.1:{cport}", "--central-dir", cdir,
+        "--ca-dir", cdir / "ca",
+    )  # fmt: skip
+    assert code == 0, out + err
+    url = f"https://127.0.0.1:{jport}"
+    code, out, err = cli("central", "add-node", "gw-n1", "--site", "north", "--dir", cdir,
+                         "--url", url)  # fmt: skip
+    assert code == 0, out + err
+    token = out.split()[3]
+    root = tmp_path / "gw"
+    with join_server(cdir, "127.0.0.1", jport):  # no broker runs: --no-check
+        code, out, err = cli("join", url, token, "--root", root, "--no-check", "--wait", "0")
+    assert code == 0, out + err
+    edge = tomllib.loads((root / "etc/edgesched/edge.toml").read_text())["edge"]
+    assert (edge["site"], edge["mqtt"]["port"]) == ("north", sport), edge
+    assert "user gw-n1" in (sdir / "acl").read_text()
+    assert "user gw-n1" in (cdir / "acl").read_text()
 
 
 def test_join_server_refusals_are_one_line(fleet: Fleet, tmp_path: Path) -> None:
