@@ -96,6 +96,7 @@ from edgesched.sync.schema import (
 from edgesched.sync.session import MqttSession, presence_topic, wait_event
 from edgesched.sync.signing import VerifyThread
 from edgesched.sync.stall import StallWatch
+from edgesched.sync.statelock import StateLock
 from edgesched.sync.store import Store, StoreError
 from edgesched.sync.topics import node_of_topic
 
@@ -343,6 +344,13 @@ class CentralEngine:
         # one job (bench/bench_store_contention.py: 300-640 ms at 5 ms even then).
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        lock = StateLock.acquire(self.state_dir, f"central {self.central.central_id}")
+        try:
+            await self._run_locked()
+        finally:
+            lock.release()
+
+    async def _run_locked(self) -> None:
         self._store = await Store.open(self.state_dir / "central.db")
         fallbacks = self.metrics.model_fallbacks
         try:

@@ -105,6 +105,7 @@ from edgesched.sync.schema import (
     TaskReport,
 )
 from edgesched.sync.session import MqttSession, presence_topic, wait_event
+from edgesched.sync.statelock import StateLock
 from edgesched.sync.store import Store, StoreError, StoreFullError
 from edgesched.sync.telemetry import TelemetryPublisher
 
@@ -266,6 +267,13 @@ class EdgeEngine:
     async def run(self) -> None:
         """Recover from SQLite, then run every loop until :meth:`stop`. Tasks keep running."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        lock = StateLock.acquire(self.state_dir, f"edge engine {self.edge.node_id}")
+        try:
+            await self._run_locked()
+        finally:
+            lock.release()
+
+    async def _run_locked(self) -> None:
         self._store = await Store.open(
             self.state_dir / "edge.db", max_page_count=self.max_page_count
         )

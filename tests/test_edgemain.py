@@ -99,6 +99,21 @@ def test_runs_the_engine_connected_with_its_models_and_no_cli_libraries(
         assert last.startswith("error: edge: another process connected to broker"), last
         assert f"pid {node.proc.pid}" in last and twin.stderr.count("error:") == 1
         assert node.proc.poll() is None
+
+        # A second engine on the SAME config (state directory) stops before it opens the
+        # store: no recovery adopting the first one's tasks, no store write, exit 3.
+        store = state / "edge.db"
+        before = (store.stat().st_mtime_ns, store.stat().st_size)
+        same = _run("-c", str(config))
+        assert same.returncode == EXIT_IDENTITY_IN_USE, same.stderr[-3000:]
+        assert same.stderr.splitlines()[-1] == (
+            f"error: edge: state directory {state} is in use by another engine "
+            f"(pid {node.proc.pid}): this edge engine gw-lean stops before touching its "
+            "store; stop the other one first, or give this one a state_dir of its own"
+        ), same.stderr[-3000:]
+        assert "recover" not in same.stderr.lower(), same.stderr[-3000:]
+        assert node.tasks()["t1"]["state"] == "running" and node.proc.poll() is None
+        assert (store.stat().st_mtime_ns, store.stat().st_size) == before
         node.proc.send_signal(signal.SIGTERM)
         assert node.proc.wait(15) == 0, log.read_text()[-3000:]
     finally:
