@@ -33,7 +33,9 @@ def register(app: typer.Typer, central_app: typer.Typer) -> None:
 
     @broker_app.command("init")
     def broker_init(
-        directory: BrokerDirOption = DEFAULT_DIR,
+        directory: Annotated[
+            Path, typer.Option("--dir", help="The broker directory to write.")
+        ] = DEFAULT_DIR,
         address: Annotated[
             str | None,
             typer.Option(help="HOST[:PORT] the nodes dial (default: this host's name, 8883)."),
@@ -241,7 +243,9 @@ def register(app: typer.Typer, central_app: typer.Typer) -> None:
         ] = 90.0,
         state_dir: Annotated[
             Path | None,
-            typer.Option(help="Where the running node keeps its state (default: the unit's)."),
+            typer.Option(
+                help="Where the node you start by hand keeps its state (default: the unit's)."
+            ),
         ] = None,
         prefix: Annotated[Path, typer.Option(help="Releases and `current`.")] = Path(
             "/opt/edgesched"

@@ -54,8 +54,9 @@ class JoinOptions:
     start: bool = True
     check: bool = True
     wait_s: float = 90.0
-    #: Where the node's engine keeps its state (its API's port and token): default, the
-    #: installed config's (the unit's StateDirectory).
+    #: Where the node's engine keeps its state (its API's port and token), for the wait: the
+    #: installed config says the unit's StateDirectory (install insists); another one is for
+    #: an engine started by hand with its ``state_dir`` set there.
     state_dir: Path | None = None
     dry_run: bool = False
 
@@ -94,6 +95,12 @@ def join(opts: JoinOptions, say: Say = print) -> None:
             f"(0600), retry with `edgesched join {kept}`"
         ) from None
     if opts.dry_run or opts.wait_s <= 0:
+        return
+    if opts.layout.staged:
+        say(
+            f"staged under --root {opts.layout.root}: nothing runs here, so no wait; on the "
+            f"gateway the unit starts {j.node_id}"
+        )
         return
     wait_connected(opts, j.node_id, say)
 
@@ -168,9 +175,10 @@ def wait_connected(opts: JoinOptions, node_id: str, say: Say) -> dict[str, Any]:
     state = opts.state_dir or lay.host(lay.state_dir)
     config = lay.config
     if not (systemd_running() and not lay.staged and opts.start):
+        where = "" if state == lay.host(lay.state_dir) else f" with its state_dir set to {state}"
         say(
             f"systemd does not start it here: start the node with `edgesched edge run "
-            f"--config {config}`; waiting up to {opts.wait_s:g} s for it to connect"
+            f"--config {config}`{where}; waiting up to {opts.wait_s:g} s for it to connect"
         )
     else:
         say(f"waiting up to {opts.wait_s:g} s for {node_id} to connect")

@@ -143,6 +143,7 @@ def test_a_gateway_joins_with_the_printed_line_and_a_removed_one_is_refused(
     if how == "url":  # the key was made on the gateway: central's directory never held it
         key_body = (gw / "etc/certs/gw-02.key").read_bytes().split(b"-----")[2]
         assert not any(key_body in p.read_bytes() for p in bdir.rglob("*") if p.is_file())
+    assert f"`edgesched edge run --config {installed}` with its state_dir set to {state}" in out
     assert "gw-02 is connected: broker link up, central's heartbeat heard" in out, out
 
     # 4. central shows it connected
