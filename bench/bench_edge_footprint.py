@@ -2,19 +2,21 @@
 
 Starts the edge engine offline (MQTT port closed, so autonomous) with the two ONNX models it
 ships with (the per-class demand forecaster and the placement score, each in an onnxruntime
-session): through the service's lean entry point (``python -m edgesched.edgemain``, what
-the systemd unit should run, also with the unit's allocator environment) and, for reference, the
-full CLI (``edgesched edge run``: typer and rich, and central's modules through
-``edgesched.serve``); and, to measure what removing onnxruntime would save, the lean entry
-with a stub ``onnxruntime`` that fails to import (the engine then refuses both models and
-keeps its heuristics). After /v1/health answers and a settle time, it measures each engine's CPU
-share of one core over the window and its RSS (anonymous and file-backed parts) and USS at the
-end. Baselines measured in the same run, each alone (USS leaves out pages shared with a
-concurrent process): a bare interpreter that only sleeps; one that opens the same two models in
-onnxruntime sessions with the engine's options (``edgesched.policies.ortsession``); the same
-with onnxruntime's default options; and one that imports the libraries the engine needs,
-one at a time, printing what each added (where the floor is). Prints every figure, the ratios
-and differences to the baselines, and the RSS target (<= 70 MB).
+session): as the systemd unit starts it, ``edgesched edge run`` (the console script routes it
+to the lean entry point ``edgesched.edgemain``: argparse, no typer or rich, no central
+modules), also with an allocator environment (``MALLOC_ARENA_MAX=2 OPENBLAS_NUM_THREADS=1``,
+not in the unit: tasks inherit the unit's environment) and, for reference, the typer CLI's
+``edge run`` (what the console script ran before ``edgesched.entry``); and, to measure what
+removing onnxruntime would save, the lean entry with a stub ``onnxruntime`` that fails to
+import (the engine then refuses both models and keeps its heuristics). After /v1/health answers
+and a settle time, it measures each engine's CPU share of one core over the window and its RSS
+(anonymous and file-backed parts) and USS at the end. Baselines measured in the same run, each
+alone (USS leaves out pages shared with a concurrent process): a bare interpreter that only
+sleeps; one that opens the same two models in onnxruntime sessions with the engine's options
+(``edgesched.policies.ortsession``); the same with onnxruntime's default options; and one that
+imports the libraries the engine needs, one at a time, printing what each added (where the
+floor is). Prints every figure, the ratios and differences to the baselines, and the RSS target
+(<= 70 MB).
 
     .venv/bin/python bench/bench_edge_footprint.py [--seconds 30] [--settle 5]
 """
@@ -43,7 +45,7 @@ TARGET_RSS_MB = 70.0  # KubeEdge EdgeCore's documented minimum; a K3s agent idle
 MB = 1024 * 1024
 #: The environment the systemd unit gives the engine (one malloc arena per two threads at most,
 #: one OpenBLAS thread: numpy's BLAS is not used on the edge's hot path).
-UNIT_ENV = {"MALLOC_ARENA_MAX": "2", "OPENBLAS_NUM_THREADS": "1"}
+ALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "OPENBLAS_NUM_THREADS": "1"}
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=5.0, help="wait after health answers")
     parser.add_argument("--sample-s", type=float, default=5.0)
     parser.add_argument("--cycle-s", type=float, default=1.0)
-    parser.add_argument("--no-cli", action="store_true", help="skip the full CLI's run")
+    parser.add_argument("--no-cli", action="store_true", help="skip the typer CLI (reference)")
     parser.add_argument(
         "--optimize",
         action="store_true",
@@ -269,15 +271,26 @@ def main() -> None:
     _, steps = baseline(_LIBRARIES, str(len(_STEPS)), *models)
 
     python = sys.executable
+    script = str(Path(python).with_name("edgesched"))
     runs = [
+        measure_engine("engine, `edgesched edge run` (unit)", [script, "edge", "run"], {}, args),
         measure_engine(
-            "engine, lean entry + unit env", [python, "-m", "edgesched.edgemain"], UNIT_ENV, args
+            "engine, lean entry + allocator env",
+            [python, "-m", "edgesched.edgemain"],
+            ALLOC_ENV,
+            args,
         ),
-        measure_engine("engine, lean entry", [python, "-m", "edgesched.edgemain"], {}, args),
     ]
     if not args.no_cli:
-        cli = str(Path(python).with_name("edgesched"))
-        runs.append(measure_engine("engine, `edgesched edge run`", [cli, "edge", "run"], {}, args))
+        typer_cli = "import sys; from edgesched.cli import main; sys.argv[0] = 'edgesched'; main()"
+        runs.append(
+            measure_engine(
+                "engine, the typer CLI's `edge run`",
+                [python, "-c", typer_cli, "edge", "run"],
+                {},
+                args,
+            )
+        )
     with tempfile.TemporaryDirectory(prefix="edgesched-no-ort-") as stub:
         # What the engine would weigh without onnxruntime: a stub package that fails to import
         # ahead of the real one, so the engine refuses both models and keeps its heuristics.
@@ -290,21 +303,21 @@ def main() -> None:
             measure_engine(
                 "engine WITHOUT onnxruntime (stub)",
                 [python, "-m", "edgesched.edgemain"],
-                {**UNIT_ENV, "PYTHONPATH": stub},
+                {**ALLOC_ENV, "PYTHONPATH": stub},
                 args,
             )
         )
     if args.optimize:
         oo = [python, "-OO", "-m", "edgesched.edgemain"]
-        writes = {**UNIT_ENV, "PYTHONDONTWRITEBYTECODE": ""}  # (empty: bytecode is written)
+        writes = {**ALLOC_ENV, "PYTHONDONTWRITEBYTECODE": ""}  # (empty: bytecode is written)
         warm = argparse.Namespace(**{**vars(args), "seconds": 1.0, "settle": 0.0})
         measure_engine("(warm-up: writes .opt-2.pyc)", oo, writes, warm)
-        runs.append(measure_engine("engine, lean entry + unit env, -OO", oo, UNIT_ENV, args))
+        runs.append(measure_engine("engine, lean entry + allocator env, -OO", oo, ALLOC_ENV, args))
 
     print(
         f"edge node idle footprint: offline (MQTT port closed), sample_s {args.sample_s:g}, "
         f"cycle_s {args.cycle_s:g}, {args.settle:g} s settle, {args.seconds:g} s window; "
-        f"unit env {' '.join(f'{k}={v}' for k, v in UNIT_ENV.items())}"
+        f"allocator env {' '.join(f'{k}={v}' for k, v in ALLOC_ENV.items())}"
     )
     for run in runs:
         print(row(run.name, run.mem) + f"  CPU {run.cpu_share:.2%} of one core")
@@ -328,7 +341,7 @@ def main() -> None:
     verdict = "met" if lean <= TARGET_RSS_MB else "MISSED"
     print(
         f"target RSS <= {TARGET_RSS_MB:.0f} MB (KubeEdge EdgeCore minimum; K3s agent ~270 MB): "
-        f"{verdict} ({lean:.1f} MB, the lean entry point with the unit's environment; "
+        f"{verdict} ({lean:.1f} MB, `edgesched edge run` as the unit starts it; "
         f"python + ORT with the two models alone is {ort_engine.rss:.1f} MB)"
     )
 

@@ -70,6 +70,19 @@ COVERED: dict[str, tuple[str, ...]] = {
     ),
     # the broker stopped under a node that keeps deciding, then started again
     "kill %1": ("tests/test_central_sync.py::test_broker_restart_loses_nothing",),
+    # a real gateway over TLS: broker init, the join server, add-node and the printed line
+    "edgesched broker init": (
+        "tests/test_join.py::test_a_gateway_joins_with_the_printed_line_and_a_removed_one_is_refused",
+    ),
+    "edgesched central join-server": (
+        "tests/test_join.py::test_a_gateway_joins_with_the_printed_line_and_a_removed_one_is_refused",
+    ),
+    "edgesched central add-node": (
+        "tests/test_join.py::test_a_gateway_joins_with_the_printed_line_and_a_removed_one_is_refused",
+    ),
+    "edgesched join ": (
+        "tests/test_join.py::test_a_gateway_joins_with_the_printed_line_and_a_removed_one_is_refused",
+    ),
     "edgesched fieldtest run --scenario isolate-node": (
         "tests/test_fieldtest.py::test_one_scenario_through_the_fault_proxy",
     ),
