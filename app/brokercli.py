@@ -179,6 +179,12 @@ def register(app: typer.Typer, central_app: typer.Typer) -> None:
         listen: Annotated[
             str, typer.Option(help="HOST:PORT to serve HTTPS on (the join URL's port).")
         ] = "0.0.0.0:8884",
+        refusals_per_minute: Annotated[
+            int,
+            typer.Option(
+                min=1, help="Refused tokens an address may send a minute before it gets 429."
+            ),
+        ] = 10,
     ) -> None:
         """Serve joins by URL: gateways spend their one-time tokens here for a certificate
         (HTTPS with the broker's certificate; GET /join/ca, POST /join)."""
@@ -194,7 +200,7 @@ def register(app: typer.Typer, central_app: typer.Typer) -> None:
             _fail(f"--listen: {exc}")
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         try:
-            asyncio.run(serve(directory, host, port))
+            asyncio.run(serve(directory, host, port, refusals_per_minute=refusals_per_minute))
         except BrokerDirError as exc:
             _fail(str(exc))
         except OSError as exc:

@@ -15,8 +15,11 @@ verifies it against the CA it pinned):
   broker, ca_pem, cert_pem, site_peers, centrals}``.
 
 A malformed body is 400 with what is wrong; a token that is unknown, expired or used is 403
-``token refused``, the same words for each; a body too large is 413. Each request is one log
-line (never the token).
+``token refused``, the same words for each; a body too large is 413. An address refused
+:data:`DEFAULT_REFUSALS_PER_MINUTE` tokens within a minute gets 429 for every ``POST /join``
+until the oldest of them is a minute old (:class:`RefusalLimit`: guessing a 128-bit secret is
+hopeless anyway; this keeps a flood of guesses from costing the directory lock and the log).
+Each request is one log line (never the token).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import json
 import logging
 import ssl
 import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,7 +48,48 @@ REFUSED: Final = (
     "edgesched central add-node NODE)"
 )
 
+#: Refused tokens an address may send in a minute before it is answered 429.
+DEFAULT_REFUSALS_PER_MINUTE: Final = 10
+#: Addresses whose refusals are remembered (the least recently refused forgotten first).
+MAX_ADDRESSES: Final = 10_000
+
 log = logging.getLogger("edgesched.joinserver")
+
+
+class RefusalLimit:
+    """Refused tokens per client address over a sliding minute; bounded memory."""
+
+    def __init__(
+        self,
+        per_minute: int = DEFAULT_REFUSALS_PER_MINUTE,
+        clock: Callable[[], float] = time.monotonic,
+        max_addresses: int = MAX_ADDRESSES,
+    ) -> None:
+        if per_minute < 1:
+            raise ValueError(f"refusals per minute must be at least 1, got {per_minute}")
+        self.per_minute, self.clock, self.max_addresses = per_minute, clock, max_addresses
+        self._refused: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, address: str) -> deque[float]:
+        times = self._refused.get(address, deque())
+        while times and times[0] <= self.clock() - 60.0:
+            times.popleft()
+        return times
+
+    def wait_s(self, address: str) -> float:
+        """0 if ``address`` may try a token now, else the seconds until it may."""
+        times = self._recent(address)
+        if len(times) < self.per_minute:
+            return 0.0
+        return max(0.0, times[0] + 60.0 - self.clock())
+
+    def refused(self, address: str) -> None:
+        times = self._recent(address)
+        times.append(self.clock())
+        self._refused[address] = times
+        self._refused.move_to_end(address)
+        while len(self._refused) > self.max_addresses:
+            self._refused.popitem(last=False)
 
 
 def server_context(bd: BrokerDir) -> ssl.SSLContext:
@@ -63,9 +110,10 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def make_app(broker_dir: Path) -> web.Application:
+def make_app(broker_dir: Path, limit: RefusalLimit | None = None) -> web.Application:
     """The join server's routes for the broker directory ``broker_dir``."""
     bd = BrokerDir(broker_dir)
+    limit = limit or RefusalLimit()
     one_at_a_time = threading.Lock()  # the directory lock is per process; this per thread
 
     async def get_ca(request: web.Request) -> web.Response:
@@ -78,6 +126,14 @@ def make_app(broker_dir: Path) -> web.Application:
 
     async def post_join(request: web.Request) -> web.Response:
         peer = request.remote
+        wait = limit.wait_s(peer or "")
+        if wait > 0:
+            log.warning("POST /join from %s: too many refused tokens, told to wait", peer)
+            return web.json_response(
+                {"error": f"too many refused tokens from {peer}: try again in {wait:.0f} s"},
+                status=429,
+                headers={"Retry-After": str(int(wait) + 1)},
+            )
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -104,6 +160,7 @@ def make_app(broker_dir: Path) -> web.Application:
         try:
             joined = await asyncio.to_thread(admit)
         except TokenError:
+            limit.refused(peer or "")
             log.warning("POST /join from %s: token refused", peer)
             return _error(403, REFUSED)
         except BrokerDirError as exc:
@@ -140,6 +197,7 @@ async def serve(
     *,
     ready: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
+    refusals_per_minute: int = DEFAULT_REFUSALS_PER_MINUTE,
 ) -> None:
     """Serve until ``stop`` is set (or forever); BrokerDirError before listening if the
     directory or its certificate is not usable, OSError if the address is taken."""
@@ -148,7 +206,7 @@ async def serve(
     if state.role != "central":
         raise BrokerDirError(f"{broker_dir} is a site broker: run the join server at central's")
     context = server_context(bd)
-    runner = web.AppRunner(make_app(bd.root), access_log=None)
+    runner = web.AppRunner(make_app(bd.root, RefusalLimit(refusals_per_minute)), access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, ssl_context=context)

@@ -943,7 +943,10 @@ class EdgeEngine:
     def _update_mode(self) -> None:
         mode = Mode.CONNECTED if self.link.heard_within(self.edge.lease_s) else Mode.AUTONOMOUS
         if mode is not self.mode:
-            log.warning("mode %s -> %s", self.mode.value, mode.value)
+            # Losing central is worth a WARNING; hearing it (every start begins autonomous,
+            # and every heal) is not.
+            level = logging.WARNING if mode is Mode.AUTONOMOUS else logging.INFO
+            log.log(level, "mode %s -> %s", self.mode.value, mode.value)
             self.metrics.mode_changes.labels(mode.value).inc()
             self.mode = mode
         for m in Mode:

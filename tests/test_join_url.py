@@ -37,7 +37,7 @@ from typer.testing import CliRunner
 from edgesched.brokercheck import Target, check
 from edgesched.brokerinit import BrokerDir
 from edgesched.cli import app
-from edgesched.joinserver import serve
+from edgesched.joinserver import RefusalLimit, serve
 from edgesched.jointoken import TOKENS, ca_pin, load
 from edgesched.sync.security import make_ca
 
@@ -92,7 +92,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with log.open("ab") as out_f:
         server = subprocess.Popen(
             [edgesched_binary(), "central", "join-server", "--dir", str(d),
-             "--listen", f"127.0.0.1:{jport}"],
+             "--listen", f"127.0.0.1:{jport}", "--refusals-per-minute", "1000"],
             stdout=out_f, stderr=out_f,
         )  # fmt: skip
     try:
@@ -423,3 +423,55 @@ def test_join_server_refusals_are_one_line(fleet: Fleet, tmp_path: Path) -> None
     assert code == 2 and one_error(err).startswith(f"error: {tmp_path / 'none'}: no broker"), err
     code, _, err = cli("central", "add-node", "gw-x", "--dir", fleet.bd.root, "--ttl", "soon")
     assert code == 2 and one_error(err).startswith("error: --ttl: 'soon' is not a duration"), err
+
+
+def test_an_address_refused_too_often_waits_and_spends_nothing(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A join server of its own, at 3 refusals a minute: three unknown tokens are 403, then
+    even a good token from that address is 429 (with Retry-After) and stays unspent."""
+    jport = free_port()
+    log = (tmp_path / "limited.log").open("ab")
+    server = subprocess.Popen(
+        [edgesched_binary(), "central", "join-server", "--dir", str(fleet.bd.root),
+         "--listen", f"127.0.0.1:{jport}", "--refusals-per-minute", "3"],
+        stdout=log, stderr=log,
+    )  # fmt: skip
+    try:
+        wait_for_port(jport)
+        limited = Fleet(fleet.bd, fleet.broker, f"https://127.0.0.1:{jport}", fleet.log)
+        good = fleet.add("gw-patient")
+        unknown = good.split(".")[0] + "." + "0" * 32
+        body = json.dumps({"token": unknown, "csr_pem": csr_pem()}).encode()
+        assert [limited.post(body)[0] for _ in range(3)] == [403, 403, 403]
+        status, data = limited.post(json.dumps({"token": good, "csr_pem": csr_pem()}).encode())
+        assert status == 429, data
+        assert data["error"].startswith("too many refused tokens from 127.0.0.1: try again in ")
+        record = [r for r in load(fleet.bd.root).values() if r["node_id"] == "gw-patient"]
+        assert len(record) == 1 and not record[0]["used"], record
+        # The module's server (another limit) still takes it.
+        code, out, err = join(fleet, good, tmp_path / "gw")
+        assert code == 0, out + err
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_the_refusal_limit_slides_over_a_minute_and_forgets_the_oldest_address() -> None:
+    now = [1000.0]
+    limit = RefusalLimit(2, clock=lambda: now[0], max_addresses=2)
+    assert limit.wait_s("a") == 0
+    limit.refused("a")
+    now[0] += 10
+    limit.refused("a")
+    assert limit.wait_s("a") == pytest.approx(50.0)  # until the first refusal is a minute old
+    assert limit.wait_s("b") == 0  # per address
+    now[0] += 50
+    assert limit.wait_s("a") == 0  # the first one slid out
+    limit.refused("a")
+    assert limit.wait_s("a") == pytest.approx(10.0)
+    limit.refused("b")
+    limit.refused("c")  # a third address: the least recently refused ("a") is forgotten
+    assert limit.wait_s("a") == 0
+    with pytest.raises(ValueError):
+        RefusalLimit(0)
