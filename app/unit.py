@@ -82,6 +82,19 @@ def render_unit(p: UnitParams) -> str:
         if p.role == "edge"
         else "The SQLite store, the API tokens, the models"
     )
+    after = (
+        "# network.target, not network-online.target: a gateway must start (and restart its\n"
+        "# tasks after a reboot) with no network at all. It reconnects to the broker by itself."
+        if p.role == "edge"
+        else "# network.target, not network-online.target: central reconnects to the broker by\n"
+        "# itself, and its API and dashboard serve what it restored meanwhile."
+    )
+    unattended = (
+        "# Never stop restarting: an unattended gateway has nobody to run `systemctl reset-failed`."
+        if p.role == "edge"
+        else "# Never stop restarting: without central the nodes go on alone, but its\n"
+        "# placements and failovers wait."
+    )
     return f"""\
 # {p.role} unit written by `edgesched install` (edgesched {p.version}).
 # Changes made here are overwritten by the next install: use a drop-in instead
@@ -89,10 +102,9 @@ def render_unit(p: UnitParams) -> str:
 # Exposure: `systemd-analyze security edgesched-{p.role}.service`; see docs/systemd.md.
 [Unit]
 Description=edgesched {what}
-# network.target, not network-online.target: a gateway must start (and restart its tasks
-# after a reboot) with no network at all. The engine reconnects to the broker by itself.
+{after}
 After=network.target
-# Never stop restarting: an unattended gateway has nobody to run `systemctl reset-failed`.
+{unattended}
 StartLimitIntervalSec=0
 
 [Service]
