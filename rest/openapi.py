@@ -200,6 +200,10 @@ def broker_link_schema() -> Schema:
                 **nullable(STR),
                 "description": "another process seen connecting under the same identity",
             },
+            "duplicate_at": {
+                **nullable(NUMBER),
+                "description": "Unix time it was last seen (it may have gone since)",
+            },
         },
         description="the MQTT broker link (docs/troubleshooting.md)",
     )

@@ -562,6 +562,12 @@ class BrokerLink:
     failed_attempts: int = 0
     connects: int = 0
     duplicate: str | None = None
+    #: when ``duplicate`` was last seen (Unix time): it stays after the other process is
+    #: gone, so a status read later says when, not only what
+    duplicate_at: float | None = None
+
+    def saw_duplicate(self, what: str) -> None:
+        self.duplicate, self.duplicate_at = what, time.time()
 
     def up(self, address: str) -> None:
         self.address, self.connected, self.since = address, True, time.time()
@@ -591,6 +597,7 @@ class BrokerLink:
             "failed_attempts": self.failed_attempts,
             "connects": self.connects,
             "duplicate": self.duplicate,
+            "duplicate_at": None if self.duplicate_at is None else round(self.duplicate_at, 3),
         }
 
 
@@ -983,7 +990,7 @@ class MqttSession:
                 else "the broker does not say which process or address"
             )
             what = f"another process connected to broker {self.link.address} as {me}: {who}"
-            self.link.duplicate = what
+            self.link.saw_duplicate(what)
             if other is None or not proven or self.presence is None:
                 stop = not self._held  # (0x8E, and nothing known of the other)
             else:
@@ -1004,7 +1011,7 @@ class MqttSession:
                 f"{me} (the broker does not say which; its log shows 'New client connected "
                 f"from ADDRESS as {me}'), or it refuses what we send"
             )
-            self.link.duplicate = what
+            self.link.saw_duplicate(what)
             log.warning("%s", what)
 
     async def _connected(self, client: aiomqtt.Client) -> None:

@@ -233,6 +233,7 @@ async def test_two_sessions_under_one_identity_the_later_one_stops(
             await asyncio.sleep(0.02)
         assert not one.done() and first.link.report()["connected"]
         assert first.link.duplicate is not None and "as gw-dup: pid" in first.link.duplicate
+        assert first.link.duplicate_at is not None and first.link.report()["duplicate_at"]
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert any("was first and keeps the session" in e for e in errors), errors
         connects = first.link.connects
