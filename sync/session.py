@@ -686,8 +686,10 @@ class Presence:
                 float(data.get("started", 0.0)),
                 bool(data.get("held", False)),
             )
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return  # (an empty retained message clears the topic: nothing to learn)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError):
+            # (an empty retained message clears the topic: nothing to learn; anything else
+            # that is not a marker, nested past the parser's depth included, is ignored)
+            return
         if marker.instance == self.instance:
             self.echoed = True
             return

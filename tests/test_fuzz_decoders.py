@@ -206,3 +206,35 @@ def test_the_schema_refuses_only_with_its_own_error(
     entry = decode_one(kind, raw, refusals, where="x")
     refused = sum(refusals.by_kind().values())
     assert (entry is None) == (raw is None or refused == 1)  # (None: an absent entry)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=20,
+)
+_MARKER_KEYS = ("instance", "host", "pid", "address", "seq", "started", "held")
+
+
+@FUZZ
+@given(
+    payload=st.one_of(
+        st.binary(max_size=300),
+        _JSON.map(lambda v: json.dumps(v).encode()),
+        st.dictionaries(st.sampled_from(_MARKER_KEYS), _JSON).map(lambda d: json.dumps(d).encode()),
+        st.integers(1, 100_000).map(lambda n: b"[" * n + b"]" * n),  # past the parser's depth
+    )
+)
+def test_a_presence_marker_decoder_takes_anything(payload: bytes) -> None:
+    """A marker on a session's presence topic (retained, written by whatever holds the
+    identity, or a broken one): never raises, and a marker it keeps is one it could build
+    from a JSON object."""
+    from edgesched.sync.session import Presence, presence_topic
+
+    presence = Presence("gw1", presence_topic("gw1"))
+    presence.handle(presence.topic, payload)
+    other = presence.other
+    if other is not None:
+        data = json.loads(payload)
+        assert isinstance(data, dict) and str(data["instance"]) == other.instance
+        assert other.instance != presence.instance and not presence.proven  # (not echoed)
