@@ -140,7 +140,7 @@ def _message(data: bytes) -> str:
     try:
         body = json.loads(data)
         return str(body["error"]) if isinstance(body, dict) else data[:200].decode()
-    except (ValueError, KeyError, UnicodeDecodeError):
+    except (ValueError, KeyError, UnicodeDecodeError, RecursionError):
         return repr(data[:200])
 
 
@@ -244,7 +244,7 @@ def join_by_url(url: str, token_text: str, timeout: float = 5.0) -> JoinFile:
 def _answer(data: bytes) -> dict[str, Any]:
     try:
         body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         body = None
     if not isinstance(body, dict) or not all(
         isinstance(body.get(k), str) for k in ("node_id", "broker", "cert_pem")

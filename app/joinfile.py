@@ -76,7 +76,7 @@ def read(path: Path, token: str | None = None) -> JoinFile:
         )
     try:
         body: Any = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise JoinFileError(f"join file {path}: not a join file (not JSON)") from None
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         raise JoinFileError(f"join file {path}: not a join file (no format {FORMAT!r})")

@@ -141,7 +141,8 @@ def make_app(broker_dir: Path, limit: RefusalLimit | None = None) -> web.Applica
             return _error(413, f"request body over {MAX_BODY} bytes")
         try:
             body: Any = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            # (RecursionError: nested past the parser's depth, which aiohttp made a 500)
             return _error(400, 'the body must be JSON: {"token": "...", "csr_pem": "..."}')
         if not isinstance(body, dict):
             return _error(400, 'the body must be a JSON object: {"token": ..., "csr_pem": ...}')

@@ -110,7 +110,7 @@ def load(root: Path) -> dict[str, dict[str, Any]]:
         data = json.loads((root / TOKENS).read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise OSError(f"{root / TOKENS}: unreadable: {exc}") from None
     if not isinstance(data, dict):
         raise OSError(f"{root / TOKENS}: not a join token table")
@@ -194,6 +194,6 @@ def mark_used(root: Path, digest: str, *, now: float | None = None) -> None:
 def parse_ttl(text: str) -> float:
     """``90``, ``90s``, ``30m``, ``1h``, ``2d`` → seconds; TokenError if not one of those."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if m is None or float(m.group(1)) <= 0:
+    if m is None or not 0 < float(m.group(1)) < 1e9:  # (400 digits would be an inf)
         raise TokenError(f"--ttl: {text!r} is not a duration (e.g. 90s, 30m, 1h, 2d)")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]

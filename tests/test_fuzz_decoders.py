@@ -238,3 +238,40 @@ def test_a_presence_marker_decoder_takes_anything(payload: bytes) -> None:
         data = json.loads(payload)
         assert isinstance(data, dict) and str(data["instance"]) == other.instance
         assert other.instance != presence.instance and not presence.proven  # (not echoed)
+
+
+@FUZZ
+@given(
+    data=st.one_of(
+        st.binary(max_size=400),
+        _JSON.map(lambda v: json.dumps(v).encode()),
+        st.integers(1, 50_000).map(lambda n: b"[" * n + b"]" * n),
+    ),
+    token=st.one_of(st.none(), st.text(max_size=80)),
+)
+def test_the_join_decoders_refuse_only_with_their_own_errors(
+    data: bytes, token: str | None, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """What a gateway reads before it trusts anything (a join file, the join server's
+    answers, read before and after the CA pin) and what an operator types (a token, a TTL):
+    each refuses with its own one-line error, never anything else."""
+    from edgesched.joinclient import JoinClientError, _answer, _message
+    from edgesched.joinfile import JoinFileError, read
+    from edgesched.jointoken import TokenError, parse, parse_ttl
+
+    assert isinstance(_message(data), str)
+    with contextlib.suppress(JoinClientError):
+        assert isinstance(_answer(data), dict)
+    path = tmp_path_factory.mktemp("join") / "gw.join"
+    path.write_bytes(data)
+    with contextlib.suppress(JoinFileError):
+        read(path, token)
+    text = data.decode("utf-8", "replace")
+    for decode in (parse, parse_ttl):
+        with contextlib.suppress(TokenError):
+            decode(text)
+    if token is not None:
+        with contextlib.suppress(TokenError):
+            parse(token)
+        with contextlib.suppress(TokenError):
+            assert 0 < parse_ttl(token) < 1e9 * 86400

@@ -257,6 +257,7 @@ def test_bad_requests_are_refused_without_spending_the_token(fleet: Fleet, tmp_p
     for body, words in (
         (b"{not json", "the body must be JSON"),
         (b"[1, 2]", "the body must be a JSON object"),
+        (b"[" * 8000 + b"]" * 8000, "the body must be JSON"),  # past the parser's depth
         (json.dumps({"token": token}).encode(), "token and csr_pem must both be strings"),
         (json.dumps({"token": "abc", "csr_pem": "x"}).encode(), "is not a join token"),
     ):
