@@ -180,7 +180,7 @@ class BrokerDir:
                 f"{self.root}: no broker here (no {STATE}; make one with `edgesched broker init "
                 f"--dir {self.root}`)"
             ) from None
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
             raise BrokerDirError(f"{self.state}: unreadable: {exc}") from None
 
     def save(self, state: FleetState) -> None:
