@@ -256,12 +256,7 @@ def edge_run(
     from edgesched.sync.store import StoreError
 
     cfg = _load(config)
-    if not cfg.edge.node_id:
-        fail("edge.node_id: missing (required to run an edge node)")
-    try:
-        cfg.edge.mqtt.endpoint(cfg.edge.node_id)  # key and password files, read now
-    except ValueError as exc:
-        fail(f"edge.mqtt: {exc}")
+    runengine.check_edge(cfg, fail)
     _logging(log_level)
 
     runengine.run_engine(

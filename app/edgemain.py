@@ -51,12 +51,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "edgesched-edge") -> Non
         cfg = load_config(args.config)
     except ConfigError as exc:
         fail(str(exc))
-    if not cfg.edge.node_id:
-        fail("edge.node_id: missing (required to run an edge node)")
-    try:
-        cfg.edge.mqtt.endpoint(cfg.edge.node_id)  # key and password files, read now
-    except ValueError as exc:
-        fail(f"edge.mqtt: {exc}")
+    runengine.check_edge(cfg, fail)
     runengine.setup_logging(args.log_level, fail)
 
     from edgesched.edge.engine import IdentityError

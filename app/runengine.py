@@ -14,7 +14,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
+
+if TYPE_CHECKING:
+    from edgesched.config import EdgeschedConfig
 
 #: The exit code of an engine that found another process running under its identity
 #: (:class:`edgesched.sync.session.IdentityInUse`): a systemd unit lists it in
@@ -25,6 +28,17 @@ EXIT_IDENTITY_IN_USE = 3
 
 class Fail(Protocol):
     def __call__(self, message: str, code: int = 2, /) -> NoReturn: ...
+
+
+def check_edge(cfg: EdgeschedConfig, fail: Fail) -> None:
+    """What an edge node needs before it runs: a node id, and its MQTT key and password files
+    readable (read now, so a mistake is one line before the engine starts)."""
+    if not cfg.edge.node_id:
+        fail("edge.node_id: missing (required to run an edge node)")
+    try:
+        cfg.edge.mqtt.endpoint(cfg.edge.node_id)
+    except ValueError as exc:
+        fail(f"edge.mqtt: {exc}")
 
 
 def setup_logging(log_level: str, fail: Fail) -> None:
