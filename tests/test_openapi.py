@@ -324,8 +324,9 @@ def _explain(exc: BaseException) -> str:
 def _integral_floats_as_ints(value: Any) -> Any:
     """JSON Schema counts 1.0 as an integer; the API's parsers (Python's json) do not, and
     refuse it where an integer is due (400 naming the field). A JavaScript or Go client never
-    sends one, so neither do we: every integral float goes out as an int."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+    sends one, so neither do we: every integral float goes out as an int (JavaScript writes
+    9007199254740992.0, the documents' bound 2**53 that CI run 51 drew, as an integer too)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
         return int(value)
     if isinstance(value, list):
         return [_integral_floats_as_ints(v) for v in value]
