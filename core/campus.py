@@ -520,7 +520,17 @@ _NODE_TYPES: tuple[_NodeType, ...] = (
         accel=8,
         iops_k=800.0,
         perf=1.0,
-        power=PowerModel(idle_w=350.0, peak_w=1800.0, parked_w=20.0, wake_latency_s=180.0),
+        # the x86 general server's CPU side, plus 8 accelerators of the A30 class (165 W
+        # board power each, about 25 W idle): docs/power.md
+        power=PowerModel.per_resource(
+            180.0,
+            420.0,
+            accel_devices=8,
+            accel_idle_w_per_device=25.0,
+            accel_peak_w_per_device=165.0,
+            parked_w=20.0,
+            wake_latency_s=180.0,
+        ),
         hal="nvlink",
     ),
     _NodeType(
@@ -534,7 +544,16 @@ _NODE_TYPES: tuple[_NodeType, ...] = (
         accel=4,
         iops_k=400.0,
         perf=0.8,
-        power=PowerModel(idle_w=200.0, peak_w=900.0, parked_w=15.0, wake_latency_s=120.0),
+        # an 80-core arm64 server's CPU side, plus 4 accelerators as above: docs/power.md
+        power=PowerModel.per_resource(
+            90.0,
+            300.0,
+            accel_devices=4,
+            accel_idle_w_per_device=25.0,
+            accel_peak_w_per_device=165.0,
+            parked_w=15.0,
+            wake_latency_s=120.0,
+        ),
         hal="cxl",
     ),
     _NodeType(

@@ -4,7 +4,9 @@ The energy policy keeps enough capacity awake for the demand expected over the n
 (:func:`peak_next`). A forecaster is any object with a ``name`` and a pure
 ``forecast(history, horizon_steps)`` (the :class:`Forecaster` protocol); this module holds the
 history type, three baselines (:class:`SeasonalNaive`, :class:`Ewma`, :class:`SeasonalEwma`) and a
-rolling-origin error helper (:func:`mae`) for benchmarks.
+rolling-origin error helper (:func:`mae`) for benchmarks, and :func:`peak_upper`, a point
+forecast's peak raised to an upper quantile of its own recent shortfalls (what the energy
+mode keeps awake for: the mean is exceeded half the time).
 
 A learned model fits the same protocol: it reads the last N samples (:meth:`DemandHistory.tail`)
 and the time-of-day features (:func:`time_of_day_features`) of the samples it predicts, whose
@@ -14,7 +16,7 @@ start times are :meth:`DemandHistory.future_times`. No clock, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -97,6 +99,45 @@ def peak_next(forecaster: Forecaster, history: DemandHistory, horizon_s: float =
         raise ValueError(f"horizon_s must be finite and > 0, got {horizon_s}")
     steps = max(1, math.ceil(horizon_s / history.step_s - _STEP_SLACK))
     return max(forecaster.forecast(history, steps))
+
+
+def peak_upper(
+    peak: Callable[[DemandHistory, float], float],
+    history: DemandHistory,
+    horizon_s: float = 900.0,
+    *,
+    quantile: float = 0.9,
+    lookback: int = 24,
+    min_errors: int = 4,
+) -> float:
+    """An upper ``quantile`` of the demand peak over the next ``horizon_s``, not the mean:
+    ``peak(history, horizon_s)`` plus the ``quantile`` of how far the same forecast fell
+    short of the realized peak at the last ``lookback`` origins of ``history`` (rolling
+    origin, as :func:`mae`; an overshoot counts as a shortfall of 0). With fewer than
+    ``min_errors`` origins to learn from, the highest sample seen is the floor instead
+    (a young history has not shown its spread yet). ``peak`` is any point forecast of the
+    highest demand over a horizon, e.g. ``lambda h, s: peak_next(Ewma(), h, s)``."""
+    if not 0 <= quantile <= 1:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
+    if lookback < 1 or min_errors < 1:
+        raise ValueError("lookback and min_errors must be >= 1")
+    point = peak(history, horizon_s)
+    values = history.values
+    steps = max(1, math.ceil(horizon_s / history.step_s - _STEP_SLACK))
+    n = len(values)
+    origins = range(max(1, n - steps - lookback + 1), n - steps + 1)
+    shortfalls: list[float] = []
+    for t in origins:
+        past = DemandHistory(history.step_s, values[:t], history.start_s + t * history.step_s)
+        shortfalls.append(max(0.0, max(values[t : t + steps]) - peak(past, horizon_s)))
+    if len(shortfalls) < min_errors:
+        return max(point, max(values))
+    shortfalls.sort()
+    at = quantile * (len(shortfalls) - 1)
+    low = math.floor(at)
+    high = min(low + 1, len(shortfalls) - 1)
+    margin = shortfalls[low] + (shortfalls[high] - shortfalls[low]) * (at - low)
+    return point + margin
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,17 +109,32 @@ _RESOURCES: SharedValues[Resources] = SharedValues()
 
 @dataclass(frozen=True, slots=True)
 class PowerModel:
-    """Linear power model with an idle floor, plus parked (sleep) power and wake-up latency.
+    """Linear power model per resource, with idle floors, plus parked (sleep) power and
+    wake-up latency.
 
-    ``power(u) = idle_w + (peak_w - idle_w) * u`` for CPU utilization ``u`` in [0, 1] while the
-    node is active; ``parked_w`` while parked. Work per watt at full load is ``cores / peak_w``
-    scaled by ``perf`` (relative per-core throughput).
+    ``idle_w`` and ``peak_w`` are the whole node's draw, idle and with everything busy (what
+    configs and node documents have always carried). ``accel_idle_w`` and ``accel_peak_w``
+    are the part of those two figures that the node's accelerators draw, all devices
+    together (0 and 0: the model does not split them out). The CPU side (cores, memory,
+    fans, the rest of the board) is what is left: :attr:`cpu_idle_w` and :attr:`cpu_peak_w`.
+
+    While the node is active, at CPU utilization ``u`` and accelerator utilization ``a``
+    (each clamped to [0, 1]; see :meth:`draw`)::
+
+        idle_w + (cpu_peak_w - cpu_idle_w) * u + (accel_peak_w - accel_idle_w) * a
+
+    so CPU-only work on an accelerator server draws CPU power only. A model that does not
+    split (``accel_peak_w == 0``) keeps the older single-utilization rule,
+    ``idle_w + (peak_w - idle_w) * max(u, a)``. ``parked_w`` while parked. Work per watt at
+    full load is ``cores / peak_w`` scaled by ``perf`` (relative per-core throughput).
     """
 
     idle_w: float
     peak_w: float
     parked_w: float = 10.0
     wake_latency_s: float = 60.0
+    accel_idle_w: float = 0.0
+    accel_peak_w: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.parked_w <= self.idle_w <= self.peak_w:
@@ -129,11 +144,74 @@ class PowerModel:
             )
         if self.wake_latency_s < 0:
             raise ValueError("wake_latency_s must be >= 0")
+        if not 0 <= self.accel_idle_w <= self.accel_peak_w:
+            raise ValueError(
+                "power model needs 0 <= accel_idle_w <= accel_peak_w, got "
+                f"accel_idle_w={self.accel_idle_w} accel_peak_w={self.accel_peak_w}"
+            )
+        if self.accel_idle_w > self.idle_w or self.accel_dynamic_w > self.peak_w - self.idle_w:
+            raise ValueError(
+                "the accelerators' share cannot exceed the node's: accel_idle_w <= idle_w "
+                "and accel_peak_w - accel_idle_w <= peak_w - idle_w"
+            )
+
+    @classmethod
+    def per_resource(
+        cls,
+        cpu_idle_w: float,
+        cpu_peak_w: float,
+        *,
+        accel_devices: int = 0,
+        accel_idle_w_per_device: float = 0.0,
+        accel_peak_w_per_device: float = 0.0,
+        parked_w: float = 10.0,
+        wake_latency_s: float = 60.0,
+    ) -> PowerModel:
+        """A model from the CPU side's figures and each accelerator's (idle and busy)."""
+        accel_idle = accel_devices * accel_idle_w_per_device
+        accel_peak = accel_devices * accel_peak_w_per_device
+        return cls(
+            idle_w=cpu_idle_w + accel_idle,
+            peak_w=cpu_peak_w + accel_peak,
+            parked_w=parked_w,
+            wake_latency_s=wake_latency_s,
+            accel_idle_w=accel_idle,
+            accel_peak_w=accel_peak,
+        )
+
+    @property
+    def split(self) -> bool:
+        """Whether the accelerators' draw is modelled apart from the CPU side's."""
+        return self.accel_peak_w > 0
+
+    @property
+    def accel_dynamic_w(self) -> float:
+        """Watts the accelerators add between idle and all busy."""
+        return self.accel_peak_w - self.accel_idle_w
+
+    @property
+    def cpu_idle_w(self) -> float:
+        return self.idle_w - self.accel_idle_w
+
+    @property
+    def cpu_peak_w(self) -> float:
+        return self.peak_w - self.accel_peak_w
 
     def power(self, utilization: float) -> float:
-        """Active power draw (W) at CPU utilization ``utilization`` (clamped to [0, 1])."""
+        """Active power draw (W) with every resource at ``utilization`` (clamped to [0, 1]):
+        ``idle_w + (peak_w - idle_w) * utilization``. For CPU and accelerators apart, use
+        :meth:`draw`."""
         u = min(max(utilization, 0.0), 1.0)
         return self.idle_w + (self.peak_w - self.idle_w) * u
+
+    def draw(self, cpu: float, accel: float = 0.0) -> float:
+        """Active power draw (W) at CPU utilization ``cpu`` and accelerator utilization
+        ``accel`` (each clamped to [0, 1]), per the rule in the class docstring."""
+        u = min(max(cpu, 0.0), 1.0)
+        a = min(max(accel, 0.0), 1.0)
+        if not self.split:
+            return self.power(max(u, a))
+        return self.idle_w + (self.cpu_peak_w - self.cpu_idle_w) * u + self.accel_dynamic_w * a
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ _node_id = attrgetter("id")
 _EPS = 1e-9
 #: Which of :meth:`NodeTable._columns` are fixed (never written in place, so shared by forks);
 #: ``used`` and ``state`` change during a cycle.
-_FIXED = (True, False, True, True, False, True, True, True, True)
+_FIXED = (True, False, True, True, False, True, True, True, True, True)
 
 
 def natural_class(task: Task) -> ServerClass:
@@ -73,6 +73,9 @@ class NodeTable:
     perf: FloatArray
     idle_w: FloatArray
     peak_w: FloatArray
+    #: The accelerators' dynamic watts (``PowerModel.accel_dynamic_w``; 0: the node's model
+    #: does not split CPU and accelerators, :meth:`PowerModel.draw`).
+    accel_dyn_w: FloatArray
     #: What runs on each row (unordered), and CPU in use per workload class.
     on_node: list[list[Placement]]
     usage: dict[str, float]
@@ -126,6 +129,7 @@ class NodeTable:
             perf=np.array([n.perf for n in ordered], dtype=np.float64),
             idle_w=np.array([n.power.idle_w for n in ordered], dtype=np.float64),
             peak_w=np.array([n.power.peak_w for n in ordered], dtype=np.float64),
+            accel_dyn_w=np.array([n.power.accel_dynamic_w for n in ordered], dtype=np.float64),
             on_node=on_node,
             usage=usage,
             reserve_per_accel=reserve_per_accel,
@@ -150,6 +154,7 @@ class NodeTable:
             perf=self.perf,
             idle_w=self.idle_w,
             peak_w=self.peak_w,
+            accel_dyn_w=self.accel_dyn_w,
             on_node=list(self.on_node),
             usage=dict(self.usage),
             reserve_per_accel=(
@@ -179,6 +184,7 @@ class NodeTable:
             perf=self.perf[picked],
             idle_w=self.idle_w[picked],
             peak_w=self.peak_w[picked],
+            accel_dyn_w=self.accel_dyn_w[picked],
             on_node=on_node,
             usage=usage,
             reserve_per_accel=self.reserve_per_accel,
@@ -308,6 +314,7 @@ class NodeTable:
             self.perf,
             self.idle_w,
             self.peak_w,
+            self.accel_dyn_w,
         )
 
     def _patched(
@@ -318,7 +325,8 @@ class NodeTable:
         on_node: list[list[Placement]],
         usage: dict[str, float],
     ) -> NodeTable:
-        capacity, used, arch, server_class, state, efficiency, perf, idle_w, peak_w = columns
+        capacity, used, arch, server_class, state, efficiency, perf = columns[:7]
+        idle_w, peak_w, accel_dyn_w = columns[7:]
         return NodeTable(
             nodes=nodes,
             index=index,
@@ -331,6 +339,7 @@ class NodeTable:
             perf=perf,
             idle_w=idle_w,
             peak_w=peak_w,
+            accel_dyn_w=accel_dyn_w,
             on_node=on_node,
             usage=usage,
             reserve_per_accel=self.reserve_per_accel,
@@ -354,6 +363,25 @@ class NodeTable:
         self.state[row] = STATE_CODES[state]
 
 
+def power_draw(
+    idle_w: FloatArray,
+    peak_w: FloatArray,
+    accel_dyn_w: FloatArray,
+    cpu_util: FloatArray,
+    accel_util: FloatArray,
+) -> FloatArray:
+    """Active power (W) per node, :meth:`~edgesched.core.model.PowerModel.draw` over arrays:
+    CPU and accelerator power apart where the model splits them (``accel_dyn_w > 0``), the
+    larger of the two utilizations where it does not."""
+    u = np.clip(cpu_util, 0.0, 1.0)
+    a = np.clip(accel_util, 0.0, 1.0)
+    split = accel_dyn_w > 0
+    dynamic = peak_w - idle_w
+    apart = (dynamic - accel_dyn_w) * u + accel_dyn_w * a
+    watts: FloatArray = idle_w + np.where(split, apart, dynamic * np.maximum(u, a))
+    return watts
+
+
 def _row_values(node: Node, used: npt.ArrayLike) -> tuple[npt.ArrayLike, ...]:
     """One row of :meth:`NodeTable._columns` for ``node``, as :meth:`NodeTable.build` makes it."""
     c = node.capacity
@@ -367,6 +395,7 @@ def _row_values(node: Node, used: npt.ArrayLike) -> tuple[npt.ArrayLike, ...]:
         node.perf,
         node.power.idle_w,
         node.power.peak_w,
+        node.power.accel_dynamic_w,
     )
 
 

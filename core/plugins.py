@@ -26,6 +26,7 @@ from edgesched.core.nodetable import (
     FloatArray,
     NodeTable,
     natural_class,
+    power_draw,
 )
 from edgesched.core.slices import (
     HELD_LABEL,
@@ -218,25 +219,26 @@ def energy_efficiency(table: NodeTable, task: Task, demand: FloatArray) -> Float
     return score
 
 
-def _power_utilization(table: NodeTable, extra: FloatArray | None) -> FloatArray:
-    """The power model's utilization: the larger of CPU and accelerator allocation."""
+def _power(table: NodeTable, extra: FloatArray | None) -> FloatArray:
+    """The power model's active draw (W) per node with ``extra`` allocated on top:
+    :func:`~edgesched.core.nodetable.power_draw`, CPU and accelerators apart where the
+    node's model splits them."""
     used = table.used if extra is None else table.used + extra
     cpu = used[:, 0] / table.capacity[:, 0]
     acc = used[:, 2] / np.maximum(table.capacity[:, 2], 1.0)
-    util: FloatArray = np.clip(np.maximum(cpu, acc), 0.0, 1.0)
-    return util
+    return power_draw(table.idle_w, table.peak_w, table.accel_dyn_w, cpu, acc)
 
 
 def marginal_power(table: NodeTable, task: Task, demand: FloatArray) -> FloatArray:
     """Prefer the node where the task adds the fewest watts.
 
-    The added draw is ``(peak - idle) * (u_after - u_before)`` under the linear power model,
-    plus the node's idle power if it runs nothing yet (an empty node could be parked instead).
-    CPU work on a node whose accelerators already drive its utilization costs nothing extra.
+    The added draw is the power model's draw after the task less before it (per resource:
+    CPU work on an accelerator server adds CPU watts only; a model that does not split
+    counts the larger of CPU and accelerator allocation, so there CPU work on a node whose
+    accelerators already drive its utilization costs nothing extra), plus the node's idle
+    power if it runs nothing yet (an empty node could be parked instead).
     """
-    added = (table.peak_w - table.idle_w) * (
-        _power_utilization(table, demand) - _power_utilization(table, None)
-    )
+    added = _power(table, demand) - _power(table, None)
     added = added + np.where(table.used[:, 0] <= _EPS, table.idle_w, 0.0)
     worst = float(added.max()) if len(table) else 0.0
     score: FloatArray = 1.0 - added / max(worst, _EPS)

@@ -76,7 +76,12 @@ class ClusterView:
     """What the scheduler knows at ``now``: the nodes, what runs where, and the forecast.
 
     ``forecast_cpu`` is the peak CPU demand (cores) expected over the forecast horizon
-    (15 minutes); the energy mode keeps that much capacity awake, plus headroom.
+    (15 minutes): work running and waiting, at an upper quantile rather than the mean, over a
+    horizon that covers the slowest wake-up (the caller's forecaster decides; see
+    :func:`edgesched.core.simulator.forecast_need`). The energy mode keeps that much capacity
+    awake, plus headroom. ``forecast_ready`` False says the forecaster has no data yet (a
+    cold start): the power stage then wakes what waiting work and the forecast ask for but
+    parks and consolidates nothing.
     """
 
     nodes: tuple[Node, ...]
@@ -93,6 +98,7 @@ class ClusterView:
     #: Run the power stage (energy mode). Central's placement of one task reads only the
     #: placement and turns it off: the power stage runs after placement and cannot change it.
     plan_power: bool = True
+    forecast_ready: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,19 +485,40 @@ def _wake_for_waiting(cycle: _Cycle, waiting: Sequence[Task]) -> None:
                 break
 
 
-def _headroom_target(cycle: _Cycle, forecast_cpu: float | None) -> float:
+def reclaimable_cpu(cycle: _Cycle, waiting: Sequence[Task]) -> float:
+    """CPU of running preemptible work that the core could really evict for more important
+    work: work of lower effective priority than some waiting task, or than some running task
+    (a class that runs now is the work the forecast expects more of). Nothing when the
+    policy does not preempt by priority, or when nothing outranks anything (a fleet of
+    equal priorities evicts nothing, so its preemptible work is no spare)."""
+    if not cycle.policy.priority_preemption:
+        return 0.0
+    running = [p.task for placements in cycle.on_node for p in placements]
+    ranks = [cycle.effective_priority(t, adding=False) for t in running]
+    ranks += [cycle.effective_priority(t, adding=True) for t in waiting]
+    if not ranks:
+        return 0.0
+    top = max(ranks)
+    return sum(
+        t.demand.cpu
+        for t, rank in zip(running, ranks, strict=False)
+        if t.preemptible and rank < top
+    )
+
+
+def _headroom_target(
+    cycle: _Cycle, forecast_cpu: float | None, waiting: Sequence[Task] = ()
+) -> float:
     """CPU to keep awake: the forecast peak, plus spare for bursts of work that cannot wait.
 
-    Running preemptible work needs no spare of its own: a burst of urgent work can evict it
-    at once (it waits for a node to wake instead), so the spare fraction covers only the
-    non-preemptible work running and the forecast growth.
+    Running preemptible work needs no spare of its own only where more important work could
+    evict it at once (:func:`reclaimable_cpu`): the spare fraction covers the rest of the
+    running work and the forecast growth. Work that waits now counts in the demand too.
     """
     used = cycle.used_cpu()
-    demand = max(forecast_cpu or 0.0, used)
-    preemptible = sum(
-        p.task.demand.cpu for placements in cycle.on_node for p in placements if p.task.preemptible
-    )
-    firm = used - preemptible + (demand - used)
+    queued = sum(t.demand.cpu for t in waiting)
+    demand = max(forecast_cpu or 0.0, used + queued)
+    firm = demand - reclaimable_cpu(cycle, waiting)
     return demand + cycle.policy.spare_cpu_fraction * firm + cycle.policy.min_spare_cpu
 
 
@@ -711,10 +738,11 @@ def schedule(
 
     if policy.parks_nodes and view.plan_power:
         _wake_for_waiting(cycle, waiting_tasks)
-        target = _headroom_target(cycle, view.forecast_cpu)
+        target = _headroom_target(cycle, view.forecast_cpu, waiting_tasks)
         _wake_for_forecast(cycle, target)
-        _consolidate(cycle, target)
-        _park(cycle, target)
+        if view.forecast_ready:  # a safe start: nothing parked before the forecast has data
+            _consolidate(cycle, target)
+            _park(cycle, target)
     if view.pin_cores:
         _pin(cycle, view.pins)
     return ScheduleResult(tuple(cycle.decisions), waiting)

@@ -10,11 +10,17 @@ Accounting, integrated exactly between events:
 
 * utilization of awake capacity: used CPU / CPU of nodes that are not parked;
 * fleet utilization: used CPU / all CPU;
-* energy: each awake node draws ``idle + (peak - idle) * u`` with ``u`` the larger of its CPU
-  and accelerator allocation, a waking node draws its idle power, a parked one ``parked_w``;
+* energy: each awake node draws its power model's :meth:`~edgesched.core.model.PowerModel.draw`
+  at its CPU and accelerator allocation: CPU and accelerator power apart, each over its idle
+  floor, where the model splits them (``idle + (peak - idle) * u`` with ``u`` the larger of
+  the two where it does not); a waking node draws its idle power, a parked one ``parked_w``;
   cost multiplies by the tariff of the hour; ``draw`` may say that a task's CPU allocation
   draws dynamic power only in part (a service's replica that reserves cores it does not fill);
   utilization stays on the allocation;
+* forecast: the strategy sees :func:`forecast_need` of the 5-minute means of the CPU asked
+  (running plus waiting), over a horizon from now that covers the slowest wake-up and a
+  tick; before the first 5 minutes close it sees no forecast and ``forecast_ready`` False
+  (nothing is parked on no data);
 * SLO: a task whose wait before its (last) start exceeds its class's ``slo_wait_s``, or that
   never starts, is a miss; a preempted task goes back to the queue and restarts from scratch.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -30,8 +37,9 @@ from typing import Protocol
 
 import numpy as np
 
-from edgesched.core.forecast import DemandHistory, Ewma, SeasonalNaive, peak_next
+from edgesched.core.forecast import DemandHistory, Ewma, SeasonalNaive, peak_next, peak_upper
 from edgesched.core.model import SECONDS_PER_DAY, DecisionKind, Node, NodeState, Placement, Task
+from edgesched.core.nodetable import power_draw
 from edgesched.core.scheduler import ClusterView
 from edgesched.core.strategies import Strategy
 
@@ -140,6 +148,22 @@ def heuristic_peak(history: DemandHistory, horizon_s: float = 900.0) -> float:
     return peak
 
 
+#: The upper quantile of the peak the energy mode is shown (:func:`forecast_need`).
+FORECAST_QUANTILE = 0.9
+#: The forecast horizon from now: the peak over the next 15 minutes (at least).
+FORECAST_HORIZON_S = 900.0
+
+
+def forecast_need(
+    history: DemandHistory, horizon_s: float = FORECAST_HORIZON_S, quantile: float = 0.9
+) -> float:
+    """What the simulator shows the core as ``forecast_cpu``: the upper ``quantile`` of
+    :func:`heuristic_peak` over ``horizon_s`` (:func:`~edgesched.core.forecast.peak_upper`:
+    the point forecast plus that quantile of its shortfalls over the last two hours), and
+    while the history is too young for that, the highest sample seen."""
+    return peak_upper(heuristic_peak, history, horizon_s, quantile=quantile)
+
+
 @dataclass(slots=True)
 class _Run:
     """Mutable simulation state for one strategy."""
@@ -178,6 +202,7 @@ def simulate(
     cap_acc = np.array([max(n.capacity.accel, 1) for n in nodes], dtype=np.float64)
     idle_w = np.array([n.power.idle_w for n in nodes])
     peak_w = np.array([n.power.peak_w for n in nodes])
+    accel_dyn_w = np.array([n.power.accel_dynamic_w for n in nodes])
     parked_w = np.array([n.power.parked_w for n in nodes])
     used_cpu = np.zeros(len(nodes))
     drawn_cpu = np.zeros(len(nodes))  # the part of used_cpu that draws dynamic power
@@ -219,16 +244,21 @@ def simulate(
     fleet_cpu = float(cap_cpu.sum())
     energy_j = cost = used_int = awake_int = work = 0.0
     counts = dict.fromkeys(("preempt", "migrate", "park", "wake", "cycles"), 0)
-    history: list[float] = []
+    history: list[float] = []  # 5-minute means of the CPU asked: running plus waiting
+    pending_cpu = 0.0
+    # A need at t must be awake by t, so woken W s before it; decisions come every tick.
+    slowest_wake = max((n.power.wake_latency_s for n in nodes), default=0.0)
+    lead_s = max(FORECAST_HORIZON_S, slowest_wake + tick_s)
+    forecasts: dict[tuple[int, int], float] = {}
     series: dict[str, list[float]] = {"t": [], "util_awake": [], "power_kw": [], "used_cpu": []}
     next_sample = 0.0
-    window = [0.0, 0.0, 0.0]  # used core-s, awake core-s, joules in the current sample window
+    window = [0.0, 0.0, 0.0, 0.0]  # used core-s, awake core-s, joules, waiting core-s
     cycle_at: float | None = None
     now = 0.0
 
     def power_now() -> float:
-        util = np.maximum(drawn_cpu / cap_cpu, used_acc / cap_acc)
-        p = np.where(active, idle_w + (peak_w - idle_w) * np.clip(util, 0, 1), idle_w)
+        drawn = power_draw(idle_w, peak_w, accel_dyn_w, drawn_cpu / cap_cpu, used_acc / cap_acc)
+        p = np.where(active, drawn, idle_w)
         return float(np.where(awake, p, parked_w).sum())
 
     def integrate(to: float) -> None:
@@ -245,6 +275,7 @@ def simulate(
             window[0] += used * dt
             window[1] += awake_cpu * dt
             window[2] += p * dt
+            window[3] += pending_cpu * dt
         now = to
 
     def advance(to: float) -> None:
@@ -254,12 +285,12 @@ def simulate(
         while next_sample <= to and next_sample <= horizon:
             integrate(next_sample)
             if next_sample > 0:
-                history.append(window[0] / sample_s)
+                history.append((window[0] + window[3]) / sample_s)
                 series["t"].append(next_sample / 3600)
                 series["used_cpu"].append(window[0] / sample_s)
                 series["util_awake"].append(window[0] / window[1] if window[1] else 0.0)
                 series["power_kw"].append(window[2] / sample_s / 1000)
-            window[:] = [0.0, 0.0, 0.0]
+            window[:] = [0.0, 0.0, 0.0, 0.0]
             next_sample += sample_s
         integrate(to)
         if progress is not None:
@@ -286,17 +317,30 @@ def simulate(
             heapq.heappush(events, (cycle_at, next(seq), _CYCLE, ""))
 
     def forecast_cpu() -> float | None:
-        if not forecast or not history:
+        if not forecast:  # no forecaster: plan on what is asked now
+            return float(used_cpu.sum()) + pending_cpu
+        if not history:
             return None
-        return heuristic_peak(DemandHistory(sample_s, tuple(history), len(history) * sample_s))
+        end = len(history) * sample_s
+        # from the last closed sample to now + lead, in whole samples
+        steps = max(1, math.ceil((now - end + lead_s) / sample_s - 1e-9))
+        key = (len(history), steps)
+        if key not in forecasts:
+            forecasts.clear()
+            forecasts[key] = forecast_need(
+                DemandHistory(sample_s, tuple(history), end), steps * sample_s, FORECAST_QUANTILE
+            )
+        return forecasts[key]
 
     def run_cycle() -> None:
+        nonlocal pending_cpu
         counts["cycles"] += 1
         view = ClusterView(
             tuple(run.nodes[i] for i in run.order),
             tuple(p for p, _ in run.running.values()),
             now,
             forecast_cpu(),
+            forecast_ready=bool(history) or not forecast,
         )
         pending = list(run.pending.values())
         result = strategy.decide(view, pending)
@@ -306,10 +350,12 @@ def simulate(
                 set_util(placement.node_id, placement.task, -1)
                 run.epoch[placement.task.id] = run.epoch.get(placement.task.id, 0) + 1
                 run.pending[placement.task.id] = placement.task
+                pending_cpu += placement.task.demand.cpu
                 run.preempted[placement.task.workload] += 1
                 counts["preempt"] += 1
             elif d.kind is DecisionKind.PLACE:
                 task = run.pending.pop(d.task_id or "")
+                pending_cpu = max(pending_cpu - task.demand.cpu, 0.0)
                 duration = task.duration_s if task.duration_s is not None else horizon
                 run.running[task.id] = (Placement(task, d.node_id, now), now + duration)
                 set_util(d.node_id, task, +1)
@@ -349,6 +395,7 @@ def simulate(
         if kind == _ARRIVAL:
             task = by_id[key]
             run.pending[task.id] = task
+            pending_cpu += task.demand.cpu
             run.first_submit[task.id] = t
             request_cycle()
         elif kind == _FINISH:
