@@ -65,7 +65,8 @@ _BOTH = frozenset({Arch.ARM64, Arch.X86_64})
 
 @dataclass(frozen=True, slots=True)
 class NodeKind:
-    """A server type of generated fleets (the campus's server types)."""
+    """A server type of generated fleets (the campus's server types and power models: AI
+    servers are a CPU side plus A30-class accelerators, docs/power.md)."""
 
     prefix: str
     arch: Arch
@@ -114,7 +115,15 @@ NODE_KINDS: tuple[NodeKind, ...] = (
         8,
         800.0,
         1.0,
-        PowerModel(idle_w=350.0, peak_w=1800.0, parked_w=20.0, wake_latency_s=180.0),
+        PowerModel.per_resource(
+            180.0,
+            420.0,
+            accel_devices=8,
+            accel_idle_w_per_device=25.0,
+            accel_peak_w_per_device=165.0,
+            parked_w=20.0,
+            wake_latency_s=180.0,
+        ),
     ),
     NodeKind(
         "ai-arm",
@@ -126,7 +135,15 @@ NODE_KINDS: tuple[NodeKind, ...] = (
         4,
         400.0,
         0.8,
-        PowerModel(idle_w=200.0, peak_w=900.0, parked_w=15.0, wake_latency_s=120.0),
+        PowerModel.per_resource(
+            90.0,
+            300.0,
+            accel_devices=4,
+            accel_idle_w_per_device=25.0,
+            accel_peak_w_per_device=165.0,
+            parked_w=15.0,
+            wake_latency_s=120.0,
+        ),
     ),
     NodeKind(
         "sto-x86",
