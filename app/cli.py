@@ -142,14 +142,80 @@ def sim(
         int | None,
         typer.Option(min=1, help="Strategies simulated in parallel (default: one per CPU)."),
     ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Replay this trace file instead of the campus (docs/traces.md)."),
+    ] = None,
+    trace_format: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="Trace format: edgesched, alibaba2018 or google2019 (default: guessed from "
+            "the file's extension or header when it can be told safely).",
+        ),
+    ] = None,
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            help="Fleet of a replay, e.g. 36xgeneral-x86 or 20:general:x86:32c:128g,"
+            "4:accel:x86:64c:512g:4a (default: x86 general servers, trace peak CPU at 70%)."
+        ),
+    ] = None,
+    slo_wait: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--slo-wait",
+            help="SLO wait objective of a replay, seconds (all classes), or CLASS=SECONDS "
+            "(repeatable; default 60).",
+        ),
+    ] = None,
+    machine: Annotated[
+        str | None,
+        typer.Option(
+            help="Reference machine of normalized trace resources, CORESc:MEMg (default 64c:256g)."
+        ),
+    ] = None,
+    write_sample_trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write a synthetic Alibaba-like hour in --format here (seeded by --seed) and exit."
+        ),
+    ] = None,
+    sample_instances: Annotated[
+        int, typer.Option(min=1, max=1_000_000, help="Instances of --write-sample-trace.")
+    ] = 30_000,
 ) -> None:
-    """Simulate a day of the campus with every strategy and compare them to the targets."""
+    """Simulate a day of the campus with every strategy and compare them to the targets, or
+    replay a trace (--trace) with every strategy on the same arrivals."""
     from edgesched.core.campus import campus_scenario
     from edgesched.core.experiment import strategy_names, top_class
     from edgesched.report import plot_day, print_tables, to_json, to_markdown
     from edgesched.simrun import default_workers, run_campus
 
     cfg = _load(config)
+    trace_only = {
+        "--format": trace_format,
+        "--fleet": fleet,
+        "--slo-wait": slo_wait,
+        "--machine": machine,
+    }
+    if write_sample_trace is not None:
+        _write_sample(write_sample_trace, trace_format, seed or 0, sample_instances)
+        return
+    if trace is not None:
+        for name, value in (("--days", days), ("--scale", scale)):
+            if value is not None:
+                fail(f"{name} applies to the campus, not to a --trace replay")
+        if scenario != "campus":
+            fail("--scenario and --trace: give one")
+        _sim_trace(
+            cfg, trace, trace_format, fleet, slo_wait or [], machine, strategy, as_json, plot,
+            output, markdown, workers,
+        )  # fmt: skip
+        return
+    for option, given in trace_only.items():
+        if given:
+            fail(f"{option} applies to a --trace replay; give --trace FILE")
     if scenario != "campus":
         fail(f"--scenario: unknown scenario {scenario!r}; available: campus")
     seed_ = cfg.sim.seed if seed is None else seed
@@ -225,6 +291,197 @@ def sim(
                 n for n in ("static-partition", "k8s-spread", "tidal+energy") if n in names
             )
             written = plot_day(result, plot, shown or tuple(names))
+        except RuntimeError as exc:
+            fail(str(exc))
+        err.print(f"plot written to {written}", markup=False, highlight=False)
+
+
+def _write_sample(path: Path, fmt: str | None, seed: int, instances: int) -> None:
+    from edgesched.core.traceformats import FORMATS
+    from edgesched.core.tracegen import write_sample
+
+    if fmt is None:
+        fail(f"--write-sample-trace needs --format ({', '.join(FORMATS)})")
+    if fmt not in FORMATS:
+        fail(f"--format: unknown {fmt!r}; choose from {', '.join(FORMATS)}")
+    try:
+        written = write_sample(path, fmt, seed=seed, instances=instances)
+    except OSError as exc:
+        fail(f"--write-sample-trace: {path}: {exc.strerror or exc}")
+    err.print(
+        f"{fmt} trace of {instances:,} instances written to {written}", markup=False,
+        highlight=False,
+    )  # fmt: skip
+
+
+def _slo_waits(items: list[str]) -> tuple[float, list[tuple[str, float]]]:
+    """``--slo-wait`` values: the default wait and per-class ones."""
+    import math
+
+    default = 60.0
+    by_class: list[tuple[str, float]] = []
+    for item in items:
+        name, sep, text = item.rpartition("=")
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0) or (sep and not name.strip()):
+            fail(f"--slo-wait: expected SECONDS or CLASS=SECONDS (seconds >= 0), got {item!r}")
+        if sep:
+            by_class.append((name.strip(), value))
+        else:
+            default = value
+    return default, by_class
+
+
+def _machine(text: str | None) -> Any:
+    import re
+
+    from edgesched.core.traceformats import Machine
+
+    if text is None:
+        return Machine()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)c:(\d+(?:\.\d+)?)g", text.strip().lower())
+    if not m or float(m.group(1)) <= 0 or float(m.group(2)) <= 0:
+        fail(f"--machine: expected CORESc:MEMg such as 64c:256g, got {text!r}")
+    return Machine(float(m.group(1)), float(m.group(2)))
+
+
+def _sim_trace(
+    cfg: EdgeschedConfig,
+    path: Path,
+    fmt: str | None,
+    fleet: str | None,
+    slo_wait: list[str],
+    machine_text: str | None,
+    strategy: list[str] | None,
+    as_json: bool,
+    plot: Path | None,
+    output: Path | None,
+    markdown: Path | None,
+    workers: int | None,
+) -> None:
+    """``sim --trace``: every strategy over one trace file (docs/traces.md)."""
+    from edgesched.core.experiment import strategy_names, top_class
+    from edgesched.core.fleetspec import FleetSpecError
+    from edgesched.core.tidal import TidalProfile
+    from edgesched.core.trace import TraceError
+    from edgesched.core.traceformats import FORMATS, guess_format
+    from edgesched.report import plot_day, print_tables, to_json, to_markdown
+    from edgesched.simrun import default_workers, load_trace_scenario, run_trace
+
+    if not path.is_file():
+        fail(
+            f"--trace: {path}: no such file"
+            if not path.exists()
+            else f"--trace: {path}: not a file"
+        )
+    if fmt is not None and fmt not in FORMATS:
+        fail(f"--format: unknown {fmt!r}; choose from {', '.join(FORMATS)}")
+    fmt_ = fmt or guess_format(path)
+    if fmt_ is None:
+        fail(f"--format: cannot tell the format of {path}; give --format {'|'.join(FORMATS)}")
+    default_wait, by_class = _slo_waits(slo_wait)
+    machine = _machine(machine_text)
+    if strategy:
+        unknown = [s for s in strategy if s not in strategy_names()]
+        if unknown:
+            fail(f"--strategy: unknown {unknown[0]!r}; choose from {', '.join(strategy_names())}")
+    try:
+        world, stats = load_trace_scenario(path, fmt_, fleet, default_wait, by_class, machine)
+    except FleetSpecError as exc:
+        fail(f"--fleet: {exc}")
+    except TraceError as exc:
+        fail(f"--trace ({fmt_}): {exc}")
+    except ValueError as exc:
+        fail(f"--trace: {exc}")
+    unknown_classes = [c for c, _ in by_class if c not in world.classes]
+    if unknown_classes:
+        fail(
+            f"--slo-wait: the trace has no class {unknown_classes[0]!r}; its classes: "
+            f"{', '.join(world.classes)}"
+        )
+    if world.unplaceable:
+        warn(f"{world.unplaceable:,} task(s) fit on no node of the fleet: they can only miss")
+    tidal = cfg.policy.tidal if cfg.policy.tidal.windows else TidalProfile()
+    console = Console(stderr=as_json, width=None if sys.stdout.isatty() else 150)
+    names = strategy or list(strategy_names())
+    horizon = world.horizon_s
+    with Progress(
+        TextColumn("[bold]{task.description:<18}"),
+        BarColumn(),
+        TextColumn("{task.fields[clock]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    ) as bar:
+        jobs = {n: bar.add_task(n, total=horizon, clock="0:00") for n in names}
+
+        def progress(name: str, t: float) -> None:
+            bar.update(jobs[name], completed=t, clock=f"{int(t) // 3600}:{int(t) % 3600 // 60:02d}")
+
+        result = run_trace(
+            world,
+            path=path,
+            fmt=fmt_,
+            fleet=fleet,
+            slo_wait_s=default_wait,
+            slo_by_class=by_class,
+            machine=machine,
+            policy=cfg.policy,
+            tidal=tidal,
+            strategies=names,
+            workers=workers or default_workers(),
+            batch_s=cfg.sim.step_s,
+            progress=progress,
+        )
+    top = top_class(world)
+    meta: dict[str, Any] = {
+        "scenario": "trace",
+        "trace": str(path),
+        "format": fmt_,
+        "fleet": fleet or "default (x86-gen, peak CPU at 70%)",
+        "nodes": len(world.nodes),
+        "fleet_cpu": world.fleet_cpu,
+        "tasks": len(world.tasks),
+        "horizon_h": round(horizon / 3600, 4),
+        "import": stats.summary(),
+        "classes": {
+            c.name: {"priority": c.priority, "slo_wait_s": c.slo_wait_s}
+            for c in world.classes.values()
+        },
+        "tidal_profile": tidal.name,
+        "top_class": top,
+    }
+    doc = to_json(result, meta)
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(to_markdown(doc))
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(doc, indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        console.print(
+            f"trace {path} ({fmt_}): {stats.summary()}; {len(world.nodes)} nodes "
+            f"({world.fleet_cpu:,.0f} cores), {len(world.tasks):,} tasks over "
+            f"{horizon / 3600:.2f} h, classes "
+            + ", ".join(f"{c.name} (SLO wait {c.slo_wait_s:g} s)" for c in world.classes.values()),
+            markup=False,
+            highlight=False,
+        )
+        print_tables(
+            result, console, top, title=f"Trace {path.name}: strategies compared (same arrivals)",
+            wait_p99=True,
+        )  # fmt: skip
+    if plot is not None:
+        try:
+            written = plot_day(
+                result, plot, tuple(names), title=f"edgesched trace replay: {path.name}",
+                xlabel="hours since the first arrival",
+            )  # fmt: skip
         except RuntimeError as exc:
             fail(str(exc))
         err.print(f"plot written to {written}", markup=False, highlight=False)

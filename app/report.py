@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgesched.core.experiment import ExperimentResult
+from edgesched.core.simulator import SimReport
 
 
 def to_json(result: ExperimentResult, meta: dict[str, Any]) -> dict[str, Any]:
@@ -26,9 +27,23 @@ def to_json(result: ExperimentResult, meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def print_tables(result: ExperimentResult, console: Console, top_class: str) -> None:
-    table = Table(title="Campus day: strategies compared (same seed, same arrivals)")
-    for col in (
+def worst_wait_p99(report: SimReport) -> float:
+    """The highest per-class p99 wait of a run, seconds (the overall p99 with one class)."""
+    return max((c.wait_p99_s for c in report.classes.values()), default=0.0)
+
+
+def print_tables(
+    result: ExperimentResult,
+    console: Console,
+    top_class: str,
+    *,
+    title: str = "Campus day: strategies compared (same seed, same arrivals)",
+    wait_p99: bool = False,
+) -> None:
+    """The strategies' table; the targets' table when the run has targets (a campus run).
+    ``wait_p99`` adds the worst class's p99 wait."""
+    table = Table(title=title)
+    cols = [
         "strategy",
         "util awake",
         "util fleet",
@@ -41,11 +56,14 @@ def print_tables(result: ExperimentResult, console: Console, top_class: str) -> 
         "preempt",
         "migr",
         "park",
-    ):
+    ]
+    if wait_p99:
+        cols.insert(cols.index("preempt"), "wait p99 s")
+    for col in cols:
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for r in result.reports:
         top = r.classes.get(top_class)
-        table.add_row(
+        cells = [
             r.strategy,
             f"{r.utilization_awake:.1%}",
             f"{r.utilization_fleet:.1%}",
@@ -58,7 +76,10 @@ def print_tables(result: ExperimentResult, console: Console, top_class: str) -> 
             f"{r.preemptions:,}",
             f"{r.migrations:,}",
             f"{r.parks:,}",
-        )
+        ]
+        if wait_p99:
+            cells.insert(cols.index("wait p99 s"), f"{worst_wait_p99(r):,.0f}")
+        table.add_row(*cells)
     console.print(table)
     if result.affinity:
         a = result.affinity
@@ -67,6 +88,8 @@ def print_tables(result: ExperimentResult, console: Console, top_class: str) -> 
             f"std {a['naive_std']:.1%} naive -> {a['planned_std']:.1%} planned; "
             f"throughput x{a['planned_throughput'] / a['naive_throughput']:.2f}"
         )
+    if not result.targets:
+        return
     targets = Table(title="Targets from the source article")
     for col in ("target", "value", "goal", "met"):
         targets.add_column(col)
@@ -76,7 +99,14 @@ def print_tables(result: ExperimentResult, console: Console, top_class: str) -> 
     console.print(targets)
 
 
-def plot_day(result: ExperimentResult, path: Path, strategies: tuple[str, ...]) -> Path:
+def plot_day(
+    result: ExperimentResult,
+    path: Path,
+    strategies: tuple[str, ...],
+    *,
+    title: str = "edgesched campus simulation",
+    xlabel: str = "hour of day",
+) -> Path:
     """Utilization of awake capacity and fleet power over the day, one line per strategy."""
     try:
         import matplotlib
@@ -97,9 +127,9 @@ def plot_day(result: ExperimentResult, path: Path, strategies: tuple[str, ...]) 
     ax_u.legend(loc="lower right", fontsize=8)
     ax_u.grid(alpha=0.3)
     ax_p.set_ylabel("fleet power (kW)")
-    ax_p.set_xlabel("hour of day")
+    ax_p.set_xlabel(xlabel)
     ax_p.grid(alpha=0.3)
-    fig.suptitle("edgesched campus simulation")
+    fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -110,19 +140,24 @@ def plot_day(result: ExperimentResult, path: Path, strategies: tuple[str, ...]) 
 def to_markdown(doc: dict[str, Any]) -> str:
     """The JSON report as Markdown tables (the README's results section is made with this)."""
     top = doc.get("top_class", "face-recognition")
+    waits = doc.get("scenario") == "trace"
     rows = [
         "| strategy | util (awake) | util (fleet) | energy kWh | cost | completed | "
-        f"SLO misses | misses, {top} | preempted | migrated | parked |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"SLO misses | misses, {top} | {'wait p99 s | ' if waits else ''}preempted | migrated | "
+        "parked |",
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if waits else ""),
     ]
     for s in doc["strategies"]:
         top_misses = s["classes"].get(top, {}).get("slo_misses", 0)
+        p99 = max((c["wait_p99_s"] for c in s["classes"].values()), default=0.0)
         rows.append(
             f"| {s['strategy']} | {s['utilization_awake']:.1%} | {s['utilization_fleet']:.1%} | "
             f"{s['energy_kwh']:,.0f} | {s['energy_cost']:,.2f} | {s['completed']:,} | "
-            f"{s['slo_misses']:,} | {top_misses:,} | {s['preemptions']:,} | "
-            f"{s['migrations']:,} | {s['parks']:,} |"
+            f"{s['slo_misses']:,} | {top_misses:,} | {f'{p99:,.0f} | ' if waits else ''}"
+            f"{s['preemptions']:,} | {s['migrations']:,} | {s['parks']:,} |"
         )
+    if not doc["targets"]:
+        return "\n".join(rows) + "\n"
     targets = ["| target | value | goal | met |", "|---|---|---|---|"]
     for t in doc["targets"]:
         v = t["value"]

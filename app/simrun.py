@@ -1,9 +1,10 @@
-"""Running the campus experiment across processes, one strategy per worker.
+"""Running the campus experiment and trace replays across processes, one strategy per worker.
 
 The core's simulator is single-threaded and pure; this module is the effectful shell that
 spreads strategies over CPU cores. Each worker regenerates the (deterministic) scenario from
-its seed rather than receiving 60,000 pickled tasks, and reports progress through a queue
-that the caller drains into its progress bar.
+its seed (a trace replay's worker reads the trace file again) rather than receiving tens of
+thousands of pickled tasks, and reports progress through a queue that the caller drains into
+its progress bar.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import Manager
+from pathlib import Path
 from typing import Any
 
 from edgesched.core.affinity import arm48_experiment
 from edgesched.core.campus import campus_scenario
 from edgesched.core.experiment import ExperimentResult, build_strategies, check_targets
+from edgesched.core.fleetspec import parse_fleet
 from edgesched.core.policy import PolicyConfig
 from edgesched.core.simulator import SimReport, simulate
 from edgesched.core.tidal import TidalProfile
+from edgesched.core.trace import TraceScenario, gated, trace_scenario
+from edgesched.core.traceformats import ImportStats, Machine, load_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,3 +119,112 @@ def _drain(updates: Any, progress: Callable[[str, float], None] | None) -> None:
             return
         if progress is not None:
             progress(name, t)
+
+
+# --------------------------------------------------------------------------------------------
+# Trace replays
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One strategy over a trace file; the worker reads the file again (deterministic)."""
+
+    path: str
+    fmt: str
+    fleet: str | None
+    slo_wait_s: float
+    slo_by_class: tuple[tuple[str, float], ...]
+    machine: Machine
+    policy: PolicyConfig
+    tidal: TidalProfile
+    strategy: str
+    batch_s: float = 1.0
+
+
+def load_trace_scenario(
+    path: Path,
+    fmt: str,
+    fleet: str | None,
+    slo_wait_s: float,
+    slo_by_class: Sequence[tuple[str, float]] = (),
+    machine: Machine | None = None,
+) -> tuple[TraceScenario, ImportStats]:
+    """The replay of a trace file (TraceError, FleetSpecError or ValueError when it cannot be
+    built)."""
+    rows, stats = load_trace(path, fmt, machine)
+    nodes = parse_fleet(fleet) if fleet else None
+    scenario = trace_scenario(
+        rows, nodes, slo_wait_s=slo_wait_s, slo_by_class=dict(slo_by_class), source=str(path)
+    )
+    return scenario, stats
+
+
+def _run_trace_one(
+    job: TraceJob, progress: Any | None, scenario: TraceScenario | None = None
+) -> SimReport:
+    if scenario is None:
+        scenario, _ = load_trace_scenario(
+            Path(job.path), job.fmt, job.fleet, job.slo_wait_s, job.slo_by_class, job.machine
+        )
+    (strategy,) = build_strategies(scenario, job.tidal, job.policy, [job.strategy])
+    horizon = scenario.horizon_s
+    step = horizon / 200
+    last = [-step]
+
+    def report(t: float) -> None:
+        if progress is not None and t - last[0] >= step:
+            last[0] = t
+            progress.put((job.strategy, t))
+
+    result = simulate(scenario, gated(strategy, scenario), batch_s=job.batch_s, progress=report)
+    if progress is not None:
+        progress.put((job.strategy, horizon))
+    return result
+
+
+def run_trace(
+    scenario: TraceScenario,
+    *,
+    path: Path,
+    fmt: str,
+    fleet: str | None,
+    slo_wait_s: float,
+    slo_by_class: Sequence[tuple[str, float]],
+    machine: Machine,
+    policy: PolicyConfig,
+    tidal: TidalProfile,
+    strategies: Sequence[str],
+    workers: int,
+    batch_s: float = 1.0,
+    progress: Callable[[str, float], None] | None = None,
+) -> ExperimentResult:
+    """Every strategy over the same trace, ``workers`` at a time, in the given order.
+
+    ``scenario`` is the replay already built from these arguments (the in-process path runs
+    it; each worker process builds its own from the file rather than receive it pickled)."""
+    jobs = [
+        TraceJob(
+            str(path), fmt, fleet, slo_wait_s, tuple(slo_by_class), machine, policy, tidal, name,
+            batch_s,
+        )
+        for name in strategies
+    ]  # fmt: skip
+    reports: dict[str, SimReport] = {}
+    if workers <= 1 or len(jobs) == 1:
+        sink = _CallbackQueue(progress) if progress is not None else None
+        for job in jobs:
+            reports[job.strategy] = _run_trace_one(job, sink, scenario)
+    else:
+        with Manager() as manager, ProcessPoolExecutor(max_workers=workers) as pool:
+            updates = manager.Queue()
+            futures: dict[Future[SimReport], str] = {
+                pool.submit(_run_trace_one, job, updates): job.strategy for job in jobs
+            }
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                _drain(updates, progress)
+                for fut in done:
+                    reports[futures[fut]] = fut.result()
+            _drain(updates, progress)
+    return ExperimentResult(tuple(reports[name] for name in strategies), {}, ())

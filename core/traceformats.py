@@ -46,6 +46,9 @@ ALIBABA_COLUMNS: tuple[str, ...] = (
 )
 #: Statuses of batch_task rows replayed (the others never ran to an end in the window).
 ALIBABA_KEPT_STATUS = frozenset({"Terminated", "Failed"})
+_ALIBABA_STATUSES = frozenset(
+    {"Terminated", "Failed", "Running", "Waiting", "Ready", "Cancelled", "Interrupted"}
+)
 #: The class every Alibaba instance replays in.
 ALIBABA_CLASS = "batch"
 _DAG_NAME = re.compile(r"[A-Za-z]+(\d+)((?:_\d+)*)")
@@ -505,9 +508,21 @@ def guess_format(path: Path) -> str | None:
         return "edgesched"
     if "collection_id" in cells and "instance_index" in cells:
         return "google2019"
-    if cells[:1] == ["task_name"]:
+    if cells[:1] == ["task_name"] or _looks_alibaba(cells):
         return "alibaba2018"
     return None
+
+
+def _looks_alibaba(cells: list[str]) -> bool:
+    """Nine cells, a batch_task status in the fifth and numbers where batch_task has them."""
+    if len(cells) != len(ALIBABA_COLUMNS) or cells[4] not in _ALIBABA_STATUSES:
+        return False
+    try:
+        for i in (1, 5, 6, 7):
+            float(cells[i])
+    except ValueError:
+        return False
+    return True
 
 
 def load_trace(
