@@ -10,7 +10,8 @@ Grammar (docs/traces.md): a spec is groups separated by commas; a group is eithe
   ``accel``, ``storage``, or the ServerClass values), architecture (``x86_64``/``x86``,
   ``arm64``/``arm``), cores, memory (GiB) and accelerators. Power, parked power, wake latency,
   per-core performance and IOPS are those of the campus type of the same class and
-  architecture; idle and peak power scale with ``cores / that type's cores``.
+  architecture: the CPU side's idle and peak power scale with ``cores / that type's cores``,
+  the accelerators' with ``accelerators / that type's`` (parked power at most the idle).
 
 Node ids are ``<pool>-NN`` numbered per group kind. Pure functions; :class:`FleetSpecError`
 says which group is wrong and why.
@@ -137,7 +138,18 @@ def _group(group: str) -> tuple[int, Node, str]:
             "is no power model for it"
         )
     k = cores / base.capacity.cpu
-    power = replace(base.power, idle_w=base.power.idle_w * k, peak_w=base.power.peak_w * k)
+    bp = base.power
+    ka = accel / base.capacity.accel if base.capacity.accel else 0.0
+    accel_idle, accel_peak = bp.accel_idle_w * ka, bp.accel_peak_w * ka
+    idle = (bp.idle_w - bp.accel_idle_w) * k + accel_idle
+    power = replace(
+        bp,
+        idle_w=idle,
+        peak_w=(bp.peak_w - bp.accel_peak_w) * k + accel_peak,
+        parked_w=min(bp.parked_w, idle),
+        accel_idle_w=accel_idle,
+        accel_peak_w=accel_peak,
+    )
     clusters = base.topology.clusters if base.topology else ((0,),)
     n_clusters = min(len(clusters), int(cores))
     node = replace(

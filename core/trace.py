@@ -148,7 +148,7 @@ def parse_trace(lines: Iterable[str], source: str) -> list[TraceRow]:
 
     The header must name every required column, no column twice and no unknown one. Blank
     lines are skipped. Raises :class:`TraceError` at the first bad header cell or value."""
-    reader = csv.reader(_numbered(lines))
+    reader = csv.reader(_numbered(lines), strict=True)
     header: list[str] | None = None
     rows: list[TraceRow] = []
     index: dict[str, int] = {}
