@@ -1,9 +1,15 @@
 """The campus experiment: every strategy over the same scenario, and the targets they are held to.
 
-Builds the strategy set (three baselines, our three modes, and tidal allocation on top of the
-energy and priority modes) and checks a run's figures, with the per-core affinity experiment on
-a 48-core ARM node, against the source article's targets. Running them (in parallel processes)
-is :mod:`edgesched.simrun`'s job.
+Builds the strategy set (three baselines, our three modes, tidal allocation on top of the
+energy and priority modes, and the learned score) and checks a run's figures, with the per-core
+affinity experiment on a 48-core ARM node, against the source article's targets. Running them
+(in parallel processes) is :mod:`edgesched.simrun`'s job.
+
+``learned`` is the energy mode with its score stage replaced by an injected
+:class:`~edgesched.core.learned.LearnedScore` (the core does no I/O: the caller loads the model,
+e.g. ``edgesched.policies.placement.learned_policy``, and passes it as ``learned`` or in
+``base.learned_score``). Without one, every placement falls back to the energy score and each
+decision says so.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from edgesched.core.learned import LearnedScore
 from edgesched.core.model import Task
 from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.core.simulator import ScenarioLike, SimReport
@@ -26,6 +33,7 @@ from edgesched.core.tidal import TidalProfile
 
 BASELINES = ("static-partition", "k8s-spread", "first-fit")
 TARGET_STRATEGY = "tidal+energy"
+LEARNED_STRATEGY = "learned"
 
 
 def build_strategies(
@@ -33,9 +41,12 @@ def build_strategies(
     tidal: TidalProfile,
     base: PolicyConfig | None = None,
     only: Sequence[str] | None = None,
+    learned: LearnedScore | None = None,
 ) -> list[Strategy]:
-    """Baselines first, then ours. ``base`` carries config overrides (weights, park timing)."""
+    """Baselines first, then ours. ``base`` carries config overrides (weights, park timing);
+    ``learned`` (else ``base.learned_score``) is the score model of the ``learned`` strategy."""
     base = base or PolicyConfig()
+    score = learned if learned is not None else base.learned_score
     samples: dict[str, Task] = {}
     for task in scenario.tasks:
         samples.setdefault(task.workload, task)
@@ -54,6 +65,10 @@ def build_strategies(
         "energy": lambda: ours("energy", PolicyMode.ENERGY, none),
         "tidal+priority": lambda: ours("tidal+priority", PolicyMode.PRIORITY, tidal),
         TARGET_STRATEGY: lambda: ours(TARGET_STRATEGY, PolicyMode.ENERGY, tidal),
+        LEARNED_STRATEGY: lambda: CoreStrategy(
+            LEARNED_STRATEGY,
+            replace(base, mode=PolicyMode.LEARNED, tidal=none, learned_score=score),
+        ),
     }
     names = list(only) if only else list(makers)
     unknown = [n for n in names if n not in makers]
@@ -72,6 +87,7 @@ def strategy_names() -> tuple[str, ...]:
         "energy",
         "tidal+priority",
         TARGET_STRATEGY,
+        LEARNED_STRATEGY,
     )
 
 

@@ -9,9 +9,13 @@ Model contract ``edgesched.placement.score/1`` (in the model's metadata; the car
   node id).
 
 The model is linear (13 weights and a bias). It is trained by the cross-entropy method, a
-black-box policy search: sample weight vectors around a mean, simulate campus days with each
-as the score stage, keep the best by :func:`reward`, refit the mean and spread, repeat. The
-search starts from the energy mode's weights written in these features.
+black-box policy search: sample weight vectors around a mean, simulate members of the generated
+workload families (:mod:`edgesched.core.workloadgen`) with each as the score stage, keep the
+best by the combined :func:`objective` (energy cost relative to k8s-spread's, SLO misses, p99
+waits), refit the mean and spread, repeat. The search starts from the energy mode's weights
+written in these features. :func:`evaluate` scores the shipped model and every heuristic on
+*held-out* members of each family (other random streams, a higher load band) with the same
+objective.
 
 Inference (:class:`OnnxPlacementScore`) validates every batch (shape, NaN, range) and every
 output; a failure is logged, counted and re-raised, and the core then places that task with the
@@ -35,7 +39,6 @@ import numpy as np
 import numpy.typing as npt
 
 from edgesched.core.learned import LEARNED_FEATURES, N_LEARNED_FEATURES
-from edgesched.core.model import SECONDS_PER_DAY
 from edgesched.core.nodetable import FloatArray
 from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.policies.ortsession import ModelLoadError, open_contract
@@ -47,51 +50,56 @@ if TYPE_CHECKING:  # training only: an engine that scores placements does not lo
 log = logging.getLogger("edgesched.policies.placement")
 
 CONTRACT = "edgesched.placement.score/1"
-#: Reward weights (the model card defines the reward with them).
-COST_WEIGHT = 2.0
-MISS_WEIGHT = 10.0
 #: Scores outside this are treated as garbage.
 MAX_ABS_SCORE = 1e6
 
 
-# --- reward ---------------------------------------------------------------------------------
+# --- the combined objective ---------------------------------------------------------------
+
+#: Weights of the combined objective :func:`objective` (the model card states them).
+MISS_WEIGHT = 20.0
+WAIT_WEIGHT = 0.05
+#: A class's p99 wait counts at most this many times its SLO in the wait term.
+WAIT_CAP = 2.0
 
 
-def reward_terms(report: SimReport, scenario: ScenarioLike) -> dict[str, float]:
-    """The reward's terms for one simulated run (see :func:`reward`)."""
-    horizon = scenario.days * SECONDS_PER_DAY
-    peak_w = sum(n.power.peak_w for n in scenario.nodes)
-    step = 300.0
-    price_integral = math.fsum(
-        scenario.tariff.price_at(t) * step for t in np.arange(0.0, horizon, step).tolist()
-    )
-    cost_ref = peak_w / 1000.0 * price_integral / 3600.0  # the whole fleet at peak power
+def objective_terms(
+    report: SimReport, scenario: ScenarioLike, reference_cost: float
+) -> dict[str, float]:
+    """The terms of :func:`objective` for one run (plus throughput and utilization).
+
+    ``cost_ratio``: energy cost over ``reference_cost`` (k8s-spread's on the same scenario);
+    ``weighted_miss_rate``: SLO misses weighted by class priority over submissions weighted the
+    same way; ``wait_ratio``: the priority-weighted mean, over the classes that had work, of
+    ``min(p99 wait / SLO wait, 2)``.
+    """
     classes = scenario.classes
-    weighted = math.fsum(classes[w].priority * c.slo_misses for w, c in report.classes.items())
-    total = math.fsum(classes[w].priority * c.submitted for w, c in report.classes.items())
+    rows = [(w, c, max(classes[w].priority, 1)) for w, c in report.classes.items() if c.submitted]
+    total = math.fsum(p * c.submitted for _, c, p in rows)
+    weight = math.fsum(p for _, _, p in rows)
+    waits = math.fsum(
+        p * min(c.wait_p99_s / max(classes[w].slo_wait_s, 1e-9), WAIT_CAP) for w, c, p in rows
+    )
     submitted = sum(c.submitted for c in report.classes.values())
     return {
+        "cost_ratio": report.energy_cost / max(reference_cost, 1e-12),
+        "weighted_miss_rate": math.fsum(p * c.slo_misses for _, c, p in rows) / max(total, 1e-9),
+        "wait_ratio": waits / weight if weight else 0.0,
         "utilization_awake": report.utilization_awake,
         "throughput": report.completed / max(submitted, 1),
-        "cost_fraction": report.energy_cost / cost_ref,
-        "weighted_miss_rate": weighted / max(total, 1e-9),
     }
 
 
-def reward(report: SimReport, scenario: ScenarioLike) -> float:
-    """``util_awake + completed/submitted - 2 * cost/cost_ref - 10 * weighted_miss_rate``.
+def objective(report: SimReport, scenario: ScenarioLike, reference_cost: float) -> float:
+    """The combined objective of one run, lower is better (training and evaluation alike)::
 
-    ``cost_ref`` is the energy cost of the whole fleet at peak power for the horizon under
-    the tariff; the weighted miss rate is the SLO misses weighted by class priority over the
-    submissions weighted the same way.
+        J = cost / cost_k8s + 20 * weighted_miss_rate + 0.05 * wait_ratio
+
+    ``cost_k8s`` is k8s-spread's energy cost on the same scenario, so J is 1.0 for k8s-spread
+    with no miss and no wait; see :func:`objective_terms` for the other terms.
     """
-    t = reward_terms(report, scenario)
-    return (
-        t["utilization_awake"]
-        + t["throughput"]
-        - COST_WEIGHT * t["cost_fraction"]
-        - MISS_WEIGHT * t["weighted_miss_rate"]
-    )
+    t = objective_terms(report, scenario, reference_cost)
+    return t["cost_ratio"] + MISS_WEIGHT * t["weighted_miss_rate"] + WAIT_WEIGHT * t["wait_ratio"]
 
 
 # --- the score model ------------------------------------------------------------------------
@@ -213,58 +221,133 @@ def shipped_model() -> Path:
     return Path(__file__).with_name("placement-score.onnx")
 
 
-# --- training: cross-entropy method over the weights ----------------------------------------
+# --- scenarios ------------------------------------------------------------------------------
+
+#: A scenario of training or evaluation: ``(family, split, index)`` of a generated member, or
+#: ``("campus", "", seed)``.
+ScenarioKey = tuple[str, str, int]
+CAMPUS = "campus"
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyTrainConfig:
-    """The policy search's budget and scenarios."""
+    """The policy search's budget and scenarios.
 
-    train_seeds: tuple[int, ...] = (11, 12, 13, 14, 15, 16)
-    eval_seeds: tuple[int, ...] = (2001, 2002, 2003, 2004, 2005)
-    scale: float = 0.2
-    days: float = 1.0
-    population: int = 10
+    Training uses members ``0..train_members-1`` of each family's ``train`` split; evaluation
+    members ``0..eval_members-1`` of its ``heldout`` split, plus the campus (scale
+    ``campus_scale``, ``campus_days``) on ``eval_seeds`` (``train_seeds`` adds campus days to
+    training; empty by default: a campus day costs as much as ten members).
+    """
+
+    families: tuple[str, ...] = ("batch", "mixed-bursty", "accel-heavy")
+    train_members: int = 4
+    eval_members: int = 4
+    train_seeds: tuple[int, ...] = ()
+    eval_seeds: tuple[int, ...] = (2001,)
+    campus_scale: float = 0.1
+    campus_days: float = 1.0
+    population: int = 8
     elite: int = 3
-    generations: int = 6
-    seeds_per_candidate: int = 3
-    init_std: float = 0.1
-    workers: int = 2
+    generations: int = 7
+    members_per_candidate: int = 6
+    init_std: float = 0.15
+    workers: int = 1
+    #: Cut generated members to their first ``truncate_h`` hours (0: whole; tests use it).
+    truncate_h: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__slots__}
 
+    @property
+    def train_keys(self) -> tuple[ScenarioKey, ...]:
+        """Training scenarios, interleaved across families."""
+        members = [(f, "train", i) for i in range(self.train_members) for f in self.families]
+        return (*members, *((CAMPUS, "", s) for s in self.train_seeds))
+
+    @property
+    def eval_keys(self) -> tuple[ScenarioKey, ...]:
+        members = [(f, "heldout", i) for f in self.families for i in range(self.eval_members)]
+        return (*members, *((CAMPUS, "", s) for s in self.eval_seeds))
+
 
 TINY_POLICY = PolicyTrainConfig(
-    train_seeds=(11,),
-    eval_seeds=(12,),
-    scale=0.1,
-    days=0.05,
+    families=("batch",),
+    train_members=1,
+    eval_members=1,
+    eval_seeds=(),
     population=3,
     elite=1,
     generations=1,
-    seeds_per_candidate=1,
-    workers=1,
+    members_per_candidate=1,
+    truncate_h=0.25,
 )
 
 
-def _scenario(seed: int, config: PolicyTrainConfig) -> Any:
-    from edgesched.core.campus import campus_scenario
+def scenario_for(key: ScenarioKey, config: PolicyTrainConfig) -> Any:
+    """The scenario of ``key`` (a generated member, or a campus day)."""
+    source, split, index = key
+    if source == CAMPUS:
+        from edgesched.core.campus import campus_scenario
 
-    return campus_scenario(seed=seed, days=config.days, scale=config.scale)
+        return campus_scenario(seed=index, days=config.campus_days, scale=config.campus_scale)
+    from edgesched.core.workloadgen import member
+
+    scenario = member(source, index, split)
+    cut = config.truncate_h * 3600.0
+    if 0 < cut < scenario.horizon_s:
+        tasks = tuple(t for t in scenario.tasks if t.submitted_at < cut)
+        scenario = replace(scenario, tasks=tasks, days=config.truncate_h / 24.0)
+    return scenario
 
 
-def _run_weights(args: tuple[tuple[float, ...], tuple[int, ...], PolicyTrainConfig]) -> float:
+def strategy_for(name: str, key: ScenarioKey, scenario: Any, model: str = "") -> Strategy:
+    """Strategy ``name`` on ``scenario``: tidal variants use the campus profile on the campus
+    and none on generated members (their classes have no tidal windows); ``learned`` loads
+    ``model`` (empty: the shipped one)."""
+    from edgesched.core.experiment import build_strategies
+    from edgesched.core.tidal import TidalProfile, campus_profile
+
+    tidal = campus_profile() if key[0] == CAMPUS else TidalProfile()
+    learned = None
+    if name == "learned":
+        learned = learned_policy(Path(model) if model else None).learned_score
+    (strategy,) = build_strategies(scenario, tidal, only=[name], learned=learned)
+    return strategy
+
+
+def _reference_job(args: tuple[ScenarioKey, PolicyTrainConfig]) -> float:
+    from edgesched.core.simulator import simulate
+
+    key, config = args
+    scenario = scenario_for(key, config)
+    return simulate(scenario, strategy_for("k8s-spread", key, scenario)).energy_cost
+
+
+def reference_costs(
+    keys: Sequence[ScenarioKey], config: PolicyTrainConfig
+) -> dict[ScenarioKey, float]:
+    """k8s-spread's energy cost per scenario: the objective's cost reference."""
+    costs = _map(_reference_job, [(k, config) for k in keys], config.workers)
+    return dict(zip(keys, costs, strict=True))
+
+
+# --- training: cross-entropy method over the weights ----------------------------------------
+
+
+def _run_weights(
+    args: tuple[tuple[float, ...], tuple[tuple[ScenarioKey, float], ...], PolicyTrainConfig],
+) -> float:
+    """Mean objective of the linear score ``weights`` over the given scenarios."""
     from edgesched.core.simulator import simulate
     from edgesched.core.strategies import CoreStrategy
 
-    weights, seeds, config = args
+    weights, keyed, config = args
     policy = PolicyConfig(mode=PolicyMode.LEARNED, learned_score=LinearScore(weights))
     total = 0.0
-    for seed in seeds:
-        scenario = _scenario(seed, config)
-        total += reward(simulate(scenario, CoreStrategy("learned", policy)), scenario)
-    return total / len(seeds)
+    for key, ref in keyed:
+        scenario = scenario_for(key, config)
+        total += objective(simulate(scenario, CoreStrategy("learned", policy)), scenario, ref)
+    return total / len(keyed)
 
 
 def _map(fn: Callable[[Any], float], jobs: list[Any], workers: int) -> list[float]:
@@ -277,8 +360,8 @@ def _map(fn: Callable[[Any], float], jobs: list[Any], workers: int) -> list[floa
 @dataclass(frozen=True, slots=True)
 class SearchResult:
     weights: tuple[float, ...]
-    history: tuple[tuple[int, float, float], ...]  # (generation, best reward, mean reward)
-    #: The final comparison on all training seeds, and which of the three was shipped.
+    history: tuple[tuple[int, float, float], ...]  # (generation, best objective, mean objective)
+    #: The final comparison on all training scenarios, and which of the three was shipped.
     final: tuple[tuple[str, float], ...] = ()
     picked: str = ""
 
@@ -286,96 +369,124 @@ class SearchResult:
 def train(
     config: PolicyTrainConfig, seed: int = 0, progress: Callable[[str], None] | None = None
 ) -> SearchResult:
-    """Cross-entropy method; deterministic for a given ``seed`` and config.
+    """Cross-entropy method minimising :func:`objective`; deterministic for a seed and config.
 
-    Every candidate of a generation is simulated on the *same* seeds (common random numbers),
-    and the heuristic start rides along in every generation, so each candidate is judged by
-    its paired advantage over the energy weights, not by the luck of its seeds. The final
-    pick is made on all training seeds among the start, the refit mean and the candidate with
-    the best advantage seen: the search never ships weights that did worse than the heuristic
-    it started from on the data it saw.
+    Every candidate of a generation is simulated on the *same* training members (common random
+    numbers; the members rotate between generations and cover every family), and the heuristic
+    start rides along in every generation, so each candidate is judged by its paired advantage
+    over the energy weights, not by the luck of its members. The final pick is made on all
+    training members among the start, the refit mean and the candidate with the best advantage
+    seen: the search never ships weights that did worse than the heuristic it started from on
+    the data it saw.
     """
     rng = np.random.default_rng([seed, 6])
+    keys = config.train_keys
+    refs = reference_costs(keys, config)
     start = heuristic_start()
     mean = start.copy()
     std = np.full(N_LEARNED_FEATURES, config.init_std)
     best_w, best_adv = tuple(float(v) for v in start), 0.0
     history: list[tuple[int, float, float]] = []
     for g in range(config.generations):
-        k = config.seeds_per_candidate
-        first = (g * k) % len(config.train_seeds)
-        seeds = tuple(config.train_seeds[(first + i) % len(config.train_seeds)] for i in range(k))
+        k = min(config.members_per_candidate, len(keys))
+        first = (g * k) % len(keys)
+        keyed = tuple((keys[(first + i) % len(keys)], refs[keys[(first + i) % len(keys)]])
+                      for i in range(k))  # fmt: skip
         samples = [start, mean] + [
             mean + std * rng.standard_normal(len(mean)) for _ in range(config.population - 2)
         ]
         candidates = [tuple(float(v) for v in s) for s in samples]
-        rewards = _map(_run_weights, [(c, seeds, config) for c in candidates], config.workers)
-        order = sorted(range(1, len(candidates)), key=lambda i: (-rewards[i], i))
+        scores = _map(_run_weights, [(c, keyed, config) for c in candidates], config.workers)
+        order = sorted(range(1, len(candidates)), key=lambda i: (scores[i], i))
         elite = np.array([candidates[i] for i in order[: config.elite]])
         mean = elite.mean(axis=0)
         std = np.maximum(elite.std(axis=0), 0.01)
-        top, base = rewards[order[0]], rewards[0]
-        history.append((g, top, float(np.mean(rewards))))
-        if top - base > best_adv:
-            best_adv, best_w = top - base, candidates[order[0]]
+        top, base = scores[order[0]], scores[0]
+        history.append((g, top, float(np.mean(scores))))
+        if base - top > best_adv:
+            best_adv, best_w = base - top, candidates[order[0]]
         if progress is not None:
             progress(
-                f"generation {g + 1}/{config.generations}: best reward {top:.4f} "
-                f"({top - base:+.4f} over the heuristic start {base:.4f}), "
-                f"mean {np.mean(rewards):.4f}"
+                f"generation {g + 1}/{config.generations}: best objective {top:.4f} "
+                f"({top - base:+.4f} against the heuristic start {base:.4f}), "
+                f"mean {np.mean(scores):.4f}"
             )
     finals = [tuple(float(v) for v in start), tuple(float(v) for v in mean), best_w]
-    final_r = _map(_run_weights, [(c, config.train_seeds, config) for c in finals], config.workers)
-    pick = max(range(len(finals)), key=lambda i: (final_r[i], -i))
+    everything = tuple((key, refs[key]) for key in keys)
+    final_j = _map(_run_weights, [(c, everything, config) for c in finals], config.workers)
+    pick = min(range(len(finals)), key=lambda i: (final_j[i], i))
     names = ("heuristic start", "refit mean", "best candidate")
     if progress is not None:
         progress(
-            "final, on all training seeds: "
-            + ", ".join(f"{n} {r:.4f}" for n, r in zip(names, final_r, strict=True))
+            "final, on all training members: "
+            + ", ".join(f"{n} {r:.4f}" for n, r in zip(names, final_j, strict=True))
             + f"; shipping the {names[pick]}"
         )
-    final = tuple(zip(names, final_r, strict=True))
+    final = tuple(zip(names, final_j, strict=True))
     return SearchResult(finals[pick], tuple(history), final, names[pick])
 
 
 # --- evaluation -----------------------------------------------------------------------------
 
-HEURISTICS = ("priority", "balance", "energy", "tidal+priority", "tidal+energy", "k8s-spread")
+HEURISTICS = (
+    "energy",
+    "balance",
+    "priority",
+    "tidal+energy",
+    "tidal+priority",
+    "k8s-spread",
+    "first-fit",
+    "static-partition",
+)
+#: Tidal variants differ from their base only under a tidal profile: the campus only.
+_CAMPUS_ONLY = frozenset({"tidal+energy", "tidal+priority"})
 
 
-def _eval_job(args: tuple[str, int, PolicyTrainConfig, str]) -> dict[str, float]:
-    from edgesched.core.experiment import build_strategies
+def _eval_job(args: tuple[str, ScenarioKey, PolicyTrainConfig, str, float]) -> dict[str, float]:
     from edgesched.core.simulator import simulate
-    from edgesched.core.strategies import CoreStrategy
-    from edgesched.core.tidal import campus_profile
 
-    name, seed, config, model = args
-    scenario = _scenario(seed, config)
-    strategy: Strategy
-    if name == "learned":
-        strategy = CoreStrategy("learned", learned_policy(Path(model)))
-    else:
-        (strategy,) = build_strategies(scenario, campus_profile(), only=[name])
-    report = simulate(scenario, strategy)
-    terms = reward_terms(report, scenario)
+    name, key, config, model, ref = args
+    scenario = scenario_for(key, config)
+    report = simulate(scenario, strategy_for(name, key, scenario, model))
     return {
-        **terms,
-        "reward": reward(report, scenario),
+        **objective_terms(report, scenario, ref),
+        "objective": objective(report, scenario, ref),
         "energy_cost": report.energy_cost,
         "slo_misses": float(report.slo_misses),
     }
 
 
+def group_of(key: ScenarioKey) -> str:
+    return key[0]
+
+
 def evaluate(
     config: PolicyTrainConfig, model: Path, names: Sequence[str] = ("learned", *HEURISTICS)
-) -> dict[str, dict[str, float]]:
-    """Mean figures per strategy over the held-out seeds (the same arrivals for each)."""
-    jobs = [(n, s, config, str(model)) for n in names for s in config.eval_seeds]
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Mean figures per scenario group (each family's held-out members, the campus) and over
+    every generated member (``"generated"``), per strategy; every strategy sees the same
+    arrivals. ``results[group][strategy][figure]``."""
+    keys = config.eval_keys
+    refs = reference_costs(keys, config)
+    jobs = [
+        (n, k, config, str(model), refs[k])
+        for k in keys
+        for n in names
+        if k[0] == CAMPUS or n not in _CAMPUS_ONLY
+    ]
     results = _map_dicts(jobs, config.workers)
-    out: dict[str, dict[str, float]] = {}
-    for n in names:
-        rows = [r for (jn, _, _, _), r in zip(jobs, results, strict=True) if jn == n]
-        out[n] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+    groups: dict[str, list[tuple[str, dict[str, float]]]] = {}
+    for (n, k, _, _, _), r in zip(jobs, results, strict=True):
+        groups.setdefault(group_of(k), []).append((n, r))
+        if k[0] != CAMPUS:
+            groups.setdefault("generated", []).append((n, r))
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for g, rows in groups.items():
+        out[g] = {}
+        for n in names:
+            mine = [r for rn, r in rows if rn == n]
+            if mine:
+                out[g][n] = {f: float(np.mean([r[f] for r in mine])) for f in mine[0]}
     return out
 
 
@@ -386,18 +497,47 @@ def _map_dicts(jobs: list[Any], workers: int) -> list[dict[str, float]]:
         return list(pool.map(_eval_job, jobs))
 
 
+def best_heuristic(results: Mapping[str, Mapping[str, float]]) -> str:
+    """The heuristic with the lowest objective in one group's results."""
+    return min((n for n in results if n != "learned"), key=lambda n: results[n]["objective"])
+
+
+def margin(results: Mapping[str, Mapping[str, float]]) -> float:
+    """How much lower learned's objective is than the best heuristic's, as a fraction of it."""
+    best = results[best_heuristic(results)]["objective"]
+    return 1.0 - results["learned"]["objective"] / best
+
+
 def format_table(results: Mapping[str, Mapping[str, float]]) -> list[str]:
     lines = [
-        "| strategy | reward | util (awake) | completed / submitted | energy cost | "
-        "cost / fleet-at-peak | SLO misses | weighted miss rate |",
+        "| strategy | objective J | cost / k8s-spread | energy cost | SLO misses | "
+        "weighted miss rate | p99 wait / SLO | util (awake) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for n, r in results.items():
         lines.append(
-            f"| {n} | {r['reward']:.4f} | {r['utilization_awake']:.1%} | {r['throughput']:.2%} | "
-            f"{r['energy_cost']:.2f} | {r['cost_fraction']:.3f} | {r['slo_misses']:.1f} | "
-            f"{r['weighted_miss_rate']:.4%} |"
+            f"| {n} | {r['objective']:.4f} | {r['cost_ratio']:.4f} | {r['energy_cost']:.3f} | "
+            f"{r['slo_misses']:.2f} | {r['weighted_miss_rate']:.4%} | {r['wait_ratio']:.3f} | "
+            f"{r['utilization_awake']:.1%} |"
         )
+    return lines
+
+
+def format_groups(results: Mapping[str, Mapping[str, Mapping[str, float]]]) -> list[str]:
+    """One table per group, each followed by learned's margin over the best heuristic."""
+    lines: list[str] = []
+    for g, table in results.items():
+        lines += [f"### {g}", "", *format_table(table), ""]
+        if "learned" in table and len(table) > 1:
+            b = best_heuristic(table)
+            lines += [
+                f"Best heuristic: `{b}` (J {table[b]['objective']:.4f}); learned "
+                f"{table['learned']['objective']:.4f}: {margin(table):+.1%} lower J, SLO "
+                f"misses {table['learned']['slo_misses']:.2f} against "
+                f"{min(r['slo_misses'] for n, r in table.items() if n != 'learned'):.2f} "
+                "(the fewest of any heuristic).",
+                "",
+            ]
     return lines
 
 
