@@ -166,9 +166,7 @@ def parse_alibaba(
     machine = machine or Machine()
     dropped: Counter[str] = Counter()
     records: list[tuple[int, str, int, str, float, float, float, float]] = []
-    reader = csv.reader(_lines(lines))
-    for cells in reader:
-        line = reader.line_num
+    for line, cells in _csv_rows(_lines(lines), source):
         if not cells or all(not c.strip() for c in cells):
             continue
         cells = [c.strip() for c in cells]
@@ -314,7 +312,8 @@ def _google_records(
     if first.lstrip().startswith("{"):
         yield from _jsonl(first, line, it, source)
         return
-    header = [h.strip() for h in next(csv.reader([first]))]
+    _, first_cells = next(_csv_rows([first], source), (0, []))
+    header = [h.strip() for h in first_cells]
     cols: dict[str, int] = {}
     for key, names in _GOOGLE_ALIASES.items():
         for name in names:
@@ -327,9 +326,8 @@ def _google_records(
                 source, line, 0, f"header lacks the column {key!r} (a BigQuery export of "
                 "instance_events names time, type, collection_id, instance_index, ...)",
             )  # fmt: skip
-    reader = csv.reader(it)
-    for cells in reader:
-        n = line + reader.line_num
+    for k, cells in _csv_rows(it, source, line):
+        n = line + k
         if not cells or all(not c.strip() for c in cells):
             continue
         if len(cells) != len(header):
@@ -485,6 +483,18 @@ def parse_google(
 
 # --------------------------------------------------------------------------------------------
 # Files
+
+
+def _csv_rows(
+    lines: Iterable[str], source: str, offset: int = 0
+) -> Iterator[tuple[int, list[str]]]:
+    """(line number, cells) of CSV text; malformed CSV is a TraceError at its line."""
+    reader = csv.reader(lines, strict=True)
+    try:
+        for cells in reader:
+            yield reader.line_num, cells
+    except csv.Error as exc:
+        raise TraceError(source, offset + reader.line_num, 0, f"malformed CSV: {exc}") from None
 
 
 def _lines(lines: Iterable[str]) -> Iterator[str]:

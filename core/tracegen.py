@@ -122,16 +122,27 @@ def synthetic_tasks(
         if len(tasks) == 1
     }
     scale = 1.0
-    out: list[SynthTask] = []
-    for _ in range(4):
-        out = _lay_out(shapes, scale, opaque)
-        peak = peak_cpu(
-            [(t.start_s, t.end_s - t.start_s, t.plan_cpu / 100 * t.instances) for t in out]
-        )
+    out = _lay_out(shapes, scale, opaque)
+    peak = _peak(out)
+    for _ in range(6):  # durations scaled towards the target peak (not linear: DAGs, rounding)
         if peak <= 0:
             break
         scale *= target / peak
+        out = _lay_out(shapes, scale, opaque)
+        peak = _peak(out)
+    for _ in range(100):  # and not above it (unless one moment's instances alone are)
+        if peak <= target:
+            break
+        scale *= 0.99
+        out = _lay_out(shapes, scale, opaque)
+        peak = _peak(out)
     return sorted(out, key=lambda t: (t.start_s, t.job, t.number))
+
+
+def _peak(tasks: Sequence[SynthTask]) -> float:
+    return peak_cpu(
+        [(t.start_s, t.end_s - t.start_s, t.plan_cpu / 100 * t.instances) for t in tasks]
+    )
 
 
 def _lay_out(
