@@ -27,6 +27,11 @@ def to_json(result: ExperimentResult, meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _kwh(value: float) -> str:
+    """Energy in kWh: whole kWh from 100 up (a campus day), one decimal below (a short trace)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
 def worst_wait_p99(report: SimReport) -> float:
     """The highest per-class p99 wait of a run, seconds (the overall p99 with one class)."""
     return max((c.wait_p99_s for c in report.classes.values()), default=0.0)
@@ -67,7 +72,7 @@ def print_tables(
             r.strategy,
             f"{r.utilization_awake:.1%}",
             f"{r.utilization_fleet:.1%}",
-            f"{r.energy_kwh:,.0f}",
+            _kwh(r.energy_kwh),
             f"{r.energy_cost:,.2f}",
             f"{r.completed:,}",
             f"{r.work_core_h:,.0f}",
@@ -152,7 +157,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         p99 = max((c["wait_p99_s"] for c in s["classes"].values()), default=0.0)
         rows.append(
             f"| {s['strategy']} | {s['utilization_awake']:.1%} | {s['utilization_fleet']:.1%} | "
-            f"{s['energy_kwh']:,.0f} | {s['energy_cost']:,.2f} | {s['completed']:,} | "
+            f"{_kwh(s['energy_kwh'])} | {s['energy_cost']:,.2f} | {s['completed']:,} | "
             f"{s['slo_misses']:,} | {top_misses:,} | {f'{p99:,.0f} | ' if waits else ''}"
             f"{s['preemptions']:,} | {s['migrations']:,} | {s['parks']:,} |"
         )

@@ -418,17 +418,19 @@ def trace_scenario(
         count[g] = k + 1
         ids.append(f"{key[0] or '-'}/{key[1]}/{k}")
     needs_of: list[tuple[int, ...]] = [()] * len(groups)
+    seen_deps: set[tuple[int, tuple[str, ...]]] = set()
     for r, g in zip(rows, group_of, strict=True):
-        if not r.deps or needs_of[g]:
+        if not r.deps or (g, r.deps) in seen_deps:
             continue
-        deps: list[int] = []
+        seen_deps.add((g, r.deps))
+        deps = list(needs_of[g])  # a task needs what any of its rows names
         for d in r.deps:
             if (r.job, d) not in groups:
                 raise TraceError(
                     source, r.line, 0, f"deps: no task {d!r} in job {r.job or '(unnamed)'!r}"
                 )
             deps.append(groups[(r.job, d)])
-        needs_of[g] = tuple(deps)
+        needs_of[g] = tuple(dict.fromkeys(deps))
     t0 = min(r.arrival_s for r in rows)
     try:
         release = release_times(

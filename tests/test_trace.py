@@ -282,3 +282,15 @@ def test_the_default_fleet_puts_the_peak_at_70_percent() -> None:
     assert 150 / cores <= 0.7 < 150 / (cores - 64)
     # back to back: one ending when the next starts is not counted twice
     assert peak_cpu([(0.0, 10.0, 1.0), (10.0, 5.0, 1.0)]) == 1.0
+
+
+def test_a_task_needs_what_any_of_its_rows_names() -> None:
+    rows = [
+        TraceRow(0, 10, 1, job="j", task="a"),
+        TraceRow(0, 20, 1, job="j", task="c"),
+        TraceRow(0, 1, 1, job="j", task="b", deps=("a",)),
+        TraceRow(0, 1, 1, job="j", task="b", deps=("c",)),
+    ]
+    scenario = trace_scenario(rows, parse_fleet("1xx86-gen"))
+    assert scenario.needs == {"j/b/0": ("j/a", "j/c"), "j/b/1": ("j/a", "j/c")}
+    assert {t.id: t.submitted_at for t in scenario.tasks}["j/b/0"] == 20
