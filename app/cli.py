@@ -403,7 +403,10 @@ def _sim_trace(
             f"{', '.join(world.classes)}"
         )
     if world.unplaceable:
-        warn(f"{world.unplaceable:,} task(s) fit on no node of the fleet: they can only miss")
+        warn(
+            f"{world.unplaceable:,} task(s) fit on no node of the fleet: they can only miss"
+            + ("" if fleet else " (the default fleet has no accelerators: see --fleet)")
+        )
     tidal = cfg.policy.tidal if cfg.policy.tidal.windows else TidalProfile()
     console = Console(stderr=as_json, width=None if sys.stdout.isatty() else 150)
     names = strategy or list(strategy_names())
