@@ -49,6 +49,8 @@ ALIBABA_KEPT_STATUS = frozenset({"Terminated", "Failed"})
 _ALIBABA_STATUSES = frozenset(
     {"Terminated", "Failed", "Running", "Waiting", "Ready", "Cancelled", "Interrupted"}
 )
+#: Most instances an Alibaba file may expand to (each is a row, then a simulated task).
+MAX_INSTANCES = 2_000_000
 #: The class every Alibaba instance replays in.
 ALIBABA_CLASS = "batch"
 _DAG_NAME = re.compile(r"[A-Za-z]+(\d+)((?:_\d+)*)")
@@ -166,6 +168,7 @@ def parse_alibaba(
     machine = machine or Machine()
     dropped: Counter[str] = Counter()
     records: list[tuple[int, str, int, str, float, float, float, float]] = []
+    total = 0
     for line, cells in _csv_rows(_lines(lines), source):
         if not cells or all(not c.strip() for c in cells):
             continue
@@ -217,6 +220,12 @@ def parse_alibaba(
         if n == 0:
             dropped["no instances"] += 1
             continue
+        total += int(n)
+        if total > MAX_INSTANCES:
+            raise TraceError(
+                source, line, 2, f"instance_num: the file holds more than {MAX_INSTANCES:,} "
+                "instances (a replay of that many would not finish; cut the file)",
+            )  # fmt: skip
         records.append((line, name, int(n), job, t0, t1, c / 100.0, m / 100.0 * machine.mem_gib))
     by_number: dict[tuple[str, str], str] = {}
     for _, name, _, job, *_ in records:

@@ -331,3 +331,11 @@ def test_any_json_event_imports_or_fails_with_a_trace_error(docs: list[dict[str,
         parse_google([json.dumps(d) for d in docs], "fuzz.jsonl")
     except TraceError as exc:
         assert str(exc).startswith("fuzz.jsonl")
+
+
+def test_an_alibaba_file_cannot_expand_past_the_instance_cap() -> None:
+    line = "M1,1500000,j_1,1,Terminated,10,20,100,1"
+    rows, _ = parse_alibaba([line], "big.csv")
+    assert len(rows) == 1_500_000
+    with pytest.raises(TraceError, match=r"^big\.csv:2:2: instance_num: the file holds more than"):
+        parse_alibaba([line, line.replace("j_1", "j_2")], "big.csv")
