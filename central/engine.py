@@ -1653,12 +1653,19 @@ class CentralEngine:
         return models.policy(self.config.policy)
 
     async def _seed_demand(self) -> None:
+        """The demand history a previous run saved, and the forecast from it at once: a
+        restarted central's prior, so the power stage does not plan on an empty forecast
+        (and park what the next minutes need) until its first 5-minute bin closes. The
+        heuristic forecasts every class here (the fleet's capacity is not known yet); the
+        first closed bin replaces it."""
         saved = await self.store.get_meta("class_demand")
         if saved:
             try:
                 self.demand = ClassDemand.from_json(json.loads(saved))
             except ValueError as exc:
                 log.error("dropping the saved demand history: %s", exc)
+                return
+            self.forecast_cpu = _need(self.models).peak(self.demand, 0.0)
 
     async def _forecast_loop(self) -> None:
         while True:

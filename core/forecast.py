@@ -169,12 +169,15 @@ class Ewma:
 
     ``alpha`` smooths the level, ``trend_beta`` the trend; the trend's contribution ``h`` steps
     ahead is ``(damping + damping**2 + ... + damping**h) * trend`` (``damping = 1`` is plain
-    Holt, which extrapolates a linear series exactly).
+    Holt, which extrapolates a linear series exactly). ``flat_start`` starts the trend at 0
+    rather than at the first two samples' difference: a history that begins on an empty
+    fleet begins with a ramp that is no trend, and the damped trend carried it for hours.
     """
 
     alpha: float = 0.3
     trend_beta: float = 0.1
     damping: float = 0.98
+    flat_start: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -190,7 +193,9 @@ class Ewma:
 
     def forecast(self, history: DemandHistory, horizon_steps: int) -> tuple[float, ...]:
         _check_horizon(horizon_steps)
-        level, trend = _holt(history.values, self.alpha, self.trend_beta, self.damping)
+        level, trend = _holt(
+            history.values, self.alpha, self.trend_beta, self.damping, self.flat_start
+        )
         out: list[float] = []
         reach = 0.0
         factor = 1.0
@@ -314,11 +319,12 @@ def _period_steps(period_s: float, step_s: float) -> int:
 
 
 def _holt(
-    values: Sequence[float], alpha: float, beta: float, damping: float
+    values: Sequence[float], alpha: float, beta: float, damping: float, flat: bool = False
 ) -> tuple[float, float]:
-    """Final (level, trend) of damped Holt smoothing, started from the first two samples."""
+    """Final (level, trend) of damped Holt smoothing, started from the first two samples
+    (``flat``: from the first sample and no trend)."""
     level = values[0]
-    trend = values[1] - values[0] if len(values) > 1 else 0.0
+    trend = values[1] - values[0] if len(values) > 1 and not flat else 0.0
     for x in values[1:]:
         previous = level
         level = alpha * x + (1 - alpha) * (previous + damping * trend)

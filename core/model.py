@@ -149,7 +149,11 @@ class PowerModel:
                 "power model needs 0 <= accel_idle_w <= accel_peak_w, got "
                 f"accel_idle_w={self.accel_idle_w} accel_peak_w={self.accel_peak_w}"
             )
-        if self.accel_idle_w > self.idle_w or self.accel_dynamic_w > self.peak_w - self.idle_w:
+        slack = 1e-9 * max(self.peak_w, 1.0)
+        if (
+            self.accel_idle_w > self.idle_w + slack
+            or self.accel_dynamic_w > self.peak_w - self.idle_w + slack
+        ):
             raise ValueError(
                 "the accelerators' share cannot exceed the node's: accel_idle_w <= idle_w "
                 "and accel_peak_w - accel_idle_w <= peak_w - idle_w"

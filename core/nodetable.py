@@ -73,8 +73,8 @@ class NodeTable:
     perf: FloatArray
     idle_w: FloatArray
     peak_w: FloatArray
-    #: The accelerators' dynamic watts (``PowerModel.accel_dynamic_w``; 0: the node's model
-    #: does not split CPU and accelerators, :meth:`PowerModel.draw`).
+    #: The accelerators' dynamic watts (``PowerModel.accel_dynamic_w``), or -1 where the node's
+    #: model does not split CPU and accelerators (:func:`accel_dynamic_column`).
     accel_dyn_w: FloatArray
     #: What runs on each row (unordered), and CPU in use per workload class.
     on_node: list[list[Placement]]
@@ -129,7 +129,7 @@ class NodeTable:
             perf=np.array([n.perf for n in ordered], dtype=np.float64),
             idle_w=np.array([n.power.idle_w for n in ordered], dtype=np.float64),
             peak_w=np.array([n.power.peak_w for n in ordered], dtype=np.float64),
-            accel_dyn_w=np.array([n.power.accel_dynamic_w for n in ordered], dtype=np.float64),
+            accel_dyn_w=np.array([accel_dynamic_column(n) for n in ordered], dtype=np.float64),
             on_node=on_node,
             usage=usage,
             reserve_per_accel=reserve_per_accel,
@@ -363,6 +363,13 @@ class NodeTable:
         self.state[row] = STATE_CODES[state]
 
 
+def accel_dynamic_column(node: Node) -> float:
+    """The node's :attr:`NodeTable.accel_dyn_w`: its accelerators' dynamic watts where its
+    power model splits them out, -1 where it does not (:meth:`PowerModel.draw`'s older
+    rule)."""
+    return node.power.accel_dynamic_w if node.power.split else -1.0
+
+
 def power_draw(
     idle_w: FloatArray,
     peak_w: FloatArray,
@@ -371,13 +378,15 @@ def power_draw(
     accel_util: FloatArray,
 ) -> FloatArray:
     """Active power (W) per node, :meth:`~edgesched.core.model.PowerModel.draw` over arrays:
-    CPU and accelerator power apart where the model splits them (``accel_dyn_w > 0``), the
-    larger of the two utilizations where it does not."""
+    CPU and accelerator power apart where the model splits them (``accel_dyn_w >= 0``: the
+    accelerators' dynamic watts), the larger of the two utilizations where it does not (-1,
+    :func:`accel_dynamic_column`)."""
     u = np.clip(cpu_util, 0.0, 1.0)
     a = np.clip(accel_util, 0.0, 1.0)
-    split = accel_dyn_w > 0
+    split = accel_dyn_w >= 0
+    accel = np.maximum(accel_dyn_w, 0.0)
     dynamic = peak_w - idle_w
-    apart = (dynamic - accel_dyn_w) * u + accel_dyn_w * a
+    apart = (dynamic - accel) * u + accel * a
     watts: FloatArray = idle_w + np.where(split, apart, dynamic * np.maximum(u, a))
     return watts
 
@@ -395,7 +404,7 @@ def _row_values(node: Node, used: npt.ArrayLike) -> tuple[npt.ArrayLike, ...]:
         node.perf,
         node.power.idle_w,
         node.power.peak_w,
-        node.power.accel_dynamic_w,
+        accel_dynamic_column(node),
     )
 
 

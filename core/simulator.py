@@ -19,8 +19,10 @@ Accounting, integrated exactly between events:
   utilization stays on the allocation;
 * forecast: the strategy sees :func:`forecast_need` of the 5-minute means of the CPU asked
   (running plus waiting), over a horizon from now that covers the slowest wake-up and a
-  tick; before the first 5 minutes close it sees no forecast and ``forecast_ready`` False
-  (nothing is parked on no data);
+  tick; before the first 5 minutes close it sees no forecast, and until Holt's trend is
+  trusted (:data:`MIN_TREND_SAMPLES`, 30 minutes) ``forecast_ready`` is False: nothing is
+  parked on too little data (a cold start parked all it did not run at t = 0, then woke it
+  one or two at a time under the first ramp);
 * SLO: a task whose wait before its (last) start exceeds its class's ``slo_wait_s``, or that
   never starts, is a miss; a preempted task goes back to the queue and restarts from scratch.
 """
@@ -39,7 +41,7 @@ import numpy as np
 
 from edgesched.core.forecast import DemandHistory, Ewma, SeasonalNaive, peak_next, peak_upper
 from edgesched.core.model import SECONDS_PER_DAY, DecisionKind, Node, NodeState, Placement, Task
-from edgesched.core.nodetable import power_draw
+from edgesched.core.nodetable import accel_dynamic_column, power_draw
 from edgesched.core.scheduler import ClusterView
 from edgesched.core.strategies import Strategy
 
@@ -154,14 +156,25 @@ FORECAST_QUANTILE = 0.9
 FORECAST_HORIZON_S = 900.0
 
 
+def need_point(history: DemandHistory, horizon_s: float = FORECAST_HORIZON_S) -> float:
+    """The point forecast under :func:`forecast_need`: :func:`heuristic_peak` with Holt's
+    trend started flat (:class:`~edgesched.core.forecast.Ewma` ``flat_start``): a history
+    that starts on an empty fleet starts with a ramp, which is no trend."""
+    values = history.values
+    peak = peak_next(Ewma(flat_start=True), history, horizon_s)
+    if len(values) * history.step_s >= SECONDS_PER_DAY:
+        peak = max(peak, peak_next(SeasonalNaive(), history, horizon_s))
+    return peak
+
+
 def forecast_need(
     history: DemandHistory, horizon_s: float = FORECAST_HORIZON_S, quantile: float = 0.9
 ) -> float:
     """What the simulator shows the core as ``forecast_cpu``: the upper ``quantile`` of
-    :func:`heuristic_peak` over ``horizon_s`` (:func:`~edgesched.core.forecast.peak_upper`:
-    the point forecast plus that quantile of its shortfalls over the last two hours), and
-    while the history is too young for that, the highest sample seen."""
-    return peak_upper(heuristic_peak, history, horizon_s, quantile=quantile)
+    :func:`need_point` over ``horizon_s`` (:func:`~edgesched.core.forecast.peak_upper`: the
+    point forecast plus that quantile of its shortfalls over the last two hours), and while
+    the history is too young for that, the highest sample seen."""
+    return peak_upper(need_point, history, horizon_s, quantile=quantile)
 
 
 @dataclass(slots=True)
@@ -202,7 +215,7 @@ def simulate(
     cap_acc = np.array([max(n.capacity.accel, 1) for n in nodes], dtype=np.float64)
     idle_w = np.array([n.power.idle_w for n in nodes])
     peak_w = np.array([n.power.peak_w for n in nodes])
-    accel_dyn_w = np.array([n.power.accel_dynamic_w for n in nodes])
+    accel_dyn_w = np.array([accel_dynamic_column(n) for n in nodes])
     parked_w = np.array([n.power.parked_w for n in nodes])
     used_cpu = np.zeros(len(nodes))
     drawn_cpu = np.zeros(len(nodes))  # the part of used_cpu that draws dynamic power
@@ -340,7 +353,7 @@ def simulate(
             tuple(p for p, _ in run.running.values()),
             now,
             forecast_cpu(),
-            forecast_ready=bool(history) or not forecast,
+            forecast_ready=len(history) >= MIN_TREND_SAMPLES or not forecast,
         )
         pending = list(run.pending.values())
         result = strategy.decide(view, pending)

@@ -108,9 +108,10 @@ def test_preempted_task_restarts_and_counts() -> None:
 
 
 def test_energy_mode_parks_idle_nodes_and_saves_energy() -> None:
+    # Two hours: nothing is parked before the forecast trusts its trend (30 minutes).
     nodes = tuple(mknode(f"n{i}") for i in range(4))
-    tasks = tuple(mktask(f"t{i}", 10.0 * i, 3000.0, cpu=2) for i in range(3))
-    sc = Scenario(nodes, tasks, {"a": Cls("a", 10, 60)})
+    tasks = tuple(mktask(f"t{i}", 10.0 * i, 6600.0, cpu=2) for i in range(3))
+    sc = Scenario(nodes, tasks, {"a": Cls("a", 10, 60)}, days=2 / 24)
     spread = simulate(sc, CoreStrategy("b", PolicyConfig(mode=PolicyMode.BALANCE)))
     energy = simulate(
         sc,
