@@ -20,10 +20,16 @@ from typing import Any
 
 from edgesched.core.affinity import arm48_experiment
 from edgesched.core.campus import campus_scenario
-from edgesched.core.experiment import ExperimentResult, build_strategies, check_targets
+from edgesched.core.experiment import (
+    LEARNED_STRATEGY,
+    ExperimentResult,
+    build_strategies,
+    check_targets,
+)
 from edgesched.core.fleetspec import parse_fleet
 from edgesched.core.policy import PolicyConfig
-from edgesched.core.simulator import SimReport, simulate
+from edgesched.core.simulator import ScenarioLike, SimReport, simulate
+from edgesched.core.strategies import Strategy
 from edgesched.core.tidal import TidalProfile
 from edgesched.core.trace import TraceScenario, gated, trace_scenario
 from edgesched.core.traceformats import ImportStats, Machine, load_trace
@@ -40,9 +46,23 @@ class SimJob:
     batch_s: float = 1.0
 
 
+def _strategies(
+    scenario: ScenarioLike, tidal: TidalProfile, policy: PolicyConfig, name: str
+) -> list[Strategy]:
+    """The strategy ``name``; ``learned`` scores with the shipped placement model unless the
+    policy already carries a score model (without a usable model the core falls back to the
+    energy heuristic per placement, and the model loader logs why)."""
+    learned = None
+    if name == LEARNED_STRATEGY and policy.learned_score is None:
+        from edgesched.policies.placement import learned_policy
+
+        learned = learned_policy(None).learned_score
+    return build_strategies(scenario, tidal, policy, [name], learned=learned)
+
+
 def _run_one(job: SimJob, progress: Any | None) -> SimReport:
     scenario = campus_scenario(seed=job.seed, days=job.days, scale=job.scale)
-    (strategy,) = build_strategies(scenario, job.tidal, job.policy, [job.strategy])
+    (strategy,) = _strategies(scenario, job.tidal, job.policy, job.strategy)
     horizon = job.days * 86_400
     step = horizon / 200
     last = [-step]
@@ -166,7 +186,7 @@ def _run_trace_one(
         scenario, _ = load_trace_scenario(
             Path(job.path), job.fmt, job.fleet, job.slo_wait_s, job.slo_by_class, job.machine
         )
-    (strategy,) = build_strategies(scenario, job.tidal, job.policy, [job.strategy])
+    (strategy,) = _strategies(scenario, job.tidal, job.policy, job.strategy)
     horizon = scenario.horizon_s
     step = horizon / 200
     last = [-step]

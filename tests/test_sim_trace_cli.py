@@ -139,3 +139,23 @@ def test_the_energy_mode_keeps_its_slo_on_the_alibaba_like_hour(tmp_path: Path) 
     assert first["completed"] == energy["completed"] == 30_000
     assert energy["slo_misses"] == 0
     assert energy["energy_kwh"] < first["energy_kwh"]
+
+
+def test_the_learned_strategy_of_sim_scores_with_the_shipped_model() -> None:
+    """``sim -s learned`` must not run the energy fallback silently: its strategy carries the
+    shipped ONNX score model, and that model scores (finite, one score per row)."""
+    import numpy as np
+
+    from edgesched.core.learned import N_LEARNED_FEATURES
+    from edgesched.core.policy import PolicyConfig, PolicyMode
+    from edgesched.core.tidal import TidalProfile
+    from edgesched.core.workloadgen import member
+    from edgesched.simrun import _strategies
+
+    (strategy,) = _strategies(member("batch", 0), TidalProfile(), PolicyConfig(), "learned")
+    policy = strategy.policy  # type: ignore[attr-defined]
+    assert policy.mode is PolicyMode.LEARNED and policy.learned_score is not None
+    scores = policy.learned_score(np.full((3, N_LEARNED_FEATURES), 0.5))
+    assert scores.shape == (3,) and np.all(np.isfinite(scores))
+    (energy,) = _strategies(member("batch", 0), TidalProfile(), PolicyConfig(), "energy")
+    assert energy.policy.learned_score is None  # type: ignore[attr-defined]
