@@ -35,6 +35,8 @@ from edgesched.core.traceformats import ALIBABA_CLASS, Machine
 
 #: Instances per 36 servers of the default sample (the issue's Alibaba-like hour).
 INSTANCES_PER_36 = 30_000
+#: The most of the target peak one task's instances may ask at once.
+MAX_TASK_SHARE = 0.25
 #: Borg priority of the Google writer's instances (best-effort batch tier).
 GOOGLE_PRIORITY = 110
 
@@ -112,6 +114,12 @@ def synthetic_tasks(
                 break
             total += count
             cpu = float(rng.choice([50.0, 100.0, 200.0, 400.0], p=[0.3, 0.4, 0.2, 0.1]))
+            # one task's instances, all at once, at most a quarter of the target peak: else a
+            # small trace's peak is that one task, and scaling durations cannot reach the
+            # target (a 2,000-instance hour came out at 2% of its fleet, durations of 2 s)
+            cap = max(1, int(MAX_TASK_SHARE * target / (cpu / 100)))
+            total -= count - min(count, cap)
+            count = min(count, cap)
             mem = round(float(rng.uniform(0.1, 2.0)), 2)
             duration = float(rng.lognormal(math.log(40.0), 1.0))
             tasks.append((number, deps, count, cpu, mem, duration))
