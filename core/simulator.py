@@ -150,8 +150,9 @@ def heuristic_peak(history: DemandHistory, horizon_s: float = 900.0) -> float:
     return peak
 
 
-#: The upper quantile of the peak the energy mode is shown (:func:`forecast_need`).
-FORECAST_QUANTILE = 0.9
+#: The quantile of the forecast's own recent shortfalls added to its peak (:func:`forecast_need`):
+#: the median (0.9 kept 6% more energy awake on the Alibaba-like hour for no fewer misses).
+FORECAST_QUANTILE = 0.5
 #: The forecast horizon from now: the peak over the next 15 minutes (at least).
 FORECAST_HORIZON_S = 900.0
 
@@ -168,7 +169,7 @@ def need_point(history: DemandHistory, horizon_s: float = FORECAST_HORIZON_S) ->
 
 
 def forecast_need(
-    history: DemandHistory, horizon_s: float = FORECAST_HORIZON_S, quantile: float = 0.9
+    history: DemandHistory, horizon_s: float = FORECAST_HORIZON_S, quantile: float = 0.5
 ) -> float:
     """What the simulator shows the core as ``forecast_cpu``: the upper ``quantile`` of
     :func:`need_point` over ``horizon_s`` (:func:`~edgesched.core.forecast.peak_upper`: the
