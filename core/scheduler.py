@@ -493,17 +493,24 @@ def reclaimable_cpu(cycle: _Cycle, waiting: Sequence[Task]) -> float:
     equal priorities evicts nothing, so its preemptible work is no spare)."""
     if not cycle.policy.priority_preemption:
         return 0.0
-    running = [p.task for placements in cycle.on_node for p in placements]
-    ranks = [cycle.effective_priority(t, adding=False) for t in running]
-    ranks += [cycle.effective_priority(t, adding=True) for t in waiting]
-    if not ranks:
-        return 0.0
-    top = max(ranks)
-    return sum(
-        t.demand.cpu
-        for t, rank in zip(running, ranks, strict=False)
-        if t.preemptible and rank < top
-    )
+    # One pass over what runs (central's fleet runs a million tasks): a running task's tidal
+    # boost depends on its class only, and its preemptible CPU is summed per rank.
+    boost: dict[str, int] = {}
+    by_rank: dict[int, float] = {}
+    top = -1
+    for placements in cycle.on_node:
+        for p in placements:
+            t = p.task
+            extra = boost.get(t.workload)
+            if extra is None:
+                extra = boost[t.workload] = TIDAL_BOOST if cycle.in_share(t.workload) else 0
+            rank = t.priority + extra
+            top = max(top, rank)
+            if t.preemptible:
+                by_rank[rank] = by_rank.get(rank, 0.0) + t.demand.cpu
+    for t in waiting:
+        top = max(top, cycle.effective_priority(t, adding=True))
+    return sum(cpu for rank, cpu in by_rank.items() if rank < top)
 
 
 def _headroom_target(
