@@ -533,9 +533,9 @@ def format_groups(results: Mapping[str, Mapping[str, Mapping[str, float]]]) -> l
             lines += [
                 f"Best heuristic: `{b}` (J {table[b]['objective']:.4f}); learned "
                 f"{table['learned']['objective']:.4f}: {margin(table):+.1%} lower J, SLO "
-                f"misses {table['learned']['slo_misses']:.2f} against "
-                f"{min(r['slo_misses'] for n, r in table.items() if n != 'learned'):.2f} "
-                "(the fewest of any heuristic).",
+                f"misses {table['learned']['slo_misses']:.2f} against {b}'s "
+                f"{table[b]['slo_misses']:.2f} (the fewest of any heuristic: "
+                f"{min(r['slo_misses'] for n, r in table.items() if n != 'learned'):.2f}).",
                 "",
             ]
     return lines
