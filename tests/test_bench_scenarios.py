@@ -33,7 +33,8 @@ def test_the_suite_measures_a_held_out_member_and_judges_it(
     assert energy["misses_ok"] == (runs["energy"]["slo_misses"] <= fewest)
     saving = 1 - runs["energy"]["energy_kwh"] / runs["k8s-spread"]["energy_kwh"]
     assert energy["saving_vs_k8s"] == pytest.approx(saving, abs=1e-3)  # kWh rounded in to_dict
-    room = runs["k8s-spread"]["utilization_fleet"] <= suite.PARK_ROOM
+    assert 0.1 < verdict["peak_fill"] < 2
+    room = runs["k8s-spread"]["utilization_fleet"] <= suite.PARK_ROOM and verdict["peak_fill"] <= 1
     assert verdict["room_to_park"] == room
     printed = capsys.readouterr().out
     assert "## batch:" in printed and "energy: misses" in printed
