@@ -189,7 +189,7 @@ def sim(
     replay a trace (--trace) with every strategy on the same arrivals."""
     from edgesched.core.campus import campus_scenario
     from edgesched.core.experiment import strategy_names, top_class
-    from edgesched.report import plot_day, print_tables, to_json, to_markdown
+    from edgesched.report import plot_day, print_tables, to_json
     from edgesched.simrun import default_workers, run_campus
 
     cfg = _load(config)
@@ -271,15 +271,8 @@ def sim(
     }
     meta["top_class"] = top_class(world)
     doc = to_json(result, meta)
-    if markdown is not None:
-        markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(to_markdown(doc))
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(doc, indent=2) + "\n")
-    if as_json:
-        typer.echo(json.dumps(doc, indent=2))
-    else:
+    _write_reports(doc, markdown, output, as_json)
+    if not as_json:
         console.print(
             f"campus: {len(world.nodes)} nodes, {len(world.tasks):,} tasks, seed {seed_}, "
             f"{days_:g} day(s), scale {scale_:g}, tidal profile {tidal.name}"
@@ -294,6 +287,22 @@ def sim(
         except RuntimeError as exc:
             fail(str(exc))
         err.print(f"plot written to {written}", markup=False, highlight=False)
+
+
+def _write_reports(
+    doc: dict[str, Any], markdown: Path | None, output: Path | None, as_json: bool
+) -> None:
+    """A simulation's report as Markdown and JSON files, and as JSON on stdout."""
+    from edgesched.report import to_markdown
+
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(to_markdown(doc))
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(doc, indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
 
 
 def _write_sample(path: Path, fmt: str | None, seed: int, instances: int) -> None:
@@ -368,7 +377,7 @@ def _sim_trace(
     from edgesched.core.tidal import TidalProfile
     from edgesched.core.trace import TraceError
     from edgesched.core.traceformats import FORMATS, guess_format
-    from edgesched.report import plot_day, print_tables, to_json, to_markdown
+    from edgesched.report import plot_day, print_tables, to_json
     from edgesched.simrun import default_workers, load_trace_scenario, run_trace
 
     if not path.is_file():
@@ -458,15 +467,8 @@ def _sim_trace(
         "top_class": top,
     }
     doc = to_json(result, meta)
-    if markdown is not None:
-        markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(to_markdown(doc))
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(doc, indent=2) + "\n")
-    if as_json:
-        typer.echo(json.dumps(doc, indent=2))
-    else:
+    _write_reports(doc, markdown, output, as_json)
+    if not as_json:
         console.print(
             f"trace {path} ({fmt_}): {stats.summary()}; {len(world.nodes)} nodes "
             f"({world.fleet_cpu:,.0f} cores), {len(world.tasks):,} tasks over "

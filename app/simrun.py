@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from multiprocessing import Manager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from edgesched.core.affinity import arm48_experiment
 from edgesched.core.campus import campus_scenario
@@ -60,22 +60,65 @@ def _strategies(
     return build_strategies(scenario, tidal, policy, [name], learned=learned)
 
 
-def _run_one(job: SimJob, progress: Any | None) -> SimReport:
-    scenario = campus_scenario(seed=job.seed, days=job.days, scale=job.scale)
-    (strategy,) = _strategies(scenario, job.tidal, job.policy, job.strategy)
-    horizon = job.days * 86_400
+def _simulate(
+    scenario: ScenarioLike,
+    strategy: Strategy,
+    name: str,
+    horizon: float,
+    batch_s: float,
+    progress: Any | None,
+) -> SimReport:
+    """One simulation, telling ``progress`` (a queue, or None) its clock 200 times over."""
     step = horizon / 200
     last = [-step]
 
     def report(t: float) -> None:
         if progress is not None and t - last[0] >= step:
             last[0] = t
-            progress.put((job.strategy, t))
+            progress.put((name, t))
 
-    result = simulate(scenario, strategy, batch_s=job.batch_s, progress=report)
+    result = simulate(scenario, strategy, batch_s=batch_s, progress=report)
     if progress is not None:
-        progress.put((job.strategy, horizon))
+        progress.put((name, horizon))
     return result
+
+
+def _run_one(job: SimJob, progress: Any | None) -> SimReport:
+    scenario = campus_scenario(seed=job.seed, days=job.days, scale=job.scale)
+    (strategy,) = _strategies(scenario, job.tidal, job.policy, job.strategy)
+    return _simulate(scenario, strategy, job.strategy, job.days * 86_400, job.batch_s, progress)
+
+
+J = TypeVar("J", "SimJob", "TraceJob")
+
+
+def _run_jobs(
+    jobs: Sequence[J],
+    run: Callable[[J, Any | None], SimReport],
+    workers: int,
+    progress: Callable[[str, float], None] | None,
+) -> dict[str, SimReport]:
+    """Each job's report by strategy: in this process, or ``workers`` processes at a time
+    whose progress queues are drained into ``progress``."""
+    reports: dict[str, SimReport] = {}
+    if workers <= 1 or len(jobs) == 1:
+        sink = _CallbackQueue(progress) if progress is not None else None
+        for job in jobs:
+            reports[job.strategy] = run(job, sink)
+        return reports
+    with Manager() as manager, ProcessPoolExecutor(max_workers=workers) as pool:
+        updates = manager.Queue()
+        futures: dict[Future[SimReport], str] = {
+            pool.submit(run, job, updates): job.strategy for job in jobs
+        }
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            _drain(updates, progress)
+            for fut in done:
+                reports[futures[fut]] = fut.result()
+        _drain(updates, progress)
+    return reports
 
 
 def default_workers() -> int:
@@ -97,24 +140,7 @@ def run_campus(
 ) -> ExperimentResult:
     """Every strategy over the same seeded campus, ``workers`` at a time, in the given order."""
     jobs = [SimJob(seed, days, scale, policy, tidal, name, batch_s) for name in strategies]
-    reports: dict[str, SimReport] = {}
-    if workers <= 1 or len(jobs) == 1:
-        sink = _CallbackQueue(progress) if progress is not None else None
-        for job in jobs:
-            reports[job.strategy] = _run_one(job, sink)
-    else:
-        with Manager() as manager, ProcessPoolExecutor(max_workers=workers) as pool:
-            updates = manager.Queue()
-            futures: dict[Future[SimReport], str] = {
-                pool.submit(_run_one, job, updates): job.strategy for job in jobs
-            }
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                _drain(updates, progress)
-                for fut in done:
-                    reports[futures[fut]] = fut.result()
-            _drain(updates, progress)
+    reports = _run_jobs(jobs, _run_one, workers, progress)
     ordered = [reports[name] for name in strategies]
     affinity = {k: float(v) for k, v in arm48_experiment(affinity_load, seed).items()}
     scenario = campus_scenario(seed=seed, days=days, scale=scale)
@@ -187,19 +213,9 @@ def _run_trace_one(
             Path(job.path), job.fmt, job.fleet, job.slo_wait_s, job.slo_by_class, job.machine
         )
     (strategy,) = _strategies(scenario, job.tidal, job.policy, job.strategy)
-    horizon = scenario.horizon_s
-    step = horizon / 200
-    last = [-step]
-
-    def report(t: float) -> None:
-        if progress is not None and t - last[0] >= step:
-            last[0] = t
-            progress.put((job.strategy, t))
-
-    result = simulate(scenario, gated(strategy, scenario), batch_s=job.batch_s, progress=report)
-    if progress is not None:
-        progress.put((job.strategy, horizon))
-    return result
+    return _simulate(
+        scenario, gated(strategy, scenario), job.strategy, scenario.horizon_s, job.batch_s, progress
+    )
 
 
 def run_trace(
@@ -229,22 +245,8 @@ def run_trace(
         )
         for name in strategies
     ]  # fmt: skip
-    reports: dict[str, SimReport] = {}
     if workers <= 1 or len(jobs) == 1:
-        sink = _CallbackQueue(progress) if progress is not None else None
-        for job in jobs:
-            reports[job.strategy] = _run_trace_one(job, sink, scenario)
+        reports = _run_jobs(jobs, lambda job, q: _run_trace_one(job, q, scenario), 1, progress)
     else:
-        with Manager() as manager, ProcessPoolExecutor(max_workers=workers) as pool:
-            updates = manager.Queue()
-            futures: dict[Future[SimReport], str] = {
-                pool.submit(_run_trace_one, job, updates): job.strategy for job in jobs
-            }
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                _drain(updates, progress)
-                for fut in done:
-                    reports[futures[fut]] = fut.result()
-            _drain(updates, progress)
+        reports = _run_jobs(jobs, _run_trace_one, workers, progress)
     return ExperimentResult(tuple(reports[name] for name in strategies), {}, ())
