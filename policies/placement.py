@@ -246,11 +246,11 @@ class PolicyTrainConfig:
     eval_seeds: tuple[int, ...] = (2001,)
     campus_scale: float = 0.1
     campus_days: float = 1.0
-    population: int = 8
+    population: int = 10
     elite: int = 3
-    generations: int = 7
+    generations: int = 8
     members_per_candidate: int = 6
-    init_std: float = 0.15
+    init_std: float = 0.25
     workers: int = 1
     #: Cut generated members to their first ``truncate_h`` hours (0: whole; tests use it).
     truncate_h: float = 0.0
