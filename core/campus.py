@@ -38,6 +38,7 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
+from edgesched.core.forecast import DemandHistory, asked_history
 from edgesched.core.model import (
     SECONDS_PER_DAY,
     Arch,
@@ -59,6 +60,8 @@ BIN_S = SECONDS_PER_DAY / BINS_PER_DAY
 TARGET_UTILIZATION = 0.42
 #: How far before t = 0 the warm start simulates arrivals (longer than all but ~1e-9 of tasks).
 WARM_START_S = 12 * 3600.0
+#: The span of the previous evening a scenario's demand prior covers.
+PRIOR_S = 2 * 3600.0
 #: Log-scale standard deviation of the day-to-day rate noise, and its correlation time.
 NOISE_SIGMA = 0.10
 NOISE_CORRELATION_S = 1800.0
@@ -632,6 +635,10 @@ class CampusScenario:
     assumptions: tuple[str, ...]
     scale: float = 1.0
     carried_over: frozenset[str] = frozenset()
+    #: The CPU asked in 5-minute means over the :data:`PRIOR_S` before midnight (the
+    #: previous evening of the warm start; None without one): the history a live central's
+    #: store would hold, which the simulator's forecast starts from.
+    demand_prior: DemandHistory | None = None
 
     @property
     def fleet_cpu(self) -> float:
@@ -691,8 +698,9 @@ def _class_tasks(
     seed: int,
     days: float,
     warm_start: bool,
-) -> tuple[list[Task], list[str]]:
-    """Tasks of one class, and the ids of its carried-over tasks.
+) -> tuple[list[Task], list[str], tuple[FloatArray, FloatArray, FloatArray]]:
+    """Tasks of one class, the ids of its carried-over tasks, and the arrival times,
+    durations and cores of the previous evening's tasks (none without a warm start).
 
     The class draws from its own random streams: one for the scenario's days and one for the
     warm-start evening, so that turning the warm start off only removes the carried tasks.
@@ -704,6 +712,8 @@ def _class_tasks(
         rng, wc, _day_noise(rng, base_rate, n_days), 0.0, days * SECONDS_PER_DAY
     )
     carried = np.zeros(times.size, dtype=bool)
+    empty = np.zeros(0, dtype=np.float64)
+    past: tuple[FloatArray, FloatArray, FloatArray] = (empty, empty, empty)
     if warm_start:
         # The previous evening: arrivals in [-WARM_START_S, 0) still running at midnight are
         # submitted at 0 with their remaining duration.
@@ -716,6 +726,7 @@ def _class_tasks(
             -warm_days * SECONDS_PER_DAY,
             0.0,
         )
+        past = (w_times, w_durations, w_cpu.astype(np.float64))
         running = (w_times >= -WARM_START_S) & (w_times + w_durations > 0.0)
         times = np.concatenate([np.zeros(int(running.sum())), times])
         durations = np.concatenate([(w_times + w_durations)[running], durations])
@@ -762,7 +773,7 @@ def _class_tasks(
                 threads=round(cores),
             )
         )
-    return tasks, carried_ids
+    return tasks, carried_ids, past
 
 
 def _draw(
@@ -861,11 +872,15 @@ def campus_scenario(
     classes = workload_classes(fleet_cpu)
     tasks: list[Task] = []
     carried: list[str] = []
+    pasts: list[tuple[FloatArray, FloatArray, FloatArray]] = []
     for stream, wc in enumerate(classes.values()):
-        class_tasks, class_carried = _class_tasks(wc, stream, seed, days, warm_start)
+        class_tasks, class_carried, past = _class_tasks(wc, stream, seed, days, warm_start)
         tasks.extend(class_tasks)
         carried.extend(class_carried)
+        pasts.append(past)
     tasks.sort(key=lambda task: (task.submitted_at, task.id))
+    starts, durations, cores = (np.concatenate(column) for column in zip(*pasts, strict=True))
+    prior = asked_history(starts, durations, cores, -PRIOR_S, 0.0, BIN_S) if warm_start else None
     return CampusScenario(
         nodes=nodes,
         tasks=tuple(tasks),
@@ -876,4 +891,5 @@ def campus_scenario(
         assumptions=_assumptions(classes, fleet_cpu),
         scale=float(scale),
         carried_over=frozenset(carried),
+        demand_prior=prior,
     )

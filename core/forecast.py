@@ -20,6 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from edgesched.core.model import SECONDS_PER_DAY
 
 #: Relative slack when checking that a period is a whole number of sample steps.
@@ -71,6 +74,42 @@ class DemandHistory:
         if count < 1:
             raise ValueError(f"tail needs count >= 1, got {count}")
         return DemandHistory(self.step_s, self.values[-count:], self.end_s)
+
+
+def asked_history(
+    starts: npt.ArrayLike,
+    durations: npt.ArrayLike,
+    cpu: npt.ArrayLike,
+    start_s: float,
+    end_s: float,
+    step_s: float = 300.0,
+) -> DemandHistory | None:
+    """The CPU asked (cores, as means per ``step_s``) over ``[start_s, end_s)`` by tasks that
+    each ran from ``starts[i]`` for ``durations[i]`` seconds asking ``cpu[i]`` cores: the
+    demand history a store would hold of work that ran as it arrived (a scenario's prior, see
+    :func:`edgesched.core.simulator.simulate`). ``end_s - start_s`` is rounded down to whole
+    steps, kept at the end; None when that leaves no step."""
+    steps = math.floor((end_s - start_s) / step_s + _STEP_SLACK)
+    if steps < 1:
+        return None
+    edges = end_s - step_s * np.arange(steps, -1, -1, dtype=np.float64)
+    t = np.asarray(starts, dtype=np.float64)
+    c = np.asarray(cpu, dtype=np.float64)
+    a = np.clip(t, edges[0], end_s)
+    b = np.clip(t + np.asarray(durations, dtype=np.float64), edges[0], end_s)
+    keep = (b > a) & (c > 0)
+    # the integral of the CPU asked from edges[0] to each edge: sum of c * (x - a) over the
+    # tasks started before x, less the same over the tasks ended before x
+    integral = np.zeros(len(edges), dtype=np.float64)
+    for times, sign in ((a[keep], 1.0), (b[keep], -1.0)):
+        order = np.argsort(times, kind="stable")
+        at, weight = times[order], c[keep][order]
+        cum_c = np.concatenate(([0.0], np.cumsum(weight)))
+        cum_ca = np.concatenate(([0.0], np.cumsum(weight * at)))
+        i = np.searchsorted(at, edges, side="right")
+        integral += sign * (edges * cum_c[i] - cum_ca[i])
+    values = np.maximum(np.diff(integral) / step_s, 0.0)
+    return DemandHistory(step_s, tuple(values.tolist()), end_s)
 
 
 class Forecaster(Protocol):

@@ -99,6 +99,9 @@ class ClusterView:
     #: placement and turns it off: the power stage runs after placement and cannot change it.
     plan_power: bool = True
     forecast_ready: bool = True
+    #: The peak number of accelerators asked over the same horizon (running and waiting),
+    #: or None (no forecaster of accelerators: plan on what runs and waits).
+    forecast_accel: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +206,10 @@ class _Cycle:
     def awake_cpu(self) -> float:
         awake = self.table.state != STATE_CODES[NodeState.PARKED]
         return float(self.table.capacity[awake, 0].sum())
+
+    def awake_accel(self) -> float:
+        awake = self.table.state != STATE_CODES[NodeState.PARKED]
+        return float(self.table.capacity[awake, 2].sum())
 
     def used_cpu(self) -> float:
         return float(self.table.used[:, 0].sum())
@@ -529,6 +536,35 @@ def _headroom_target(
     return demand + cycle.policy.spare_cpu_fraction * firm + cycle.policy.min_spare_cpu
 
 
+def _accel_target(
+    cycle: _Cycle, forecast_accel: float | None, waiting: Sequence[Task] = ()
+) -> float:
+    """Accelerators to keep awake: the forecast peak of accelerators asked (or what runs and
+    waits, when it is higher), rounded up. Accelerator servers wake in minutes, and work
+    that asks accelerators runs nowhere else: without this, the CPU target let the last one
+    be parked between two short accelerator tasks, and the next waited for its wake-up."""
+    used = float(cycle.table.used[:, 2].sum())
+    queued = float(sum(t.demand.accel for t in waiting))
+    return float(math.ceil(max(forecast_accel or 0.0, used + queued) - 1e-6))
+
+
+def _wake_for_accel(cycle: _Cycle, target: float) -> None:
+    table = cycle.table
+    awake = cycle.awake_accel()
+    for row in _wake_order(cycle):
+        if awake >= target:
+            return
+        if table.capacity[row, 2] <= 0:
+            continue
+        _wake(
+            cycle,
+            row,
+            f"forecast needs {target:.0f} accelerators awake, {awake:.0f} are",
+            {"target_accel": target, "awake_accel": awake},
+        )
+        awake += float(table.capacity[row, 2])
+
+
 def _wake_for_forecast(cycle: _Cycle, target: float) -> None:
     awake = cycle.awake_cpu()
     for row in _wake_order(cycle):
@@ -543,7 +579,7 @@ def _wake_for_forecast(cycle: _Cycle, target: float) -> None:
         awake += float(cycle.table.capacity[row, 0])
 
 
-def _consolidate(cycle: _Cycle, target: float) -> None:
+def _consolidate(cycle: _Cycle, target: float, accel_target: float = 0.0) -> None:
     """Move migratable work off lightly used nodes so they can be parked, the least used
     first. A node is a destination unless it is being emptied or was emptied this cycle;
     one that took work this cycle is no longer emptied (so nothing moves twice, and when
@@ -563,11 +599,14 @@ def _consolidate(cycle: _Cycle, target: float) -> None:
     emptied: set[int] = set()
     received: set[int] = set()
     awake = cycle.awake_cpu()
+    awake_accel = cycle.awake_accel()
     for src in sources:
         if src in received:
             continue
         moves = sorted(cycle.on_node[src], key=lambda p: p.task.id)
         if len(moves) > budget or awake - table.capacity[src, 0] < target:
+            continue
+        if table.capacity[src, 2] > 0 and awake_accel - table.capacity[src, 2] < accel_target:
             continue
         plan: list[tuple[Placement, int]] = []
         extra = np.zeros_like(table.used)
@@ -604,11 +643,13 @@ def _consolidate(cycle: _Cycle, target: float) -> None:
         budget -= len(plan)
         emptied.add(src)
         awake -= float(table.capacity[src, 0])
+        awake_accel -= float(table.capacity[src, 2])
 
 
-def _park(cycle: _Cycle, target: float) -> None:
+def _park(cycle: _Cycle, target: float, accel_target: float = 0.0) -> None:
     table = cycle.table
     awake = cycle.awake_cpu()
+    awake_accel = cycle.awake_accel()
     idle_after = cycle.policy.park_idle_after_s
     candidates: list[int] = []
     for r in np.flatnonzero(table.active_mask()).tolist():
@@ -621,10 +662,12 @@ def _park(cycle: _Cycle, target: float) -> None:
     candidates.sort(key=lambda r: (table.efficiency[r], r))
     for row in candidates:
         cap = float(table.capacity[row, 0])
-        if awake - cap < target:
+        accel = float(table.capacity[row, 2])
+        if awake - cap < target or (accel > 0 and awake_accel - accel < accel_target):
             continue
         table.set_state(row, NodeState.PARKED)
         awake -= cap
+        awake_accel -= accel
         cycle.decisions.append(
             Decision(
                 DecisionKind.PARK,
@@ -747,9 +790,11 @@ def schedule(
         _wake_for_waiting(cycle, waiting_tasks)
         target = _headroom_target(cycle, view.forecast_cpu, waiting_tasks)
         _wake_for_forecast(cycle, target)
+        accel_target = _accel_target(cycle, view.forecast_accel, waiting_tasks)
+        _wake_for_accel(cycle, accel_target)
         if view.forecast_ready:  # a safe start: nothing parked before the forecast has data
-            _consolidate(cycle, target)
-            _park(cycle, target)
+            _consolidate(cycle, target, accel_target)
+            _park(cycle, target, accel_target)
     if view.pin_cores:
         _pin(cycle, view.pins)
     return ScheduleResult(tuple(cycle.decisions), waiting)

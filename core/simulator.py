@@ -163,6 +163,18 @@ SAFE_START_SAMPLES = MIN_TREND_SAMPLES
 FORECAST_HORIZON_S = 900.0
 
 
+def _prior(scenario: ScenarioLike, sample_s: float) -> tuple[float, ...]:
+    """The scenario's optional ``demand_prior`` (a :class:`DemandHistory` of the CPU asked
+    before ``t = 0``, what a live central's store would hold) when its samples are the
+    simulator's and end at ``t = 0``; nothing otherwise (a trace: the safe start waits)."""
+    prior = getattr(scenario, "demand_prior", None)
+    if not isinstance(prior, DemandHistory):
+        return ()
+    if abs(prior.step_s - sample_s) > 1e-9 or abs(prior.end_s) > 1e-9:
+        return ()
+    return prior.values
+
+
 def need_point(history: DemandHistory, horizon_s: float = FORECAST_HORIZON_S) -> float:
     """The point forecast under :func:`forecast_need`: :func:`heuristic_peak` with Holt's
     trend started flat (:class:`~edgesched.core.forecast.Ewma` ``flat_start``): a history
@@ -264,15 +276,21 @@ def simulate(
     fleet_cpu = float(cap_cpu.sum())
     energy_j = cost = used_int = awake_int = work = 0.0
     counts = dict.fromkeys(("preempt", "migrate", "park", "wake", "cycles"), 0)
-    history: list[float] = []  # 5-minute means of the CPU asked: running plus waiting
+    # 5-minute means of the CPU asked: running plus waiting; the scenario's prior first
+    prior = _prior(scenario, sample_s) if forecast else ()
+    history: list[float] = list(prior)
+    accel_history: list[float] = []  # the same of accelerators asked (from t = 0)
+    pending_accel = 0.0
     pending_cpu = 0.0
     # A need at t must be awake by t, so woken W s before it; decisions come every tick.
     slowest_wake = max((n.power.wake_latency_s for n in nodes), default=0.0)
     lead_s = max(FORECAST_HORIZON_S, slowest_wake + tick_s)
     forecasts: dict[tuple[int, int], float] = {}
+    accel_forecasts: dict[tuple[int, int], float] = {}
     series: dict[str, list[float]] = {"t": [], "util_awake": [], "power_kw": [], "used_cpu": []}
     next_sample = 0.0
-    window = [0.0, 0.0, 0.0, 0.0]  # used core-s, awake core-s, joules, waiting core-s
+    # used core-s, awake core-s, joules, waiting core-s, used and waiting accelerator-s
+    window = [0.0] * 6
     cycle_at: float | None = None
     now = 0.0
 
@@ -296,6 +314,8 @@ def simulate(
             window[1] += awake_cpu * dt
             window[2] += p * dt
             window[3] += pending_cpu * dt
+            window[4] += float(used_acc.sum()) * dt
+            window[5] += pending_accel * dt
         now = to
 
     def advance(to: float) -> None:
@@ -306,11 +326,12 @@ def simulate(
             integrate(next_sample)
             if next_sample > 0:
                 history.append((window[0] + window[3]) / sample_s)
+                accel_history.append((window[4] + window[5]) / sample_s)
                 series["t"].append(next_sample / 3600)
                 series["used_cpu"].append(window[0] / sample_s)
                 series["util_awake"].append(window[0] / window[1] if window[1] else 0.0)
                 series["power_kw"].append(window[2] / sample_s / 1000)
-            window[:] = [0.0, 0.0, 0.0, 0.0]
+            window[:] = [0.0] * 6
             next_sample += sample_s
         integrate(to)
         if progress is not None:
@@ -341,7 +362,7 @@ def simulate(
             return float(used_cpu.sum()) + pending_cpu
         if not history:
             return None
-        end = len(history) * sample_s
+        end = (len(history) - len(prior)) * sample_s
         # from the last closed sample to now + lead, in whole samples
         steps = max(1, math.ceil((now - end + lead_s) / sample_s - 1e-9))
         key = (len(history), steps)
@@ -352,8 +373,23 @@ def simulate(
             )
         return forecasts[key]
 
+    def forecast_accel() -> float | None:
+        if not forecast or not accel_history:
+            return None  # the core plans on what runs and waits
+        end = len(accel_history) * sample_s
+        steps = max(1, math.ceil((now - end + lead_s) / sample_s - 1e-9))
+        key = (len(accel_history), steps)
+        if key not in accel_forecasts:
+            accel_forecasts.clear()
+            accel_forecasts[key] = forecast_need(
+                DemandHistory(sample_s, tuple(accel_history), end),
+                steps * sample_s,
+                FORECAST_QUANTILE,
+            )
+        return accel_forecasts[key]
+
     def run_cycle() -> None:
-        nonlocal pending_cpu
+        nonlocal pending_cpu, pending_accel
         counts["cycles"] += 1
         view = ClusterView(
             tuple(run.nodes[i] for i in run.order),
@@ -361,6 +397,7 @@ def simulate(
             now,
             forecast_cpu(),
             forecast_ready=len(history) >= SAFE_START_SAMPLES or not forecast,
+            forecast_accel=forecast_accel(),
         )
         pending = list(run.pending.values())
         result = strategy.decide(view, pending)
@@ -371,11 +408,13 @@ def simulate(
                 run.epoch[placement.task.id] = run.epoch.get(placement.task.id, 0) + 1
                 run.pending[placement.task.id] = placement.task
                 pending_cpu += placement.task.demand.cpu
+                pending_accel += placement.task.demand.accel
                 run.preempted[placement.task.workload] += 1
                 counts["preempt"] += 1
             elif d.kind is DecisionKind.PLACE:
                 task = run.pending.pop(d.task_id or "")
                 pending_cpu = max(pending_cpu - task.demand.cpu, 0.0)
+                pending_accel = max(pending_accel - task.demand.accel, 0.0)
                 duration = task.duration_s if task.duration_s is not None else horizon
                 run.running[task.id] = (Placement(task, d.node_id, now), now + duration)
                 set_util(d.node_id, task, +1)
@@ -416,6 +455,7 @@ def simulate(
             task = by_id[key]
             run.pending[task.id] = task
             pending_cpu += task.demand.cpu
+            pending_accel += task.demand.accel
             run.first_submit[task.id] = t
             request_cycle()
         elif kind == _FINISH:

@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edgesched.core.campus import Tariff, campus_tariff
+from edgesched.core.forecast import DemandHistory, asked_history
 from edgesched.core.model import (
     SECONDS_PER_DAY,
     Arch,
@@ -51,6 +52,9 @@ FloatArray = npt.NDArray[np.float64]
 BIN_S = 300.0
 #: Warm-start span before ``t = 0``.
 WARM_S = 2 * 3600.0
+#: The part of the warm-start span a scenario's demand prior covers: its last 90 minutes (the
+#: first 30 lack the work that arrived before the span and would read as a ramp).
+PRIOR_S = WARM_S - 1800.0
 #: Longest task duration drawn, seconds.
 MAX_DURATION_S = 8 * 3600.0
 #: Class kinds.
@@ -470,6 +474,10 @@ class GeneratedScenario:
     days: float
     params: WorkloadParams
     carried_over: frozenset[str] = field(default_factory=frozenset)
+    #: The CPU asked in 5-minute means before ``t = 0`` (:data:`PRIOR_S` of the warm start's
+    #: past): the history a live central's store would hold, which the simulator's forecast
+    #: starts from.
+    demand_prior: DemandHistory | None = None
 
     @property
     def name(self) -> str:
@@ -519,7 +527,9 @@ def _capacity_for(wc: GenClass, nodes: tuple[Node, ...]) -> float:
 
 def _class_tasks(
     p: WorkloadParams, wc: GenClass, stream: int, nodes: tuple[Node, ...]
-) -> tuple[list[Task], list[str]]:
+) -> tuple[list[Task], list[str], tuple[FloatArray, FloatArray, FloatArray]]:
+    """The class's tasks, the ids of those carried over to ``t = 0``, and the arrival times,
+    durations and cores of every task that arrived before ``t = 0`` (the warm start's past)."""
     horizon = p.hours * 3600.0
     load = p.accel_load if wc.kind == "accel" else p.load
     size = wc.mean_accel if wc.kind == "accel" else wc.mean_cpu
@@ -568,7 +578,8 @@ def _class_tasks(
                 threads=round(cores),
             )
         )
-    return tasks, carried
+    past = times < 0
+    return tasks, carried, (times[past], dur[past], cpu[past].astype(np.float64))
 
 
 def _tariff(start_hour: int) -> Tariff:
@@ -583,11 +594,14 @@ def scenario_from(p: WorkloadParams) -> GeneratedScenario:
     classes = classes_for(p)
     tasks: list[Task] = []
     carried: list[str] = []
+    pasts: list[tuple[FloatArray, FloatArray, FloatArray]] = []
     for stream, wc in enumerate(classes.values()):
-        t, c = _class_tasks(p, wc, stream, nodes)
+        t, c, past = _class_tasks(p, wc, stream, nodes)
         tasks.extend(t)
         carried.extend(c)
+        pasts.append(past)
     tasks.sort(key=lambda task: (task.submitted_at, task.id))
+    starts, durations, cores = (np.concatenate(column) for column in zip(*pasts, strict=True))
     return GeneratedScenario(
         nodes=nodes,
         tasks=tuple(tasks),
@@ -596,6 +610,7 @@ def scenario_from(p: WorkloadParams) -> GeneratedScenario:
         days=p.hours / 24.0,
         params=p,
         carried_over=frozenset(carried),
+        demand_prior=asked_history(starts, durations, cores, -PRIOR_S, 0.0, BIN_S),
     )
 
 

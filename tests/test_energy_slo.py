@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgesched.core.forecast import DemandHistory, peak_upper
+from edgesched.core.forecast import DemandHistory, asked_history, peak_upper
 from edgesched.core.model import (
     Arch,
     DecisionKind,
     Node,
+    NodeState,
     Placement,
     PowerModel,
     Resources,
@@ -35,6 +36,7 @@ from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.core.scheduler import ClusterView, ScheduleResult, schedule
 from edgesched.core.simulator import heuristic_peak, need_point, simulate
 from edgesched.core.strategies import CoreStrategy, kubernetes_like
+from edgesched.core.workloadgen import member
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
@@ -186,6 +188,62 @@ def test_the_simulator_parks_nothing_before_its_forecast_has_a_trend() -> None:
     assert all(not v.forecast_ready for v in rec.views if v.now < 1800.0)
     assert all(v.forecast_cpu is None for v in rec.views if v.now < 300.0)
     assert report.slo_misses == 0
+
+
+@dataclass(frozen=True)
+class WithPrior(Scenario):
+    demand_prior: DemandHistory | None = None
+
+
+def test_a_scenario_with_a_prior_has_a_forecast_and_may_park_from_the_start() -> None:
+    """The safe start waits for data, and a prior is data: a scenario carrying the CPU asked
+    before t = 0 (what a live central's store holds) is forecast from its first cycle and
+    parks what the prior says is not needed, without waiting 30 minutes."""
+    nodes = tuple(node(f"n{i}") for i in range(6))
+    tasks = tuple(
+        Task(f"t{i}", "w", 10, Resources(2.0, 1.0), submitted_at=10.0 * i, duration_s=200.0)
+        for i in range(200)
+    )
+    prior = asked_history(
+        [-3600.0 + 10.0 * i for i in range(360)], [200.0] * 360, [2.0] * 360, -3600.0, 0.0
+    )
+    assert prior is not None and len(prior.values) == 12
+    assert prior.values[-1] == pytest.approx(40.0)  # 20 tasks of 2 cores at any time
+    rec = Recording(CoreStrategy("energy", PolicyConfig(mode=PolicyMode.ENERGY, min_spare_cpu=0)))
+    cls = {"w": Cls("w", 10, 60.0)}
+    report = simulate(WithPrior(nodes, tasks, cls, demand_prior=prior), rec)
+    assert rec.views[0].forecast_ready and rec.views[0].forecast_cpu is not None
+    assert rec.parks and min(rec.parks) < 1800.0
+    assert report.slo_misses == 0
+    # a prior that does not end at t = 0 (or of other samples) is not used
+    shifted = DemandHistory(300.0, prior.values, -300.0)
+    rec = Recording(CoreStrategy("energy", PolicyConfig(mode=PolicyMode.ENERGY, min_spare_cpu=0)))
+    simulate(WithPrior(nodes, tasks, cls, demand_prior=shifted), rec)
+    assert not rec.views[0].forecast_ready and rec.views[0].forecast_cpu is None
+
+
+def test_the_generators_carry_the_demand_before_t0_as_a_prior() -> None:
+    sc = member("batch", 0, "heldout")
+    assert sc.demand_prior is not None and sc.demand_prior.end_s == 0.0
+    assert len(sc.demand_prior.values) == 18 and min(sc.demand_prior.values) > 0
+    carried = sum(t.demand.cpu for t in sc.tasks if t.id in sc.carried_over)
+    # the last 5 minutes before t = 0 asked about what is still running at t = 0
+    assert sc.demand_prior.values[-1] == pytest.approx(carried, rel=0.25)
+
+
+def test_accelerator_servers_stay_awake_for_the_accelerators_forecast() -> None:
+    """Accelerator work runs only on accelerator servers, which take minutes to wake: the
+    power stage keeps awake the accelerators the forecast asks for, not only the CPU."""
+    nodes = (node("ai", cpu=16, accel=4), node("g1"), node("g2"))
+    none = ClusterView(nodes, (), 1000, forecast_cpu=0.0, forecast_accel=0.0)
+    assert "ai" in parked(schedule(none, [], ENERGY))
+    some = ClusterView(nodes, (), 1000, forecast_cpu=0.0, forecast_accel=0.4)
+    assert parked(schedule(some, [], ENERGY)) == {"g1", "g2"}
+    asleep = tuple(replace(n, state=NodeState.PARKED) for n in nodes)
+    woken = schedule(
+        ClusterView(asleep, (), 1000, forecast_cpu=0.0, forecast_accel=1.0), [], ENERGY
+    )
+    assert {d.node_id for d in woken.of_kind(DecisionKind.WAKE)} == {"ai"}
 
 
 def test_the_forecast_the_core_sees_covers_the_slowest_wake_up() -> None:
