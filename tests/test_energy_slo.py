@@ -34,7 +34,7 @@ from edgesched.core.nodetable import NodeTable, power_draw, resource_vector
 from edgesched.core.plugins import marginal_power
 from edgesched.core.policy import PolicyConfig, PolicyMode
 from edgesched.core.scheduler import ClusterView, ScheduleResult, schedule
-from edgesched.core.simulator import heuristic_peak, need_point, simulate
+from edgesched.core.simulator import SAFE_START_SAMPLES, heuristic_peak, need_point, simulate
 from edgesched.core.strategies import CoreStrategy, kubernetes_like
 from edgesched.core.workloadgen import member
 
@@ -173,10 +173,13 @@ class Scenario:
     days: float = 1 / 24
 
 
-def test_the_simulator_parks_nothing_before_its_forecast_has_a_trend() -> None:
+def test_the_simulator_parks_nothing_before_its_forecast_has_data() -> None:
     """Nodes start idle since the day before; the first forecast comes when the first 5-minute
-    sample closes and Holt's trend is trusted after 30 minutes: no park before then (before,
-    all but what ran was parked at t = 0), and the energy mode parks once it has data."""
+    sample closes, and with no prior the safe start lasts SAFE_START_SAMPLES samples (10
+    minutes; 30 before the campus and generated members carried a prior): no park before
+    then (before issue 17, all but what ran was parked at t = 0), and the energy mode parks
+    once it has data."""
+    safe = SAFE_START_SAMPLES * 300.0
     nodes = tuple(node(f"n{i}") for i in range(6))
     tasks = tuple(
         Task(f"t{i}", "w", 10, Resources(4.0, 1.0), submitted_at=10.0 * i, duration_s=200.0)
@@ -184,8 +187,8 @@ def test_the_simulator_parks_nothing_before_its_forecast_has_a_trend() -> None:
     )
     rec = Recording(CoreStrategy("energy", PolicyConfig(mode=PolicyMode.ENERGY, min_spare_cpu=0)))
     report = simulate(Scenario(nodes, tasks, {"w": Cls("w", 10, 60.0)}), rec)
-    assert rec.parks and min(rec.parks) >= 1800.0
-    assert all(not v.forecast_ready for v in rec.views if v.now < 1800.0)
+    assert rec.parks and min(rec.parks) >= safe
+    assert all(not v.forecast_ready for v in rec.views if v.now < safe)
     assert all(v.forecast_cpu is None for v in rec.views if v.now < 300.0)
     assert report.slo_misses == 0
 
@@ -213,7 +216,7 @@ def test_a_scenario_with_a_prior_has_a_forecast_and_may_park_from_the_start() ->
     cls = {"w": Cls("w", 10, 60.0)}
     report = simulate(WithPrior(nodes, tasks, cls, demand_prior=prior), rec)
     assert rec.views[0].forecast_ready and rec.views[0].forecast_cpu is not None
-    assert rec.parks and min(rec.parks) < 1800.0
+    assert rec.parks and min(rec.parks) < SAFE_START_SAMPLES * 300.0
     assert report.slo_misses == 0
     # a prior that does not end at t = 0 (or of other samples) is not used
     shifted = DemandHistory(300.0, prior.values, -300.0)

@@ -108,7 +108,7 @@ def test_preempted_task_restarts_and_counts() -> None:
 
 
 def test_energy_mode_parks_idle_nodes_and_saves_energy() -> None:
-    # Two hours: nothing is parked before the forecast trusts its trend (30 minutes).
+    # Two hours: nothing is parked before the forecast has data (10 minutes without a prior).
     nodes = tuple(mknode(f"n{i}") for i in range(4))
     tasks = tuple(mktask(f"t{i}", 10.0 * i, 6600.0, cpu=2) for i in range(3))
     sc = Scenario(nodes, tasks, {"a": Cls("a", 10, 60)}, days=2 / 24)
