@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -233,21 +234,12 @@ def sim(
     console = Console(stderr=as_json, width=None if sys.stdout.isatty() else 150)
     horizon = days_ * 86_400
     names = strategy or list(strategy_names())
-    with Progress(
-        TextColumn("[bold]{task.description:<18}"),
-        BarColumn(),
-        TextColumn("{task.fields[clock]}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not console.is_terminal,
-    ) as bar:
-        jobs = {n: bar.add_task(n, total=horizon, clock="day 1 00:00") for n in names}
 
-        def progress(name: str, t: float) -> None:
-            day, rest = divmod(int(t), 86_400)
-            clock = f"day {day + 1} {rest // 3600:02d}:{rest % 3600 // 60:02d}"
-            bar.update(jobs[name], completed=t, clock=clock)
+    def day_clock(t: float) -> str:
+        day, rest = divmod(int(t), 86_400)
+        return f"day {day + 1} {rest // 3600:02d}:{rest % 3600 // 60:02d}"
 
+    with _sim_progress(console, names, horizon, day_clock) as progress:
         result = run_campus(
             seed=seed_,
             days=days_,
@@ -287,6 +279,28 @@ def sim(
         except RuntimeError as exc:
             fail(str(exc))
         err.print(f"plot written to {written}", markup=False, highlight=False)
+
+
+@contextmanager
+def _sim_progress(
+    console: Console, names: list[str], horizon: float, clock: Callable[[float], str]
+) -> Iterator[Callable[[str, float], None]]:
+    """A progress bar per strategy over the simulated ``horizon``; yields the callback that
+    moves strategy ``name``'s bar to simulated time ``t`` (shown by ``clock``)."""
+    with Progress(
+        TextColumn("[bold]{task.description:<18}"),
+        BarColumn(),
+        TextColumn("{task.fields[clock]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    ) as bar:
+        jobs = {n: bar.add_task(n, total=horizon, clock=clock(0.0)) for n in names}
+
+        def progress(name: str, t: float) -> None:
+            bar.update(jobs[name], completed=t, clock=clock(t))
+
+        yield progress
 
 
 def _write_reports(
@@ -420,19 +434,11 @@ def _sim_trace(
     console = Console(stderr=as_json, width=None if sys.stdout.isatty() else 150)
     names = strategy or list(strategy_names())
     horizon = world.horizon_s
-    with Progress(
-        TextColumn("[bold]{task.description:<18}"),
-        BarColumn(),
-        TextColumn("{task.fields[clock]}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not console.is_terminal,
-    ) as bar:
-        jobs = {n: bar.add_task(n, total=horizon, clock="0:00") for n in names}
 
-        def progress(name: str, t: float) -> None:
-            bar.update(jobs[name], completed=t, clock=f"{int(t) // 3600}:{int(t) % 3600 // 60:02d}")
+    def hour_clock(t: float) -> str:
+        return f"{int(t) // 3600}:{int(t) % 3600 // 60:02d}"
 
+    with _sim_progress(console, names, horizon, hour_clock) as progress:
         result = run_trace(
             world,
             path=path,
