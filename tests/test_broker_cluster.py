@@ -156,7 +156,9 @@ def majority_report(central: EdgeNode, node: EdgeNode) -> str:
     for name, who in (("central", central), ("node", node)):
         try:
             parts.append(f"{name} status: {who.get('/v1/status')[1]}")
-            parts.append(f"{name} tasks: {who.tasks()}")
+            # central's /v1/tasks is a page of its task list, a node's a map by id
+            tasks = who.get("/v1/tasks")[1] if who is central else who.tasks()
+            parts.append(f"{name} tasks: {tasks}")
         except Exception as exc:  # the evidence is best effort; the timeout is the failure
             parts.append(f"{name} unreachable: {exc!r}")
         parts.append(f"{name} log tail:\n{who.log.read_text()[-3000:]}")
