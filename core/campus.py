@@ -593,6 +593,12 @@ def _make_node(kind: _NodeType, node_id: str) -> Node:
     )
 
 
+def server_types() -> dict[str, _NodeType]:
+    """The campus's server types by prefix (hardware and power model), for generators that
+    build fleets of their own (``core/workloadgen.py``)."""
+    return {t.prefix: t for t in _NODE_TYPES}
+
+
 def arm48_node(node_id: str = "arm48") -> Node:
     """A 48-core ARM general server (4 clusters of 12 cores, 192 GiB), as in the article."""
     return _make_node(_NODE_TYPES[1], node_id)

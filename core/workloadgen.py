@@ -33,14 +33,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from edgesched.core.campus import Tariff, campus_tariff
+from edgesched.core.campus import Tariff, campus_tariff, server_types
 from edgesched.core.forecast import DemandHistory, asked_history
 from edgesched.core.model import (
     SECONDS_PER_DAY,
     Arch,
     CoreTopology,
     Node,
-    PowerModel,
     Resources,
     ServerClass,
     Task,
@@ -67,102 +66,9 @@ _BOTH = frozenset({Arch.ARM64, Arch.X86_64})
 # --- fleet ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class NodeKind:
-    """A server type of generated fleets (the campus's server types and power models: AI
-    servers are a CPU side plus A30-class accelerators, docs/power.md)."""
-
-    prefix: str
-    arch: Arch
-    server_class: ServerClass
-    cores: int
-    clusters: int
-    mem_gib: float
-    accel: int
-    iops_k: float
-    perf: float
-    power: PowerModel
-
-
-NODE_KINDS: tuple[NodeKind, ...] = (
-    NodeKind(
-        "x86-gen",
-        Arch.X86_64,
-        ServerClass.GENERAL,
-        64,
-        2,
-        256.0,
-        0,
-        400.0,
-        1.0,
-        PowerModel(idle_w=180.0, peak_w=420.0, parked_w=12.0, wake_latency_s=90.0),
-    ),
-    NodeKind(
-        "arm-gen",
-        Arch.ARM64,
-        ServerClass.GENERAL,
-        48,
-        4,
-        192.0,
-        0,
-        300.0,
-        0.8,
-        PowerModel(idle_w=70.0, peak_w=200.0, parked_w=6.0, wake_latency_s=60.0),
-    ),
-    NodeKind(
-        "ai-x86",
-        Arch.X86_64,
-        ServerClass.AI_ACCELERATOR,
-        64,
-        2,
-        512.0,
-        8,
-        800.0,
-        1.0,
-        PowerModel.per_resource(
-            180.0,
-            420.0,
-            accel_devices=8,
-            accel_idle_w_per_device=25.0,
-            accel_peak_w_per_device=165.0,
-            parked_w=20.0,
-            wake_latency_s=180.0,
-        ),
-    ),
-    NodeKind(
-        "ai-arm",
-        Arch.ARM64,
-        ServerClass.AI_ACCELERATOR,
-        80,
-        4,
-        256.0,
-        4,
-        400.0,
-        0.8,
-        PowerModel.per_resource(
-            90.0,
-            300.0,
-            accel_devices=4,
-            accel_idle_w_per_device=25.0,
-            accel_peak_w_per_device=165.0,
-            parked_w=15.0,
-            wake_latency_s=120.0,
-        ),
-    ),
-    NodeKind(
-        "sto-x86",
-        Arch.X86_64,
-        ServerClass.STORAGE_DENSE,
-        32,
-        1,
-        128.0,
-        0,
-        2000.0,
-        1.0,
-        PowerModel(idle_w=150.0, peak_w=350.0, parked_w=15.0, wake_latency_s=120.0),
-    ),
-)
-_KIND_BY_PREFIX = {k.prefix: k for k in NODE_KINDS}
+#: Server types of generated fleets by prefix: the campus's hardware and power models (AI
+#: servers are a CPU side plus A30-class accelerators, docs/power.md).
+_KIND_BY_PREFIX = server_types()
 
 
 def make_fleet(counts: Mapping[str, int]) -> tuple[Node, ...]:
