@@ -56,7 +56,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,6 +67,7 @@ from urllib.parse import quote
 from edgesched.core.model import Decision
 from edgesched.core.task import Assignment, TaskRecord, TaskSpec, TaskState
 from edgesched.sync import epochs
+from edgesched.sync.dbthread import DatabaseThread
 
 log = logging.getLogger("edgesched.sync.store")
 
@@ -240,7 +241,7 @@ class Store:
         schema_version: int,
         recovery: Recovery | None,
         *,
-        executor: ThreadPoolExecutor | None = None,
+        executor: DatabaseThread | None = None,
     ) -> None:
         self._conn: sqlite3.Connection | None = conn
         #: The database thread: the only thread that uses ``conn`` (:meth:`open` made it there).
@@ -412,10 +413,8 @@ class Store:
         ]
 
         def body(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "INSERT INTO decisions (at, kind, node_id, task_id, source, body) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                rows,
+            _insert_rows(
+                conn, "INSERT INTO decisions (at, kind, node_id, task_id, source, body)", rows
             )
 
         await self._write(f"cannot store {len(rows)} decision(s)", body)
@@ -470,10 +469,10 @@ class Store:
             return
 
         def body(conn: sqlite3.Connection) -> None:
-            conn.executemany(
+            _insert_rows(
+                conn,
                 "INSERT OR REPLACE INTO finished_tasks "
-                "(id, phase, node, origin, workload, finished_at, body) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "(id, phase, node, origin, workload, finished_at, body)",
                 data,
             )
 
@@ -733,28 +732,34 @@ class Store:
             rows = conn.execute(_APPEND_UPDATE, (doc, data)).fetchall()
             return int(next(iter(rows))[0])
 
-        return await self._write(f"cannot append an update to document {doc}", body)
+        return await self._write(f"cannot append an update to document {doc}", body, urgent=True)
 
     async def append_updates(self, runs: Mapping[str, Sequence[bytes]]) -> dict[str, int]:
         """Append each document's updates to its log, in order, all in one job of the
         database thread (one transaction, or the caller's open one); returns each document's
         last seq. A journal's queue of many updates, or a batch of many documents' journals,
         used to cost a job (a turn of the thread and of a busy event loop) per update, the
-        store's lock held throughout, and a submission's write waited behind them."""
+        store's lock held throughout, and a submission's write waited behind them. The
+        statements are a few per 500 documents and per 500 updates (:func:`_insert_rows`),
+        not one per update; the job is urgent (:mod:`edgesched.sync.dbthread`)."""
         rows = [(doc, [bytes(u) for u in updates]) for doc, updates in runs.items() if updates]
 
         def body(conn: sqlite3.Connection) -> dict[str, int]:
-            last: dict[str, int] = {}
+            last = _last_seqs(conn, [doc for doc, _ in rows])
+            values: list[tuple[str, int, bytes]] = []
             for doc, datas in rows:
+                seq = last[doc]
                 for data in datas:
-                    found = conn.execute(_APPEND_UPDATE, (doc, data)).fetchall()
-                    last[doc] = int(next(iter(found))[0])
+                    seq += 1
+                    values.append((doc, seq, data))
+                last[doc] = seq
+            _insert_rows(conn, "INSERT INTO doc_updates (doc, seq, data)", values)
             return last
 
         if not rows:
             return {}
         what = f"cannot append updates to {len(rows)} document(s)"
-        return await self._write(what, body)
+        return await self._write(what, body, urgent=True)
 
     async def updates(self, doc: str, after_seq: int = 0) -> list[tuple[int, bytes]]:
         """``doc``'s logged updates with ``seq > after_seq``, in order.
@@ -841,12 +846,15 @@ class Store:
         rows = [(name, bytes(snapshot), int(epoch)) for name, snapshot, epoch in docs]
 
         def body(conn: sqlite3.Connection) -> list[str]:
+            # A few statements per 500 documents, not two per document: each statement is
+            # a wait for the GIL while central's loop computes (:func:`_insert_rows`).
+            names = list(dict.fromkeys(name for name, _, _ in rows))
             stored: dict[str, int] = {}
-            for start in range(0, len(rows), _IN_CHUNK):  # a few statements, not one per doc
-                names = [name for name, _, _ in rows[start : start + _IN_CHUNK]]
-                marks = ", ".join("?" * len(names))
+            for start in range(0, len(names), _IN_CHUNK):
+                chunk = names[start : start + _IN_CHUNK]
+                marks = ", ".join("?" * len(chunk))
                 query = f"SELECT doc, epoch FROM doc_snapshots WHERE doc IN ({marks})"
-                found = conn.execute(query, names).fetchall()
+                found = conn.execute(query, chunk).fetchall()
                 stored.update((str(doc), int(epoch)) for doc, epoch in found)
             refused = [
                 name
@@ -858,14 +866,17 @@ class Store:
                 for row in rows
                 if not (row[0] in stored and epochs.newer(stored[row[0]], row[2]))
             ]
-            conn.executemany(
-                "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data, epoch) "
-                f"VALUES (?1, {_LAST_SEQ}, ?2, ?3)",
-                kept,
+            kept_names = list(dict.fromkeys(name for name, _, _ in kept))
+            last = _last_seqs(conn, kept_names)
+            _insert_rows(
+                conn,
+                "INSERT OR REPLACE INTO doc_snapshots (doc, seq, data, epoch)",
+                [(name, last[name], data, epoch) for name, data, epoch in kept],
             )
-            conn.executemany(
-                "DELETE FROM doc_updates WHERE doc = ?", [(name,) for name, _, _ in kept]
-            )
+            for start in range(0, len(kept_names), _IN_CHUNK):
+                chunk = kept_names[start : start + _IN_CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                conn.execute(f"DELETE FROM doc_updates WHERE doc IN ({marks})", chunk)
             return refused
 
         if not rows:
@@ -931,13 +942,23 @@ class Store:
             raise StoreError(f"store {self.path} is closed")
         return self._conn
 
-    async def _job(self, fn: Callable[[sqlite3.Connection], _T], *, droppable: bool = True) -> _T:
+    async def _job(
+        self,
+        fn: Callable[[sqlite3.Connection], _T],
+        *,
+        droppable: bool = True,
+        urgent: bool = False,
+    ) -> _T:
         """``fn(conn)``, run in the database thread: one job, one hand-back to the loop. A
         cancelled caller still waits for a job that has started, and for one that has not
-        unless ``droppable`` (see :func:`_in_thread`)."""
+        unless ``droppable`` (see :func:`_in_thread`). ``urgent``: in the thread's urgent
+        lane, ahead of the normal jobs not yet started (a whole transaction only, never a
+        job of a block: see :mod:`edgesched.sync.dbthread`)."""
         conn = self._connection()
         self.jobs += 1
-        return await _in_thread(self._executor, functools.partial(fn, conn), droppable=droppable)
+        return await _in_thread(
+            self._executor, functools.partial(fn, conn), droppable=droppable, urgent=urgent
+        )
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -1035,7 +1056,9 @@ class Store:
         """Whether the calling asyncio task is inside its own :meth:`transaction`."""
         return self._tx_owner is not None and self._tx_owner is asyncio.current_task()
 
-    async def _write(self, what: str, body: Callable[[sqlite3.Connection], _T]) -> _T:
+    async def _write(
+        self, what: str, body: Callable[[sqlite3.Connection], _T], *, urgent: bool = False
+    ) -> _T:
         """Run ``body`` (in the database thread) in one ``BEGIN IMMEDIATE`` transaction,
         committed before returning: ``BEGIN``, ``body``, ``COMMIT`` (or ``ROLLBACK``) are one
         job. Inside the caller's open :meth:`transaction`, ``body`` is the job (the block's
@@ -1045,6 +1068,7 @@ class Store:
         has ended, never before: the write then either committed (as if the process had
         stopped just after its COMMIT) or rolled back, never half; inside a transaction it
         dooms the block. Outside a block it waits only while another task's block is open.
+        ``urgent`` (outside a block): its job goes ahead of the normal jobs not yet started.
         """
         if self._joined():
             try:
@@ -1059,7 +1083,8 @@ class Store:
                 raise
         async with self._outside_blocks(what):
             try:
-                return await self._job(functools.partial(_one_transaction, body))
+                job = functools.partial(_one_transaction, body)
+                return await self._job(job, urgent=urgent)
             except BaseException as exc:
                 failure = _failure(what, exc)
                 if failure is not None:
@@ -1084,9 +1109,10 @@ class Store:
 # ---------------------------------------------------------------------- the database thread
 
 
-def _database_thread() -> ThreadPoolExecutor:
-    """A store's database thread: one worker, which runs every job of the store in turn."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgesched-sqlite")
+def _database_thread() -> DatabaseThread:
+    """A store's database thread: one worker, which runs every job of the store in turn (a
+    journal's write ahead of the jobs waiting in the normal lane)."""
+    return DatabaseThread("edgesched-sqlite")
 
 
 async def _in_thread(
@@ -1095,6 +1121,7 @@ async def _in_thread(
     *,
     droppable: bool = True,
     discard: Callable[[_T], object] | None = None,
+    urgent: bool = False,
 ) -> _T:
     """``fn()``, run in ``executor``'s thread, its result (or exception) handed back to the
     event loop once.
@@ -1128,7 +1155,10 @@ async def _in_thread(
 
     # (the hand-back is the job's own last step, not a done callback of the executor's
     # future: one added after the job ended runs in the submitting thread)
-    job = executor.submit(run)
+    if urgent and isinstance(executor, DatabaseThread):
+        job = executor.submit_urgent(run)
+    else:
+        job = executor.submit(run)
     try:
         await waiter[0]
     except asyncio.CancelledError:
@@ -1377,6 +1407,46 @@ _LAST_SEQ = (
 _APPEND_UPDATE = (
     f"INSERT INTO doc_updates (doc, seq, data) VALUES (?1, 1 + {_LAST_SEQ}, ?2) RETURNING seq"
 )
+
+
+def _last_seqs(conn: sqlite3.Connection, docs: Sequence[str]) -> dict[str, int]:
+    """Each document's last seq so far (its log's, or its snapshot's; 0 for neither): two
+    statements per :data:`_IN_CHUNK` documents."""
+    last = dict.fromkeys(docs, 0)
+    for start in range(0, len(docs), _IN_CHUNK):
+        chunk = docs[start : start + _IN_CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        for query in (
+            f"SELECT doc, max(seq) FROM doc_updates WHERE doc IN ({marks}) GROUP BY doc",
+            f"SELECT doc, seq FROM doc_snapshots WHERE doc IN ({marks})",
+        ):
+            for doc, seq in conn.execute(query, chunk).fetchall():
+                last[doc] = max(last[doc], int(seq))
+    return last
+
+
+#: Rows in one statement of :func:`_insert_rows` (and at most this many parameters: SQLite
+#: binds up to 32,766 in one statement).
+_ROWS_PER_STATEMENT = 500
+_PARAMS_PER_STATEMENT = 30_000
+
+
+def _insert_rows(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[object]]) -> None:
+    """``head VALUES (?, ...), (?, ...), ...`` for ``rows`` (all as wide): one statement per
+    :data:`_ROWS_PER_STATEMENT` rows, where ``executemany`` runs one per row. The database
+    thread gives up the GIL around each statement and waits to get it back while the event
+    loop's thread computes (up to the switch interval): 250 replica snapshots written as
+    ``executemany`` (two statements a row) waited ~500 times, ~250 ms at central's 0.5 ms
+    interval (``bench/bench_store_contention.py``)."""
+    if not rows:
+        return
+    width = len(rows[0])
+    marks = "(" + ", ".join("?" * width) + ")"
+    per = max(1, min(_ROWS_PER_STATEMENT, _PARAMS_PER_STATEMENT // width))
+    for start in range(0, len(rows), per):
+        chunk = rows[start : start + per]
+        params = [value for row in chunk for value in row]
+        conn.execute(f"{head} VALUES {', '.join([marks] * len(chunk))}", params)
 
 
 def _last_seq(conn: sqlite3.Connection, doc: str) -> int:

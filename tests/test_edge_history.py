@@ -254,7 +254,10 @@ async def test_journal_run_logs_everything_queued_in_one_transaction(tmp_path: P
             logger.cancel()
         await store.trace(None)
         words = [sql.split()[0] for sql in statements]
-        assert words == ["BEGIN", *["INSERT"] * 5, "COMMIT"], statements
+        # one transaction: the log's last seq (its updates', its snapshot's), then the five
+        # updates as one multi-row statement
+        assert words == ["BEGIN", "SELECT", "SELECT", "INSERT", "COMMIT"], statements
+        assert statements[3].count("'node-x'") == 5
         assert journal.pending == 0
         assert [seq for seq, _ in await store.updates("node-x")] == [1, 2, 3, 4, 5]
         loaded = await NodeDoc.load_from(store, "node-x", 7)
