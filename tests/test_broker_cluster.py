@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import re
 import signal
 import subprocess
@@ -387,6 +388,11 @@ async def test_member_dies_node_moves_to_a_survivor(nats: NatsCluster, tmp_path:
 
 
 @pytest.mark.skipif(netns_unavailable() is not None, reason=f"{netns_unavailable()}")
+@pytest.mark.skipif(
+    not os.environ.get("EDGESCHED_SLOW"),
+    reason="EDGESCHED_SLOW=1 (30 s; in CI a partition on NATS is test_fieldtest_nats's "
+    "isolate-central in namespaces)",
+)
 async def test_partitioned_member_heals_with_documents_converged(tmp_path: Path) -> None:
     """(e) Each member in its own namespace; central reaches nats1, gw-a nats2, gw-b nats3
     (proxies in the root namespace connecting from the clients' namespace). nats3's links go
