@@ -39,7 +39,7 @@ def client() -> Iterator[tuple[mqtt.Client, socket.socket, list[str]]]:
     paho = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
     ours, broker = socket.socketpair()
     ours.setblocking(False)
-    paho._sock = ours  # type: ignore[assignment]
+    paho._sock = ours
     got: list[str] = []
     paho.on_message = lambda _c, _u, msg: got.append(msg.topic)
     yield paho, broker, got
