@@ -11,7 +11,8 @@ from the asyncio task that opened it) commit together, once, at its end, or not 
 ``synchronous=FULL`` each commit costs an fsync, so a state change that writes its row, its
 decisions and its document update in one transaction pays one instead of three or more. One
 :class:`Store` per process, on one SQLite connection used only by the store's own database
-thread (a one-worker executor); operations are serialized with an asyncio lock, so a reader
+thread (one worker, :mod:`edgesched.sync.dbthread`: a document journal's write runs ahead of
+the jobs waiting in its normal lane); operations are serialized with an asyncio lock, so a reader
 never sees another call's uncommitted rows.
 
 Each call outside a :meth:`Store.transaction` block is one job in that thread (a write's
@@ -477,6 +478,25 @@ class Store:
             )
 
         await self._write("cannot record finished tasks", body)
+
+    async def finished_marks(self, ids: Sequence[str]) -> dict[str, tuple[str, float]]:
+        """Of ``ids``, those central's history holds: each one's phase and when it finished
+        (what tells a row already recorded as it is from one to write again). One statement
+        per 500 ids."""
+
+        def body(conn: sqlite3.Connection) -> dict[str, tuple[str, float]]:
+            out: dict[str, tuple[str, float]] = {}
+            for start in range(0, len(ids), _IN_CHUNK):
+                chunk = list(ids[start : start + _IN_CHUNK])
+                marks = ", ".join("?" * len(chunk))
+                query = f"SELECT id, phase, finished_at FROM finished_tasks WHERE id IN ({marks})"
+                for task_id, phase, at in conn.execute(query, chunk).fetchall():
+                    out[str(task_id)] = (str(phase), float(at))
+            return out
+
+        if not ids:
+            return {}
+        return await self._read("cannot read central's history", body)
 
     async def finished_tasks(
         self,
