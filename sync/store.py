@@ -1445,10 +1445,9 @@ def _last_seqs(conn: sqlite3.Connection, docs: Sequence[str]) -> dict[str, int]:
     return last
 
 
-#: Rows in one statement of :func:`_insert_rows` (and at most this many parameters: SQLite
-#: binds up to 32,766 in one statement).
+#: Rows in one statement of :func:`_insert_rows` (and no more parameters than the linked
+#: SQLite binds in one statement: 32,766 since 3.32, 999 before).
 _ROWS_PER_STATEMENT = 500
-_PARAMS_PER_STATEMENT = 30_000
 
 
 def _insert_rows(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[object]]) -> None:
@@ -1462,7 +1461,8 @@ def _insert_rows(conn: sqlite3.Connection, head: str, rows: Sequence[Sequence[ob
         return
     width = len(rows[0])
     marks = "(" + ", ".join("?" * width) + ")"
-    per = max(1, min(_ROWS_PER_STATEMENT, _PARAMS_PER_STATEMENT // width))
+    params_max = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    per = max(1, min(_ROWS_PER_STATEMENT, params_max // width))
     for start in range(0, len(rows), per):
         chunk = rows[start : start + per]
         params = [value for row in chunk for value in row]

@@ -284,13 +284,19 @@ def test_the_log_and_snapshots_match_a_plain_model_property(
     asyncio.run(run())
 
 
-def test_sqlite_takes_as_many_parameters_as_a_statement_of_rows_needs() -> None:
-    """The widest multi-row statement the store writes binds ~30,000 parameters: within
-    what the linked SQLite accepts (32,766 since 3.32)."""
-    conn = sqlite3.connect(":memory:")
+def test_a_statement_of_rows_stays_within_the_linked_sqlites_parameter_limit(
+    tmp_path: Path,
+) -> None:
+    """With SQLite's parameter limit lowered to 999 (its default before 3.32), a write of
+    1,200 rows of 7 values still goes in, as statements of at most 142 rows."""
+    from edgesched.sync import store as store_module
+
+    conn = sqlite3.connect(tmp_path / "limit.db")
+    conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
     conn.execute("CREATE TABLE t (a, b, c, d, e, f, g)")
-    n = 30_000 // 7
-    conn.execute(
-        f"INSERT INTO t VALUES {', '.join(['(?, ?, ?, ?, ?, ?, ?)'] * n)}", list(range(7 * n))
-    )
-    assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == n
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    store_module._insert_rows(conn, "INSERT INTO t", [tuple(range(i, i + 7)) for i in range(1200)])
+    assert conn.execute("SELECT count(*), sum(a) FROM t").fetchone() == (1200, sum(range(1200)))
+    inserts = [sql for sql in statements if sql.startswith("INSERT")]
+    assert len(inserts) == 9  # ceil(1,200 / 142)
