@@ -1143,12 +1143,9 @@ class SyncedDoc:
         if self._hash is not None and self._hash[0] == self.revision:
             return self._hash[1]
         if self._doc is None:  # frozen: read a copy of its bytes, not a thaw (not a use)
-            copy: Doc[Any] = Doc()
-            copy.apply_update(self._frozen_state())
-            content = _json_of(copy)
+            digest = content_hash_of(self._frozen_state())
         else:
-            content = self.to_json()
-        digest = hashlib.sha256(_canonical(content).encode("utf-8")).hexdigest()
+            digest = hashlib.sha256(_canonical(self.to_json()).encode("utf-8")).hexdigest()
         self._hash = (self.revision, digest)
         return digest
 
@@ -1321,6 +1318,16 @@ class SyncedDoc:
         out = cls.restore(name, client_id, data, (u for _, u in logged), epoch=epoch)
         out._store_holds(data, [u for _, u in logged])
         return out
+
+
+def content_hash_of(state: bytes) -> str:
+    """:meth:`SyncedDoc.content_hash` of the document whose encoded state is ``state`` (its
+    :meth:`SyncedDoc.snapshot`): the same digest, computed wherever the bytes are (the scale
+    harness compares central's documents with its nodes' in its simulators' processes, not
+    on central's loop)."""
+    copy: Doc[Any] = Doc()
+    copy.apply_update(state)
+    return hashlib.sha256(_canonical(_json_of(copy)).encode("utf-8")).hexdigest()
 
 
 def _json_of(doc: Doc[Any]) -> dict[str, object]:

@@ -541,3 +541,25 @@ def test_a_duplicate_of_the_sole_writer_costs_no_full_read_and_a_pending_one_sti
     replica.settle()
     assert replica.drain_changes("tasks") is None  # read in full: t3 came without an event
     assert sorted(replica.tasks()) == ["t1", "t2", "t3"]
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=1, max_size=12))
+@settings(max_examples=30, deadline=None)
+def test_content_hash_of_a_state_is_the_documents_own(ops: list[tuple[int, bool]]) -> None:
+    """``content_hash_of(doc.snapshot())``, computed from the bytes alone (in the scale
+    harness's simulators), is the document's ``content_hash``, live or frozen; and another
+    content gives another digest."""
+    from edgesched.sync.doc import content_hash_of
+
+    doc = NodeDoc("node-h", client_id_for("h"))
+    for i, done in ops:
+        report = TaskReport(
+            state=TaskState.EXITED if done else TaskState.RUNNING, updated_at=float(i)
+        )
+        doc.put_task(f"t{i}", report)
+    live = doc.content_hash()
+    assert content_hash_of(doc.snapshot()) == live
+    doc.freeze()
+    assert content_hash_of(doc.snapshot()) == live == doc.content_hash()
+    doc.put_task("another", TaskReport(state=TaskState.RUNNING, updated_at=99.0))
+    assert content_hash_of(doc.snapshot()) == doc.content_hash() != live
