@@ -10,8 +10,9 @@ waits for at most the one running.
 
 The store keeps the lanes safe to reorder: every job outside a transaction block is a whole
 transaction of its own (``BEGIN``, its statements, ``COMMIT``), and a block's jobs all go in
-the normal lane (no urgent job is queued while a block is open: calls outside it wait for
-its end), so an urgent job never lands inside another job's transaction.
+the normal lane (no urgent job is queued while a block is open, nor until its ``COMMIT`` or
+``ROLLBACK`` has run: calls outside it wait for that), so an urgent job never lands inside
+another job's transaction.
 
 The worker is a one-thread :class:`~concurrent.futures.ThreadPoolExecutor` (its shutdown and
 interpreter-exit behaviour as they are): each job queues one turn of it, and a turn runs the

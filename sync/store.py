@@ -1012,11 +1012,7 @@ class Store:
                 try:
                     yield
                 finally:
-                    # (the COMMIT or ROLLBACK below is queued in this same turn of the loop,
-                    # ahead of the calls this wakes)
-                    self._tx_owner, failed = None, self._tx_failed
-                    self._tx_failed = None
-                    self._no_block.set()
+                    failed, self._tx_failed = self._tx_failed, None
                 if failed is not None:
                     raise failed
                 if block.begun:
@@ -1027,6 +1023,13 @@ class Store:
                 if isinstance(exc, sqlite3.Error):
                     raise _error("cannot commit", exc) from exc
                 raise
+            finally:
+                # Only now may calls outside the block queue their jobs: once its COMMIT or
+                # ROLLBACK has run. A journal's write, queued in the thread's urgent lane,
+                # would otherwise run ahead of the queued COMMIT and begin by rolling the
+                # block's open transaction back (the lanes test caught it on a loaded CI).
+                self._tx_owner = None
+                self._no_block.set()
 
     @contextlib.asynccontextmanager
     async def _holding(self, what: str) -> AsyncIterator[None]:

@@ -168,7 +168,20 @@ async def test_a_blocks_jobs_stay_in_order_with_urgent_calls_around_it(store: St
     await inside.wait()
     outside = asyncio.create_task(store.append_updates({"fleet": [b"b"]}))
     await asyncio.sleep(0)
+    # The worker busy while the block ends: its COMMIT queues, and the outside write must
+    # not queue ahead of it in the urgent lane (it began by rolling the block back).
+    gate, busy = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        busy.set()
+        gate.wait(30)
+
+    store._executor.submit(hold)
+    assert busy.wait(30)
     release.set()
+    for _ in range(20):
+        await asyncio.sleep(0)  # (the block's end queues its COMMIT; the outside call wakes)
+    gate.set()
     assert await outside == {"fleet": 2}
     await holder
     await store.trace(None)
