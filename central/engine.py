@@ -455,15 +455,7 @@ class CentralEngine:
         # Only tasks that may be final; of those, only what the history does not hold
         # already as it is now (a restart marks every restored task due: at 10,000 nodes
         # that rewrote 600,000 unchanged rows, 3,000 every pass, for a quarter of an hour).
-        maybe = [
-            task_id
-            for task_id in batch
-            if any(c.state.terminal for c in self.index.copies_of(task_id).values())
-            or (
-                (entry := self.index.assignments.get(task_id)) is not None
-                and entry.state is AssignmentState.CANCELLED
-            )
-        ]
+        maybe = [task_id for task_id in batch if self._may_be_final(task_id)]
         held = await self.store.finished_marks(maybe) if maybe else {}
         rows = []
         for i, task_id in enumerate(maybe):
@@ -471,13 +463,10 @@ class CentralEngine:
                 # (a view is ~0.1 ms: a pass of thousands held central's loop, every
                 # submission waiting behind it, so the loop gets a turn between slices)
                 await asyncio.sleep(0)
+            if not self._may_be_final(task_id):
+                continue  # (started again, or forgotten, meanwhile)
             entry = self.index.assignments.get(task_id)
-            if entry is None and task_id not in self.index.holders:
-                continue
-            cancelled = entry is not None and entry.state is AssignmentState.CANCELLED
             reports = self.index.copies_of(task_id)
-            if not cancelled and not any(c.state.terminal for c in reports.values()):
-                continue  # (started again meanwhile)
             life = self.lifecycle_of(task_id, entry, reports)  # (the view only if final)
             if life.phase.value not in _FINAL or life.finished_at is None:
                 continue
@@ -492,8 +481,7 @@ class CentralEngine:
                 if entry is not None
                 else self.local_task_view(task_id)
             )
-            copies = self.index.copies_of(task_id)
-            held_copy = copies.get(view["node"]) if view["node"] else None
+            held_copy = reports.get(view["node"]) if view["node"] else None
             spec = view.get("spec")
             view["workload"] = (
                 spec["workload"]
@@ -506,6 +494,14 @@ class CentralEngine:
         if rows:
             await self.store.record_finished(rows)
         return len(rows)
+
+    def _may_be_final(self, task_id: str) -> bool:
+        """Whether a task's lifecycle may have ended: central cancelled it, or some node
+        reports a copy of it finished (what :meth:`record_history` looks at further)."""
+        entry = self.index.assignments.get(task_id)
+        if entry is not None and entry.state is AssignmentState.CANCELLED:
+            return True
+        return any(c.state.terminal for c in self.index.copies_of(task_id).values())
 
     async def _cold_loop(self) -> None:
         """Freeze the documents unused since the last sweep: every ``cold_after_s`` all of
