@@ -78,6 +78,8 @@ import tempfile
 import termios
 import threading
 import time
+import types
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
@@ -157,6 +159,7 @@ class Scale:
     up_s: float = 600.0  # longest wait for the whole fleet to be fresh at central
     budget_s: float = 900.0
     procs: int = 1
+    memory_breakdown: bool = False  # walk central's objects at the end (slow: ~1 min at 10k)
     broker_queue: int | None = None  # max_queued_messages of the bench broker (None: deployed)
     broker_log: str | None = None  # a file the bench broker appends its log to (None: no log)
     seed: int = 1
@@ -1518,6 +1521,101 @@ def memory_note(engine: CentralEngine) -> str:
     return "central's memory: " + "; ".join(parts)
 
 
+def _deep_size(root: object, seen: set[int]) -> tuple[int, int, Counter[str]]:
+    """Bytes (``sys.getsizeof``) and count of the Python objects reachable from ``root`` not
+    in ``seen`` (which it extends), not descending into modules, classes and functions; and
+    the bytes by type."""
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+    kinds: Counter[str] = Counter()
+    if id(root) in seen:
+        return 0, 0, kinds
+    size = count = 0
+    stack = [(r, type(root).__name__) for r in gc.get_referents(root)]
+    seen.add(id(root))
+    size += sys.getsizeof(root)
+    while stack:
+        obj, held_by = stack.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        bytes_ = sys.getsizeof(obj)
+        size += bytes_
+        kind = type(obj).__name__
+        kinds[f"{kind} in {held_by}" if kind in ("bytes", "dict", "list") else kind] += bytes_
+        count += 1
+        holder = getattr(obj, "__qualname__", kind) if kind == "coroutine" else kind
+        stack.extend((r, holder) for r in gc.get_referents(obj))
+    return size, count, kinds
+
+
+def memory_breakdown(engine: CentralEngine) -> str:
+    """Central's Python objects by what holds them (``--memory-breakdown``): the deep size
+    of each part, each object counted once, for the first part that reaches it in the order
+    below (the index's fields one by one, then the documents' Python side, then the rest of
+    the engine). pycrdt's own memory (Rust, glibc's heap) is not in it."""
+    parts: list[tuple[str, int, int, Counter[str]]] = []
+    index = engine.index
+    parts_of = ("fleet", "policy", "replicas", "desired", "liveness", "services", "session")
+    # the parts themselves are walked only as roots (a callback's bound method reaches the
+    # engine, and through it everything)
+    # (and the event loop last: an asyncio event's waiters reach it, and it reaches every task)
+    loop = asyncio.get_running_loop()
+    seen = {id(engine), id(index), id(loop), *(id(getattr(engine, n, None)) for n in parts_of)}
+    for name in sorted(vars(index), key=lambda n: n != "members"):
+        if name == "members":
+            members = index.members
+            for field_name in ("reports", "keys", "placements", "states", "registration"):
+                size = count = 0
+                kinds: Counter[str] = Counter()
+                for member in members.values():
+                    s, c, k = _deep_size(getattr(member, field_name), seen)
+                    size += s
+                    count += c
+                    kinds.update(k)
+                parts.append((f"index.members[*].{field_name}", size, count, kinds))
+        parts.append((f"index.{name}", *_deep_size(getattr(index, name), seen)))
+    for name in parts_of:
+        value = getattr(engine, name, None)
+        if value is None:
+            continue
+        fields = getattr(value, "__dict__", None)
+        for i, callback in enumerate(getattr(value, "_callbacks", ())):
+            owner = getattr(callback, "__self__", None)  # (a peer's, a journal's)
+            names = [
+                n for k in type(owner).__mro__ for n in getattr(k, "__slots__", ())
+            ] + list(getattr(owner, "__dict__", ()))
+            for field_name, held in sorted((n, getattr(owner, n, None)) for n in names):
+                parts.append(
+                    (f"engine.{name}._callbacks[{i}] {type(owner).__name__}.{field_name}",
+                     *_deep_size(held, seen))
+                )  # fmt: skip
+        for field_name, held in sorted((fields or {}).items()):
+            parts.append((f"engine.{name}.{field_name}", *_deep_size(held, seen)))
+        seen.discard(id(value))
+        parts.append((f"engine.{name}", *_deep_size(value, seen)))
+    seen.discard(id(engine))
+    for name, held in sorted(vars(engine).items()):
+        parts.append((f"engine.{name}", *_deep_size(held, seen)))
+    parts.append(("engine (the rest)", *_deep_size(engine, seen)))
+    seen.discard(id(loop))
+    for task in sorted(asyncio.all_tasks(), key=lambda t: t.get_name()):
+        coro = task.get_coro()
+        frame = getattr(coro, "cr_frame", None)
+        where = frame.f_code.co_qualname if frame is not None else "?"
+        parts.append((f"task {task.get_name()} ({where})", *_deep_size(task, seen)))
+    parts.append(("the event loop (the rest)", *_deep_size(loop, seen)))
+    parts.sort(key=lambda p: -p[1])
+    shown = [
+        f"{n} {s / 1e6:.1f} MB ({c:,} objects: "
+        + ", ".join(f"{kind} {b / 1e6:.1f}" for kind, b in k.most_common(4))
+        + ")"
+        for n, s, c, k in parts
+        if s >= 1e6
+    ]
+    total = sum(p[1] for p in parts)
+    return f"central's Python objects, {total / 1e6:.0f} MB: " + "; ".join(shown)
+
+
 #: Documents the heal's convergence check hashes between two turns of the event loop.
 HASHES_PER_TURN = 20
 
@@ -2236,6 +2334,8 @@ async def run_size(
         if heap is not None:
             measure.notes.append(heap)
         measure.notes.append(memory_note(engine))
+        if scale.memory_breakdown:
+            measure.notes.append(memory_breakdown(engine))
 
         def drained() -> bool:
             placed = [t for t, s in measure.submits.items() if s[2] is not None]
@@ -2531,6 +2631,11 @@ def main() -> None:
     )
     parser.add_argument("--force", action="store_true", help="run a size that may not fit")
     parser.add_argument(
+        "--memory-breakdown",
+        action="store_true",
+        help="at the end, break central's Python objects down by what holds them",
+    )
+    parser.add_argument(
         "--broker-queue",
         type=int,
         default=None,
@@ -2557,6 +2662,7 @@ def main() -> None:
             procs=args.procs or (1 if n <= 2000 else 2), broker_queue=args.broker_queue,
             broker_log=None if args.broker_log is None else str(Path(args.broker_log).resolve()),
             up_s=args.up_s, connect_rate=args.connect_rate,
+            memory_breakdown=args.memory_breakdown,
             capture=None if args.capture is None else str(Path(args.capture).resolve()),
         )  # fmt: skip
         need = memory_needed_gb(scale)
