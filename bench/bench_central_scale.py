@@ -1581,9 +1581,9 @@ def memory_breakdown(engine: CentralEngine) -> str:
         fields = getattr(value, "__dict__", None)
         for i, callback in enumerate(getattr(value, "_callbacks", ())):
             owner = getattr(callback, "__self__", None)  # (a peer's, a journal's)
-            names = [
-                n for k in type(owner).__mro__ for n in getattr(k, "__slots__", ())
-            ] + list(getattr(owner, "__dict__", ()))
+            names = [n for k in type(owner).__mro__ for n in getattr(k, "__slots__", ())] + list(
+                getattr(owner, "__dict__", ())
+            )
             for field_name, held in sorted((n, getattr(owner, n, None)) for n in names):
                 parts.append(
                     (f"engine.{name}._callbacks[{i}] {type(owner).__name__}.{field_name}",
