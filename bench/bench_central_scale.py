@@ -1604,16 +1604,28 @@ def memory_breakdown(engine: CentralEngine) -> str:
         where = frame.f_code.co_qualname if frame is not None else "?"
         parts.append((f"task {task.get_name()} ({where})", *_deep_size(task, seen)))
     parts.append(("the event loop (the rest)", *_deep_size(loop, seen)))
+    same = other = 0
+    for member in index.members.values():
+        reported = {k: k for k in member.reports}
+        for key in member.keys:
+            held = reported.get(key)
+            if held is key:
+                same += 1
+            elif held is not None:
+                other += 1
     parts.sort(key=lambda p: -p[1])
     shown = [
         f"{n} {s / 1e6:.1f} MB ({c:,} objects: "
-        + ", ".join(f"{kind} {b / 1e6:.1f}" for kind, b in k.most_common(4))
+        + ", ".join(f"{kind} {b / 1e6:.1f}" for kind, b in k.most_common(4 if s < 1e8 else 12))
         + ")"
         for n, s, c, k in parts
         if s >= 1e6
     ]
     total = sum(p[1] for p in parts)
-    return f"central's Python objects, {total / 1e6:.0f} MB: " + "; ".join(shown)
+    return (
+        f"central's Python objects, {total / 1e6:.0f} MB (footprint ids shared with the "
+        f"reports' {same:,}, equal but not shared {other:,}): " + "; ".join(shown)
+    )
 
 
 #: Documents the heal's convergence check hashes between two turns of the event loop.

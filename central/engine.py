@@ -232,8 +232,12 @@ class CentralEngine:
         #: task -> a migration whose target has not run it yet (in memory: after a restart
         #: the reconcile rule settles the two copies)
         self._migrations: dict[str, _Migration] = {}
-        #: tasks changed since the history last looked (record_history)
+        #: tasks changed since the history last looked (record_history), and where a sweep
+        #: of every task the index knows has got to (None: no sweep): past
+        #: HISTORY_DUE_UP_TO due at once (a restart marks every restored task), the set
+        #: gives way to the sweep (a set of a million ids held 34 MB for half an hour)
         self._history_due: set[str] = set()
+        self._history_sweep: str | None = None
         #: (when, task, node, epoch): placements to check were taken up (a heap)
         self._take_up: list[tuple[float, str, str, int]] = []
         self.liveness = Liveness(
@@ -446,12 +450,7 @@ class CentralEngine:
         if self.fleet is None:
             return 0
         self.sync_index()
-        due = self._history_due
-        if len(due) > HISTORY_PER_PASS:  # (a start: every task due at once; a slice a pass)
-            batch = sorted(itertools.islice(due, HISTORY_PER_PASS))
-            due.difference_update(batch)
-        else:
-            batch, self._history_due = sorted(due), set()
+        batch = self._history_batch()
         # Only tasks that may be final; of those, only what the history does not hold
         # already as it is now (a restart marks every restored task due: at 10,000 nodes
         # that rewrote 600,000 unchanged rows, 3,000 every pass, for a quarter of an hour).
@@ -494,6 +493,36 @@ class CentralEngine:
         if rows:
             await self.store.record_finished(rows)
         return len(rows)
+
+    def _history_mark(self, task_ids: Iterable[str]) -> None:
+        """Mark tasks due a look by :meth:`record_history`."""
+        due = self._history_due
+        due.update(task_ids)
+        if len(due) > HISTORY_DUE_UP_TO:  # every task known, a slice a pass, from the first
+            self._history_due = set()
+            self._history_sweep = ""
+
+    @property
+    def history_backlog(self) -> bool:
+        """Whether tasks wait for a look by :meth:`record_history`."""
+        return bool(self._history_due) or self._history_sweep is not None
+
+    def _history_batch(self) -> list[str]:
+        """The tasks one pass of :meth:`record_history` looks at, in id order: the sweep's
+        next slice first (it covers whatever was due when it began), then those due."""
+        batch: list[str] = []
+        if self._history_sweep is not None:
+            ids = self.index.task_ids.irange(self._history_sweep, inclusive=(False, True))
+            batch = list(itertools.islice(ids, HISTORY_PER_PASS))
+            self._history_sweep = batch[-1] if len(batch) == HISTORY_PER_PASS else None
+        due = self._history_due
+        room = HISTORY_PER_PASS - len(batch)
+        if len(due) > room:
+            taken = list(itertools.islice(due, room))
+            due.difference_update(taken)
+        else:
+            taken, self._history_due = list(due), set()
+        return sorted({*batch, *taken})
 
     def _may_be_final(self, task_id: str) -> bool:
         """Whether a task's lifecycle may have ended: central cancelled it, or some node
@@ -728,7 +757,7 @@ class CentralEngine:
             for key, entry in _changed(keys, every, fleet.assignment, index.assignments):
                 old = index.assignments.get(key)
                 if entry != old:
-                    self._history_due.add(key)
+                    self._history_mark((key,))
                     index.set_assignment(key, entry)
                     if desired is not None:
                         desired.assignment(key, old, entry)
@@ -768,7 +797,7 @@ class CentralEngine:
             self.index.update_node(
                 node_id, NodeView(doc.registration(), tasks, doc.power_report()), changed
             )
-            self._history_due.update(tasks.keys() if changed is None else changed)
+            self._history_mark(tasks.keys() if changed is None else changed)
         member = self.index.members.get(node_id)
         if member is not None:  # O(1) + O(changed tasks): the index's reports, no thaw
             self.sites.learn(node_id, doc, member.registration, member.reports, changed)
@@ -2055,6 +2084,9 @@ class CentralEngine:
 #: How many changed tasks one pass of :meth:`CentralEngine.record_history` looks at (the
 #: rest wait for the next pass, one snapshot interval later): at a start every task is due.
 HISTORY_PER_PASS = 5_000
+#: Tasks due for :meth:`CentralEngine.record_history` past which it sweeps every task the
+#: index knows instead (a slice a pass), holding no set of them.
+HISTORY_DUE_UP_TO = 50_000
 #: Tasks :meth:`CentralEngine.record_history` looks at between two turns of the event loop.
 HISTORY_PER_TURN = 250
 #: Final phases: a task in one of them goes into central's history.

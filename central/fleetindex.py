@@ -105,6 +105,10 @@ PATCH_UP_TO = 8
 #: Changes of a node's footprint between two exact sums of it (:meth:`FleetIndex.table`).
 EXACT_EVERY = 64
 
+#: Superseded forgetting times :meth:`FleetIndex.forgettable`'s heap may hold beyond as many
+#: as the live ones before it is rebuilt from them.
+PRUNE_SLACK = 1024
+
 
 def _count(member: _Member, task: Task, sign: float) -> None:
     """Add (``sign`` 1) or take away (-1) what ``task`` counts for in the member's sums."""
@@ -470,9 +474,8 @@ class FleetIndex:
         """Assignments central may forget now (what
         :func:`~edgesched.central.placement.prunable` gives)."""
         out = []
-        heap = self._prune_heap
-        while heap and heap[0][0] <= now:
-            due, task_id = heapq.heappop(heap)
+        while self._prune_heap and self._prune_heap[0][0] <= now:  # (rebuilt by a push)
+            due, task_id = heapq.heappop(self._prune_heap)
             if self._prune_at.get(task_id) != due:
                 continue  # superseded by a later change
             del self._prune_at[task_id]
@@ -659,7 +662,13 @@ class FleetIndex:
 
     def _push_prune(self, task_id: str, due: float) -> None:
         self._prune_at[task_id] = due
-        heapq.heappush(self._prune_heap, (due, task_id))
+        heap = self._prune_heap
+        heapq.heappush(heap, (due, task_id))
+        if len(heap) > 2 * len(self._prune_at) + PRUNE_SLACK:
+            # superseded times outnumber the live ones: rebuilt from the live (O(n), once
+            # per as many pushes), else each change of a task leaves a tuple behind
+            self._prune_heap = [(at, t) for t, at in self._prune_at.items()]
+            heapq.heapify(self._prune_heap)
 
     def stats(self) -> Mapping[str, int]:
         return {

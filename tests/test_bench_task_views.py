@@ -10,6 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import bench_task_views as bench
+import pytest
 
 
 def test_the_views_and_the_history_at_a_tiny_size() -> None:
@@ -19,10 +20,19 @@ def test_the_views_and_the_history_at_a_tiny_size() -> None:
     assert row["passes"] == 1 and row["life_us"] > 0 and row["page_ms"] > 0
 
 
-def test_a_restart_does_not_write_the_history_again_but_a_task_finished_again_does() -> None:
+@pytest.mark.parametrize("due_up_to", [50_000, 5])
+def test_a_restart_does_not_write_the_history_again_but_a_task_finished_again_does(
+    due_up_to: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A restarted central marks every restored task due for its history: rows the store
     holds as they are (same phase, same end) are not written again; a task that finished
-    again since is."""
+    again since is. With more due than ``HISTORY_DUE_UP_TO`` (5 here) the set gives way to a
+    sweep of every task, a slice a pass (``HISTORY_PER_PASS``, 7 here): the same rows."""
+    from edgesched.central import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "HISTORY_DUE_UP_TO", due_up_to)
+    if due_up_to < 50_000:
+        monkeypatch.setattr(engine_module, "HISTORY_PER_PASS", 7)
     from dataclasses import replace
 
     import bench_control_step as base
@@ -35,12 +45,14 @@ def test_a_restart_does_not_write_the_history_again_but_a_task_finished_again_do
         engine._store = await Store.open(tmp / "central.db")
         try:
             engine.sync_index(project=False)
+            assert (engine._history_sweep is not None) == (due_up_to < 50_000)
+            assert len(engine._history_due) <= due_up_to
             first = 0
-            while engine._history_due:
+            while engine.history_backlog:
                 first += await engine.record_history()
-            engine._history_due.update(engine.task_ids())  # (as a restart marks them)
+            engine._history_mark(engine.task_ids())  # (as a restart marks them)
             again = 0
-            while engine._history_due:
+            while engine.history_backlog:
                 again += await engine.record_history()
             # one finished task finishes again, later
             node_id, doc = next(iter(engine.replicas.replicas.items()))
@@ -51,7 +63,7 @@ def test_a_restart_does_not_write_the_history_again_but_a_task_finished_again_do
             engine._dirty_nodes.add(node_id)
             engine.sync_index(project=False)
             later = 0
-            while engine._history_due:
+            while engine.history_backlog:
                 later += await engine.record_history()
             rows = await engine.store.finished_tasks(limit=1000)
             (row,) = [r for r in rows if r["id"] == task_id]

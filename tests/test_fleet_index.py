@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_nodetable_patch import assert_same_table
 
+from edgesched.central import fleetindex
 from edgesched.central.fleetindex import PATCH_UP_TO, FleetIndex
 from edgesched.central.placement import (
     failovers,
@@ -328,6 +329,40 @@ def test_the_index_agrees_with_the_full_recomputation(events: list[tuple[Any, ..
     index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
     for step in [*events, ("check",), ("tick", 100.0), ("check",)]:
         apply(world, index, step)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(st.lists(event_st, min_size=30, max_size=150))
+def test_the_index_agrees_with_the_full_recomputation_rebuilding_its_forget_heap(
+    events: list[tuple[Any, ...]],
+) -> None:
+    """The same, with the heap of forgetting times rebuilt as soon as superseded times
+    outnumber the live ones (``PRUNE_SLACK`` 0): a rebuild loses no time and keeps none."""
+    world = World()
+    index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
+    with patch.object(fleetindex, "PRUNE_SLACK", 0):
+        for step in [*events, ("check",), ("tick", 100.0), ("check",)]:
+            apply(world, index, step)
+
+
+def test_a_task_changed_again_and_again_leaves_no_trail_of_forgetting_times() -> None:
+    """Each change of a finished assignment's copy moves its forgetting time, and the heap
+    gets a new entry: superseded ones are dropped once they outnumber the live ones."""
+    index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
+    spec = TaskSpec(id="t0", command=("true",))
+    entry = AssignmentEntry(spec=spec, node="n0", epoch=1, central="c", at=0.0)
+    index.set_assignment("t0", entry)
+    ref = AssignmentRef("c", 1)
+    for i in range(5 * fleetindex.PRUNE_SLACK):
+        report = TaskReport(state=TaskState.EXITED, updated_at=float(i), assignment=ref)
+        index.update_node("n0", NodeView(None, {"t0": report}), ["t0"])
+    assert len(index._prune_at) == 1
+    assert len(index._prune_heap) <= 2 + fleetindex.PRUNE_SLACK
+    assert index.forgettable(5 * fleetindex.PRUNE_SLACK + RETENTION) == ["t0"]
 
 
 def test_a_step_touches_only_what_changed() -> None:
