@@ -502,7 +502,6 @@ class CentralEngine:
             self._history_due = set()
             self._history_sweep = ""
 
-    @property
     def history_backlog(self) -> bool:
         """Whether tasks wait for a look by :meth:`record_history`."""
         return bool(self._history_due) or self._history_sweep is not None

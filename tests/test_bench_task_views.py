@@ -48,11 +48,11 @@ def test_a_restart_does_not_write_the_history_again_but_a_task_finished_again_do
             assert (engine._history_sweep is not None) == (due_up_to < 50_000)
             assert len(engine._history_due) <= due_up_to
             first = 0
-            while engine.history_backlog:
+            while engine.history_backlog():
                 first += await engine.record_history()
             engine._history_mark(engine.task_ids())  # (as a restart marks them)
             again = 0
-            while engine.history_backlog:
+            while engine.history_backlog():
                 again += await engine.record_history()
             # one finished task finishes again, later
             node_id, doc = next(iter(engine.replicas.replicas.items()))
@@ -63,7 +63,7 @@ def test_a_restart_does_not_write_the_history_again_but_a_task_finished_again_do
             engine._dirty_nodes.add(node_id)
             engine.sync_index(project=False)
             later = 0
-            while engine.history_backlog:
+            while engine.history_backlog():
                 later += await engine.record_history()
             rows = await engine.store.finished_tasks(limit=1000)
             (row,) = [r for r in rows if r["id"] == task_id]
