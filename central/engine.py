@@ -70,7 +70,6 @@ from edgesched.core.task import TaskSpec, TaskState
 from edgesched.policies.models import ActiveModels, ModelBlob
 from edgesched.policies.ortsession import ModelLoadError
 from edgesched.rest.server import ApiStarter
-from edgesched.sync import heaptrim
 from edgesched.sync.doc import (
     NodeDoc,
     PolicyDoc,
@@ -568,8 +567,6 @@ class CentralEngine:
         if full:
             self._sweeps += 1
             self.settle_heap(full=self._sweeps % FULL_COLLECTION_SWEEPS == 0)
-            # what the frozen documents' pycrdt memory left free in glibc's arenas goes back
-            self.metrics.heap_trimmed.inc(heaptrim.trim())
         self.metrics.docs_frozen.set(sweep.frozen_total)
         self.metrics.docs_frozen_bytes.set(sweep.frozen_bytes)
         self.metrics.docs_live.set(sweep.live)

@@ -160,11 +160,6 @@ class CentralMetrics:
         self.doc_thaws = Counter(
             "edgesched_central_doc_thaws_total", "Frozen documents thawed by a use", registry=r
         )
-        self.heap_trimmed = Counter(
-            "edgesched_central_heap_trimmed_bytes_total",
-            "Resident bytes of freed C heap given back to the system after full sweeps",
-            registry=r,
-        )
 
     def scrape(
         self,

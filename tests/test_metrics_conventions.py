@@ -73,7 +73,6 @@ CENTRAL_FAMILIES = {
     "edgesched_central_docs_frozen_bytes": "gauge",
     "edgesched_central_docs_live": "gauge",
     "edgesched_central_doc_thaws": "counter",
-    "edgesched_central_heap_trimmed_bytes": "counter",
 }
 #: Unit words that are not Prometheus base units (bytes, seconds, watts, joules, ratio).
 NOT_BASE_UNITS = re.compile(
