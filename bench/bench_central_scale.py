@@ -88,6 +88,7 @@ from typing import Any
 
 import aiomqtt
 import psutil
+import pycrdt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from pycrdt import Map, YSyncMessageType
 
@@ -1548,6 +1549,37 @@ def _deep_size(root: object, seen: set[int]) -> tuple[int, int, Counter[str]]:
     return size, count, kinds
 
 
+def _rebuilt_bytes(engine: CentralEngine) -> str:
+    """glibc heap taken by pycrdt documents rebuilt from central's: the fleet document, and
+    a live node replica (times the live replicas): what their Rust side holds, roughly."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return "pycrdt's side not measured (no mallinfo2)"
+    mallinfo2.restype = _MallInfo2
+
+    def cost(state: bytes) -> int:
+        before = mallinfo2().uordblks
+        doc: pycrdt.Doc[Any] = pycrdt.Doc()
+        doc.apply_update(state)
+        after = mallinfo2().uordblks
+        del doc
+        return int(after - before)
+
+    parts = []
+    if engine.fleet is not None:
+        parts.append(f"the fleet document rebuilt {cost(engine.fleet.snapshot()) / 1e6:.0f} MB")
+    live = [r.doc for r in engine.replicas.replicas.values() if not r.doc.frozen]
+    if live:
+        sample = live[: min(len(live), 20)]
+        each = sum(cost(d.snapshot()) for d in sample) / len(sample)
+        parts.append(
+            f"a live replica rebuilt {each / 1e3:.0f} kB, x{len(live)} live "
+            f"{each * len(live) / 1e6:.0f} MB"
+        )
+    return ", ".join(parts)
+
+
 def memory_breakdown(engine: CentralEngine) -> str:
     """Central's Python objects by what holds them (``--memory-breakdown``): the deep size
     of each part, each object counted once, for the first part that reaches it in the order
@@ -1604,6 +1636,7 @@ def memory_breakdown(engine: CentralEngine) -> str:
         where = frame.f_code.co_qualname if frame is not None else "?"
         parts.append((f"task {task.get_name()} ({where})", *_deep_size(task, seen)))
     parts.append(("the event loop (the rest)", *_deep_size(loop, seen)))
+    rust = _rebuilt_bytes(engine)
     same = other = 0
     for member in index.members.values():
         reported = {k: k for k in member.reports}
@@ -1624,7 +1657,7 @@ def memory_breakdown(engine: CentralEngine) -> str:
     total = sum(p[1] for p in parts)
     return (
         f"central's Python objects, {total / 1e6:.0f} MB (footprint ids shared with the "
-        f"reports' {same:,}, equal but not shared {other:,}): " + "; ".join(shown)
+        f"reports' {same:,}, equal but not shared {other:,}; {rust}): " + "; ".join(shown)
     )
 
 
