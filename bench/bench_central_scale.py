@@ -54,7 +54,9 @@ object counted once, for the first holder walked; the index field by field, the 
 Python side, each task of the loop) and sizes pycrdt's side of the fleet document and of a
 live replica by rebuilding them from their encoded states: ~1 minute at 10,000 nodes, and
 its own bookkeeping raises the RSS measured after it (the resident size printed before the
-walk is the run's). ``make bench`` runs the defaults. Run it from a scratch directory (``cd /tmp``): each size
+walk is the run's).
+
+``make bench`` runs the defaults. Run it from a scratch directory (``cd /tmp``): each size
 works in a temporary directory of its own. :func:`memory_needed_gb` estimates what a size
 needs and skips one that cannot fit (``--force``).
 """
