@@ -119,18 +119,10 @@ class TelemetryRing:
         n = self._len
         if not n:
             return []
-        buf = self._buf
-        start = self._start
-        if start == 0:
-            held = buf[:n]
-            rows = held[np.searchsorted(held["at"], since, "left") :].tolist()
-        else:  # wrapped (full at keep): buf[start:] is the older run, buf[:start] the newer
-            older, newer = buf[start:], buf[:start]
-            first = int(np.searchsorted(older["at"], since, "left"))
-            if first < len(older):
-                rows = older[first:].tolist() + newer.tolist()
-            else:
-                rows = newer[np.searchsorted(newer["at"], since, "left") :].tolist()
+        buf, start = self._buf, self._start
+        # (wrapped, full at keep: buf[start:] is the older run, buf[:start] the newer)
+        held = buf[:n] if start == 0 else np.concatenate((buf[start:], buf[:start]))
+        rows = held[np.searchsorted(held["at"], since, "left") :].tolist()
         return [_sample(row) for row in rows]
 
 

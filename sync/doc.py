@@ -1145,7 +1145,7 @@ class SyncedDoc:
         if self._doc is None:  # frozen: read a copy of its bytes, not a thaw (not a use)
             digest = content_hash_of(self._frozen_state())
         else:
-            digest = hashlib.sha256(_canonical(self.to_json()).encode("utf-8")).hexdigest()
+            digest = _digest(self.to_json())
         self._hash = (self.revision, digest)
         return digest
 
@@ -1327,7 +1327,12 @@ def content_hash_of(state: bytes) -> str:
     on central's loop)."""
     copy: Doc[Any] = Doc()
     copy.apply_update(state)
-    return hashlib.sha256(_canonical(_json_of(copy)).encode("utf-8")).hexdigest()
+    return _digest(_json_of(copy))
+
+
+def _digest(content: dict[str, object]) -> str:
+    """The content hash of a document's JSON content (its canonical form's SHA-256)."""
+    return hashlib.sha256(_canonical(content).encode("utf-8")).hexdigest()
 
 
 def _json_of(doc: Doc[Any]) -> dict[str, object]:
