@@ -1587,6 +1587,55 @@ def _rebuilt_bytes(engine: CentralEngine) -> str:
     return ", ".join(parts)
 
 
+def _one_document(engine: CentralEngine) -> str:
+    """What one node's two documents hold on central's Python side, attribute by attribute:
+    a frozen node replica and its peer, a frozen desired document and its peer (objects the
+    engine, the index, the session or the event loop reach are not counted)."""
+    loop = asyncio.get_running_loop()
+    base = {id(engine), id(engine.index), id(loop), id(engine.session), id(engine.replicas)}
+    out = []
+    frozen = [r for r in engine.replicas.replicas.values() if r.doc.frozen]
+    pairs: list[tuple[str, object, object]] = []
+    if frozen:
+        pairs.append(("a frozen replica", frozen[0].doc, frozen[0].peer))
+    desired = getattr(engine, "desired", None)
+    if desired is not None:
+        for node_id, doc in desired.docs.items():
+            if doc.frozen:
+                pairs.append(("a frozen desired document", doc, desired.peers[node_id]))
+                break
+    for label, *objs in pairs:
+        seen = set(base)
+        for obj in objs:
+            seen.add(id(obj))
+        parts = []
+        for obj in objs:
+            names = [n for k in type(obj).__mro__ for n in getattr(k, "__slots__", ())]
+            names += list(getattr(obj, "__dict__", ()))
+            own = sys.getsizeof(obj)
+            if hasattr(obj, "__dict__"):
+                own += sys.getsizeof(obj.__dict__)
+            parts.append((f"{type(obj).__name__} itself", own))
+            for name in names:
+                held = getattr(obj, name, None)
+                if callable(held) or (
+                    isinstance(held, list) and held and all(callable(h) for h in held)
+                ):  # (a callback reaches its owner, and through it everything: its own size)
+                    size = (
+                        sys.getsizeof(held) + sum(map(sys.getsizeof, held))
+                        if isinstance(held, list)
+                        else sys.getsizeof(held)
+                    )
+                else:
+                    size = _deep_size(held, seen)[0]
+                parts.append((f"{type(obj).__name__}.{name}", size))
+        total = sum(b for _, b in parts)
+        parts.sort(key=lambda p: -p[1])
+        shown = ", ".join(f"{n} {b:,}" for n, b in parts if b)
+        out.append(f"{label}: {total:,} B ({shown})")
+    return "; ".join(out)
+
+
 def memory_breakdown(engine: CentralEngine) -> str:
     """Central's Python objects by what holds them (``--memory-breakdown``): the deep size
     of each part, each object counted once, for the first part that reaches it in the order
@@ -2388,6 +2437,7 @@ async def run_size(
         measure.notes.append(memory_note(engine))
         if scale.memory_breakdown:
             measure.notes.append(memory_breakdown(engine))
+            measure.notes.append(_one_document(engine))
 
         def drained() -> bool:
             placed = [t for t, s in measure.submits.items() if s[2] is not None]

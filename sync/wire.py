@@ -18,7 +18,11 @@ The pycrdt decoder is no integrity check (bit flips apply silently), so a frame 
 does not match, or a reassembled payload whose CRC does not match, is rejected.
 
 :class:`Reassembler` takes frames in any order, drops duplicates, hands back the whole payload
-when every chunk is in, and keeps its memory bounded (message count, bytes, age).
+when every chunk is in, and keeps its memory bounded (message count, bytes, age). The
+messages it completed are remembered (:class:`RecentMessages`) for ``remember_s`` and at
+most ``remember`` of them, in 20 bytes each: central holds a reassembler per peer, 20,000 at
+10,000 nodes, and a count alone let a quiet peer keep its last 1,024 keys for hours (as
+tuples in an ordered dict, ~170 kB a peer: gigabytes in a day).
 
 A frame travels on its sender's topic ``doc/<doc>/sync/<sender>`` (:func:`sync_topic`),
 heard by every peer of the document, or, when it answers a step 1 whose asker asked for it
@@ -37,6 +41,7 @@ import random
 import struct
 import time
 import zlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -255,6 +260,65 @@ class _Partial:
     size: int = 0
 
 
+#: A completed message's key as :class:`RecentMessages` keeps it: sender, message id.
+_KEY = struct.Struct("<IQ")
+
+
+class RecentMessages:
+    """The (sender, message id) of the messages completed in the last ``ttl_s``, at most
+    ``limit`` of them: packed 12 bytes each in one byte array, with their times (8 bytes
+    each) in another, oldest first. A lookup is a search of the bytes (``bytearray.find``,
+    at C speed: ~1 µs for a thousand keys) that accepts only a match at a record's start.
+    Empty, it holds no arrays at all."""
+
+    __slots__ = ("_keys", "_times", "limit", "ttl_s")
+
+    def __init__(self, limit: int, ttl_s: float) -> None:
+        self.limit = limit
+        self.ttl_s = ttl_s
+        self._keys: bytearray | None = None
+        self._times: array[float] | None = None
+
+    def __len__(self) -> int:
+        return 0 if self._times is None else len(self._times)
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        keys = self._keys
+        if not keys:
+            return False
+        packed = _KEY.pack(*key)
+        at = keys.find(packed)
+        while at > 0 and at % _KEY.size:  # (a match across two records: look further)
+            at = keys.find(packed, at + 1)
+        return at >= 0
+
+    def add(self, key: tuple[int, int], now: float) -> None:
+        """Remember ``key`` as completed at ``now`` (and forget what is past the bounds)."""
+        keys, times = self._keys, self._times
+        if keys is None or times is None:
+            self._keys, self._times = bytearray(_KEY.pack(*key)), array("d", (now,))
+            return
+        keys += _KEY.pack(*key)
+        times.append(now)
+        if len(times) > self.limit or times[0] < now - self.ttl_s:
+            self.expire(now)
+
+    def expire(self, now: float) -> None:
+        """Forget the keys older than ``ttl_s`` and the oldest beyond ``limit``."""
+        times, keys = self._times, self._keys
+        if times is None or keys is None:
+            return
+        drop = max(0, len(times) - self.limit)
+        floor = now - self.ttl_s
+        while drop < len(times) and times[drop] < floor:
+            drop += 1
+        if drop == len(times):
+            self._keys = self._times = None  # (nothing left: no arrays held)
+        elif drop:
+            del times[:drop]
+            del keys[: drop * _KEY.size]
+
+
 class Reassembler:
     """Collects frames into messages, in any order, with bounded memory.
 
@@ -262,7 +326,22 @@ class Reassembler:
     waiting (or for a duplicate), and raises :class:`FrameError` for a malformed frame.
     Partial messages older than ``ttl_s``, and the oldest ones beyond ``max_messages`` or
     ``max_bytes``, are evicted; a message larger than ``max_bytes`` is rejected outright.
+    A completed unsigned message is remembered for ``remember_s`` and at most ``remember``
+    of them (:class:`RecentMessages`), so a copy of it (a QoS 1 redelivery) is dropped as a
+    duplicate; one seen again later is handed back again, which a CRDT update survives
+    unchanged (applying it again changes nothing).
     """
+
+    __slots__ = (
+        "_done",
+        "_partials",
+        "buffered_bytes",
+        "clock",
+        "max_bytes",
+        "max_messages",
+        "stats",
+        "ttl_s",
+    )
 
     def __init__(
         self,
@@ -272,25 +351,32 @@ class Reassembler:
         *,
         clock: Callable[[], float] = time.monotonic,
         remember: int = 1024,
+        remember_s: float = 600.0,
     ) -> None:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self.clock = clock
-        self._partials: OrderedDict[tuple[int, int], _Partial] = OrderedDict()
-        self._done: OrderedDict[tuple[int, int], None] = OrderedDict()
-        self._remember = remember
+        #: partial messages, oldest first (None while there are none: most peers' messages
+        #: are one frame each, and an empty ordered dict is ~130 bytes a peer)
+        self._partials: OrderedDict[tuple[int, int], _Partial] | None = None
+        self._done = RecentMessages(remember, remember_s)
         self.buffered_bytes = 0
-        self.stats = {"completed": 0, "duplicates": 0, "evicted": 0, "rejected": 0}
+        self.stats = dict.fromkeys(("completed", "duplicates", "evicted", "rejected"), 0)
 
     def __len__(self) -> int:
-        return len(self._partials)
+        return 0 if self._partials is None else len(self._partials)
 
     def _drop(self, key: tuple[int, int]) -> None:
-        partial = self._partials.pop(key)
+        partials = self._partials
+        assert partials is not None
+        partial = partials.pop(key)
         self.buffered_bytes -= partial.size
+        if not partials:
+            self._partials = None
 
     def _evict(self, now: float) -> None:
+        assert self._partials is not None
         for key in [k for k, p in self._partials.items() if now - p.started > self.ttl_s]:
             self._drop(key)
             self.stats["evicted"] += 1
@@ -314,11 +400,14 @@ class Reassembler:
             return None
         if count == 1:  # the whole message in one frame: no Frame object needed
             message = Message(kind, sender, msg_id, chunk, epoch, signed)
-            return self._complete(key, message, total_crc)
+            return self._complete(key, message, total_crc, now)
         frame = Frame(*fields)
-        partial = self._partials.get(key)
+        partials = self._partials
+        if partials is None:
+            partials = self._partials = OrderedDict()
+        partial = partials.get(key)
         if partial is None:
-            partial = self._partials[key] = _Partial(frame, now)
+            partial = partials[key] = _Partial(frame, now)
         else:
             f0 = partial.first
             if (f0.kind, f0.epoch, f0.count, f0.total, f0.total_crc, f0.signed) != (
@@ -338,12 +427,14 @@ class Reassembler:
         partial.size += len(frame.chunk)
         self.buffered_bytes += len(frame.chunk)
         # Bounds: keep the newest message, evict the oldest others.
-        while len(self._partials) > self.max_messages or self.buffered_bytes > self.max_bytes:
-            oldest = next(iter(self._partials))
+        while len(partials) > self.max_messages or self.buffered_bytes > self.max_bytes:
+            oldest = next(iter(partials))
             self._drop(oldest)
             self.stats["evicted"] += 1
             if oldest == key:
                 return None
+            if self._partials is None:  # (all dropped: cannot happen while key is kept)
+                break
         if len(partial.chunks) < frame.count:
             return None
         self._drop(key)
@@ -361,9 +452,11 @@ class Reassembler:
         message = Message(
             frame.kind, frame.sender, frame.msg_id, payload, frame.epoch, frame.signed
         )
-        return self._complete(key, message, frame.total_crc)
+        return self._complete(key, message, frame.total_crc, now)
 
-    def _complete(self, key: tuple[int, int], message: Message, total_crc: int) -> Message:
+    def _complete(
+        self, key: tuple[int, int], message: Message, total_crc: int, now: float
+    ) -> Message:
         if zlib.crc32(message.payload) != total_crc:
             self.stats["rejected"] += 1
             raise FrameError("payload CRC mismatch")
@@ -373,9 +466,7 @@ class Reassembler:
             # the two look the same), rather than vanishing here uncounted.
             self.stats["completed"] += 1
             return message
-        self._done[key] = None
-        while len(self._done) > self._remember:
-            self._done.popitem(last=False)
+        self._done.add(key, now)
         self.stats["completed"] += 1
         return message
 

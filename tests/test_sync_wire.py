@@ -212,3 +212,68 @@ def test_sync_payloads() -> None:
 def test_decode_sync_never_crashes(kind: Kind, data: bytes) -> None:
     with contextlib.suppress(FrameError):
         wire.decode_sync(kind, data)
+
+
+# --- what a reassembler remembers of the messages it completed ------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.booleans(),  # add (True) or look up
+            st.integers(0, 3),  # sender
+            st.sampled_from([0, 1, 2, 5, 255, 256, 2**32, 2**63, 2**64 - 1]),  # message id
+            st.floats(0, 50),  # time advance
+        ),
+        max_size=80,
+    ),
+    limit=st.integers(1, 12),
+    ttl_s=st.floats(1, 100),
+)
+def test_recent_messages_agree_with_a_plain_model(
+    ops: list[tuple[bool, int, int, float]], limit: int, ttl_s: float
+) -> None:
+    """The packed memory answers as a list of (key, time) that drops the keys past the time
+    bound and the oldest past the count bound on each add would."""
+    recent = wire.RecentMessages(limit, ttl_s)
+    model: list[tuple[tuple[int, int], float]] = []
+    now = 0.0
+    for add, sender, msg_id, advance in ops:
+        now += advance
+        key = (sender, msg_id)
+        if add:
+            recent.add(key, now)
+            model.append((key, now))
+            model = [(k, t) for k, t in model if t >= now - ttl_s][-limit:]
+        assert (key in recent) == any(k == key for k, _ in model)
+        assert len(recent) == len(model)
+    # keys that differ only where two packed records meet are never confused
+    for sender, msg_id in [(1, 0), (0, 1 << 32), (256, 0)]:
+        assert ((sender, msg_id) in recent) == any(k == (sender, msg_id) for k, _ in model)
+
+
+def test_a_redelivery_is_dropped_while_remembered_and_handed_back_after() -> None:
+    r = Reassembler(remember=100, remember_s=60.0)
+    [frame] = wire.encode(Kind.UPDATE, DOC, 7, b"update", 1000)
+    assert r.feed(frame, now=0.0) is not None
+    assert r.feed(frame, now=59.0) is None  # a QoS 1 redelivery: a duplicate
+    assert r.stats["duplicates"] == 1
+    r.feed(wire.encode(Kind.UPDATE, DOC, 7, b"later", 1000)[0], now=61.0)  # forgets the first
+    assert r.feed(frame, now=62.0) is not None  # past remember_s: handed back (harmless again)
+
+
+def test_a_quiet_peer_does_not_keep_a_thousand_keys_for_hours() -> None:
+    """A peer that completes a message every 30 s (a node replica's at central) remembers
+    the last ``remember_s`` worth, and a busy one at most ``remember``: a few kilobytes,
+    where the ordered dict of tuples it replaced kept its last 1,024 keys (~170 kB) for as
+    long as the peer lived."""
+    quiet = Reassembler(remember=1024, remember_s=600.0)
+    busy = Reassembler(remember=1024, remember_s=600.0)
+    for i in range(5_000):
+        quiet.feed(wire.encode(Kind.UPDATE, DOC, 7, b"u", 1000)[0], now=i * 30.0)
+        busy.feed(wire.encode(Kind.UPDATE, DOC, 7, b"u", 1000)[0], now=i * 0.01)
+    assert len(quiet._done) == 21  # ten minutes of one every 30 s
+    assert len(busy._done) == 1024
+    assert len(busy._done._keys or b"") == 1024 * 12
+    assert len(quiet) == 0 and quiet._partials is None  # nothing partial held
