@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -436,7 +437,7 @@ async def wire_bytes(sizes: list[int]) -> None:
                 while not cpeer.connected:
                     await asyncio.sleep(0.005)
                 await asyncio.sleep(0.1)  # central's own step 1 goes out to nobody
-                base_c = dict(cpeer.stats)
+                base_c = Counter(cpeer.stats)
                 npeer = make_peer(node, name, b.port)
                 tasks.append(asyncio.create_task(npeer.run()))
                 t0 = time.monotonic()
