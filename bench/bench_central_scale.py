@@ -168,6 +168,8 @@ class Scale:
     budget_s: float = 900.0
     procs: int = 1
     memory_breakdown: bool = False  # walk central's objects at the end (slow: ~1 min at 10k)
+    #: central's ``[central] replica_cold_after_s`` (None: its default)
+    replica_cold_after_s: float | None = None
     broker_queue: int | None = None  # max_queued_messages of the bench broker (None: deployed)
     broker_log: str | None = None  # a file the bench broker appends its log to (None: no log)
     seed: int = 1
@@ -2245,6 +2247,8 @@ async def run_size(
         central=CentralConfig(
             central_id=CENTRAL_ID, state_dir=str(workdir / "central"), api_port=0,
             mqtt=MqttConfig(port=port, reconnect_max_s=1.0),
+            **({} if scale.replica_cold_after_s is None
+               else {"replica_cold_after_s": scale.replica_cold_after_s}),
         )
     )  # fmt: skip
     procs = max(1, min(scale.procs, scale.nodes))
@@ -2749,6 +2753,12 @@ def main() -> None:
         help="append the bench broker's log (connections, why each ended) to this file",
     )
     parser.add_argument(
+        "--replica-cold-after-s",
+        type=float,
+        default=None,
+        help="central's [central] replica_cold_after_s (default: central's own default)",
+    )
+    parser.add_argument(
         "--capture",
         default=None,
         help="record central's broker connection with tcpdump into this directory from the "
@@ -2765,6 +2775,7 @@ def main() -> None:
             broker_log=None if args.broker_log is None else str(Path(args.broker_log).resolve()),
             up_s=args.up_s, connect_rate=args.connect_rate,
             memory_breakdown=args.memory_breakdown,
+            replica_cold_after_s=args.replica_cold_after_s,
             capture=None if args.capture is None else str(Path(args.capture).resolve()),
         )  # fmt: skip
         need = memory_needed_gb(scale)
