@@ -2247,10 +2247,12 @@ async def run_size(
         central=CentralConfig(
             central_id=CENTRAL_ID, state_dir=str(workdir / "central"), api_port=0,
             mqtt=MqttConfig(port=port, reconnect_max_s=1.0),
-            **({} if scale.replica_cold_after_s is None
-               else {"replica_cold_after_s": scale.replica_cold_after_s}),
         )
     )  # fmt: skip
+    if scale.replica_cold_after_s is not None:
+        config = replace(
+            config, central=replace(config.central, replica_cold_after_s=scale.replica_cold_after_s)
+        )
     procs = max(1, min(scale.procs, scale.nodes))
     nodes_files = [str(workdir / f"nodes-{k}.pickle") for k in range(procs)]
     measure.phase = "seeding"  # central's store and the nodes' own, in a process of its own
