@@ -434,8 +434,8 @@ class CentralConfig:
     between one and two of these periods are held as their encoded state only (about a tenth
     of the memory) until next used (``edgesched.sync.freezer``). 0 keeps every document live.
     ``replica_cold_after_s``: the period of the node replicas' own sweep (with
-    ``cold_after_s`` > 0): a replica unused for one to two of these is frozen, so one whose
-    node changes a task every half minute is live only a few seconds after each change
+    ``cold_after_s`` > 0): a replica unused for one to two of these (2 s) is frozen, so one
+    whose node changes a task every half minute is live only a few seconds after each change
     (under the minute's sweep alone nearly every replica of such a fleet stayed live:
     ~80-110 KB each, a gigabyte at 10,000 nodes); a thaw and a freeze cost ~0.25 ms. 0: the
     replicas wait for the ``cold_after_s`` sweep like the desired-state documents.
@@ -462,7 +462,7 @@ class CentralConfig:
     park_nodes: bool = False
     assignment_retention_s: float = 86_400.0
     cold_after_s: float = 60.0
-    replica_cold_after_s: float = 5.0
+    replica_cold_after_s: float = 2.0
     nodes: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()
     etcd_endpoints: tuple[str, ...] = ()

@@ -304,7 +304,7 @@ def test_the_replicas_sweep_on_a_period_of_their_own(tmp_path: Path) -> None:
     from edgesched.sync.doc import PolicyDoc
 
     config = parse_config({"central": {"central_id": "central", "state_dir": str(tmp_path)}})
-    assert (config.central.replica_cold_after_s, config.central.cold_after_s) == (5.0, 60.0)
+    assert (config.central.replica_cold_after_s, config.central.cold_after_s) == (2.0, 60.0)
     engine = CentralEngine(config, clock=lambda: 1000.0)
     engine.fleet = PolicyDoc("fleet", client_id_for("central"))
     engine.fleet.track_changes("assignments", "stops", "power")

@@ -350,8 +350,9 @@ def test_the_index_agrees_with_the_full_recomputation_rebuilding_its_forget_heap
 
 
 def test_a_task_changed_again_and_again_leaves_no_trail_of_forgetting_times() -> None:
-    """Each change of a finished assignment's copy moves its forgetting time, and the heap
-    gets a new entry: superseded ones are dropped once they outnumber the live ones."""
+    """Each change of a finished assignment's copy moves its forgetting time, and the id is
+    filed again under the new time's second: superseded ones are dropped once they
+    outnumber the live ones."""
     index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
     spec = TaskSpec(id="t0", command=("true",))
     entry = AssignmentEntry(spec=spec, node="n0", epoch=1, central="c", at=0.0)
@@ -361,8 +362,30 @@ def test_a_task_changed_again_and_again_leaves_no_trail_of_forgetting_times() ->
         report = TaskReport(state=TaskState.EXITED, updated_at=float(i), assignment=ref)
         index.update_node("n0", NodeView(None, {"t0": report}), ["t0"])
     assert len(index._prune_at) == 1
-    assert len(index._prune_heap) <= 2 + fleetindex.PRUNE_SLACK
+    assert index._prune_held <= 2 + fleetindex.PRUNE_SLACK
     assert index.forgettable(5 * fleetindex.PRUNE_SLACK + RETENTION) == ["t0"]
+
+
+def test_a_forgetting_time_later_in_the_current_second_waits_for_it() -> None:
+    """Times are filed by whole seconds: a call within a time's second but before it
+    forgets nothing and loses nothing, a call at or after it forgets; a time moved within
+    the same second is taken at its new value, once."""
+    index = FleetIndex(grace_s=GRACE, retention_s=RETENTION)
+    ref = AssignmentRef("c", 1)
+    for task_id, updated in (("a", 10.25), ("b", 10.75)):
+        spec = TaskSpec(id=task_id, command=("true",))
+        index.set_assignment(
+            task_id, AssignmentEntry(spec=spec, node="n0", epoch=1, central="c", at=0.0)
+        )
+        report = TaskReport(state=TaskState.EXITED, updated_at=updated, assignment=ref)
+        index.update_node("n0", NodeView(None, {task_id: report}), [task_id])
+    assert index.forgettable(RETENTION + 10.0) == []
+    assert index.forgettable(RETENTION + 10.5) == ["a"]
+    moved = TaskReport(state=TaskState.EXITED, updated_at=10.9, assignment=ref)  # same second
+    index.update_node("n0", NodeView(None, {"b": moved}), ["b"])
+    assert index.forgettable(RETENTION + 10.8) == []
+    assert index.forgettable(RETENTION + 10.95) == ["b"]
+    assert index.forgettable(RETENTION + 100.0) == [] and index._prune_held == 0
 
 
 def test_a_step_touches_only_what_changed() -> None:
