@@ -1527,7 +1527,11 @@ def memory_note(engine: CentralEngine) -> str:
             f"{stats['in_use'] / 1e6:.0f} MB of blocks in use"
         )
     freezer = engine.freezer
-    parts.append(f"documents live {freezer.live}, frozen {freezer.frozen}")
+    replicas = sum(1 for name in freezer._live if name.startswith("node-"))
+    parts.append(
+        f"documents live {freezer.live} ({replicas} node replicas, "
+        f"{freezer.live - replicas} desired-state), frozen {freezer.frozen}"
+    )
     return "central's memory: " + "; ".join(parts)
 
 
