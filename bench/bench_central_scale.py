@@ -1708,6 +1708,33 @@ def memory_breakdown(engine: CentralEngine) -> str:
                 same += 1
             elif held is not None:
                 other += 1
+    # how many string objects each task id is held as, across the index's holders (dict
+    # keys are invisible to the walk above: they are counted here)
+    copies: Counter[int] = Counter()
+    extra_bytes = 0
+    keys_of: dict[str, dict[int, str]] = {}
+
+    def hold(key: str) -> None:
+        keys_of.setdefault(key, {})[id(key)] = key
+
+    for key, entry in index.assignments.items():
+        hold(key)
+        hold(entry.spec.id)
+    for key in index.holders:
+        hold(key)
+    for member in index.members.values():
+        for key in member.reports:
+            hold(key)
+    for key in index.task_ids:
+        hold(key)
+    for objs in keys_of.values():
+        copies[len(objs)] += 1
+        extra_bytes += sum(sys.getsizeof(o) for o in list(objs.values())[1:])
+    ids_note = (
+        "task ids held as "
+        + ", ".join(f"{n} string(s): {c:,}" for n, c in sorted(copies.items()))
+        + f" ({extra_bytes / 1e6:.1f} MB in the copies beyond one)"
+    )
     parts.sort(key=lambda p: -p[1])
     shown = [
         f"{n} {s / 1e6:.1f} MB ({c:,} objects: "
@@ -1719,7 +1746,8 @@ def memory_breakdown(engine: CentralEngine) -> str:
     total = sum(p[1] for p in parts)
     return (
         f"central's Python objects, {total / 1e6:.0f} MB (footprint ids shared with the "
-        f"reports' {same:,}, equal but not shared {other:,}; {rust}): " + "; ".join(shown)
+        f"reports' {same:,}, equal but not shared {other:,}; {rust}; {ids_note}): "
+        + "; ".join(shown)
     )
 
 

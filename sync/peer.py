@@ -34,12 +34,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiomqtt
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from pycrdt import YSyncMessageType, merge_updates
 
+from edgesched.core.shared import SharedValues
 from edgesched.sync import epochs, wire
 from edgesched.sync.doc import UpdateRejected, client_id_for, decode_state_vector
 from edgesched.sync.pacer import ResyncPacer
@@ -68,6 +69,10 @@ PUBLISH_TIMEOUT_S = 120.0
 #: dependencies have not arrived, unbounded) before a replica is dropped and resynced.
 MAX_PENDING_BYTES = 8 << 20
 
+
+#: One shared copy of each set of writers' client ids or relays' peer ids (``frozenset()``
+#: of strs or ints: equality is identity for those).
+_PEER_SETS: SharedValues[frozenset[Any]] = SharedValues(limit=4096)
 
 #: What :attr:`DocPeer.stats` counts (a name not counted yet reads 0).
 STAT_NAMES = (
@@ -247,8 +252,9 @@ class DocPeer:
         self.doc = doc
         self.before_publish = before_publish
         self.accept = accept
-        self.writers = writers
-        self.relays = frozenset(relays)
+        # (shared: central's 20,000 peers name the same few sets of centrals)
+        self.writers = None if writers is None else _PEER_SETS(frozenset(writers))
+        self.relays = _PEER_SETS(frozenset(relays))
         self.signing = signing
         self.sole_asker = sole_asker
         self.clock = clock
