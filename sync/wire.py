@@ -269,7 +269,8 @@ class RecentMessages:
     ``limit`` of them: packed 12 bytes each in one byte array, with their times (8 bytes
     each) in another, oldest first. A lookup is a search of the bytes (``bytearray.find``,
     at C speed: ~1 µs for a thousand keys) that accepts only a match at a record's start.
-    Empty, it holds no arrays at all."""
+    Keys past the bounds are forgotten as keys are added (so one older than ``ttl_s`` may
+    still answer until the next add). Empty, it holds no arrays at all."""
 
     __slots__ = ("_keys", "_times", "limit", "ttl_s")
 
