@@ -47,14 +47,16 @@ budget" with what it measured so far.
 
     .venv/bin/python bench/bench_central_scale.py [--nodes 100,1000,10000] [--budget-s 900]
         [--rate 2] [--steady-s 30] [--offline-s 10] [--up-s 300] [--procs N]
-        [--broker-log FILE] [--memory-breakdown]
+        [--broker-log FILE] [--memory-breakdown] [--replica-cold-after-s S]
 
 ``--memory-breakdown`` walks central's objects at the end and prints what holds them (each
 object counted once, for the first holder walked; the index field by field, the documents'
-Python side, each task of the loop) and sizes pycrdt's side of the fleet document and of a
-live replica by rebuilding them from their encoded states: ~1 minute at 10,000 nodes, and
-its own bookkeeping raises the RSS measured after it (the resident size printed before the
-walk is the run's).
+Python side, each task of the loop), one node's two documents attribute by attribute, how
+many string objects each task id is held as, and sizes pycrdt's side of the fleet document
+and of a live replica by rebuilding them from their encoded states: ~1 minute at 10,000
+nodes, and its own bookkeeping raises the RSS measured after it (the resident size printed
+before the walk is the run's). ``--replica-cold-after-s`` sets central's
+``[central] replica_cold_after_s`` (default: central's own).
 
 ``make bench`` runs the defaults. Run it from a scratch directory (``cd /tmp``): each size
 works in a temporary directory of its own. :func:`memory_needed_gb` estimates what a size
