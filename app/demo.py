@@ -1066,7 +1066,9 @@ async def _day(
                 body["node"] = arrival.pin
             try:
                 code, reply = await api.call("POST", "/v1/tasks", body)
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (aiohttp.ClientError, OSError) as exc:
+                # (OSError: the client's Unreachable, a timeout: a node stopped by the day's
+                # plan between the check above and this call closes its connection)
                 code, reply = 0, f"{type(exc).__name__}: {exc}"
         if code == 201:
             m.submitted[kind] = m.submitted.get(kind, 0) + 1

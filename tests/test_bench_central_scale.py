@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import pickle
+import re
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -143,7 +144,12 @@ async def test_the_harness_measures_a_tiny_fleet(tmp_path: Path) -> None:
     assert "ERROR" not in result["central_log"], result["central_errors"]
     # Where central's memory is: its documents, live or frozen, all of them counted
     [memory] = [n for n in result["notes"] if n.startswith("central's memory")]
-    live, frozen = (int(x) for x in memory.rpartition("documents live ")[2].split(", frozen "))
+    found = re.search(
+        r"documents live (\d+) \((\d+) node replicas, (\d+) desired-state\), frozen (\d+)", memory
+    )
+    assert found is not None, memory
+    live, replicas, desired, frozen = (int(x) for x in found.groups())
+    assert replicas + desired == live
     assert live + frozen == 2 * 8  # each node's replica and its desired-state document
     if sys.implementation.name == "cpython" and sys.platform == "linux":
         assert "pymalloc: " in memory and "anonymous" in memory
