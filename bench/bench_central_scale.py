@@ -1443,17 +1443,25 @@ class _MallInfo2(ctypes.Structure):
     ]  # fmt: skip
 
 
+def mallinfo2() -> _MallInfo2 | None:
+    """glibc's ``mallinfo2()`` of this process, all arenas (None off glibc 2.33+)."""
+    try:
+        call = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    call.restype = _MallInfo2
+    info: _MallInfo2 = call()
+    return info
+
+
 def heap_note() -> str | None:
     """glibc's heap in this (central's) process, all arenas (``mallinfo2``): bytes in use,
     bytes free inside its arenas (resident until ``malloc_trim`` gives them back) and bytes in
     mmapped blocks. Python's small objects live in pymalloc's own arenas, not counted here.
     None off glibc."""
-    try:
-        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return None
-    mallinfo2.restype = _MallInfo2
     info = mallinfo2()
+    if info is None:
+        return None
     return (
         f"glibc heap: {info.uordblks / 1e6:.0f} MB in use, {info.fordblks / 1e6:.0f} MB free "
         f"in its arenas ({info.keepcost / 1e6:.0f} MB at their tops), {info.hblkhd / 1e6:.0f} "
@@ -1567,19 +1575,21 @@ def _deep_size(root: object, seen: set[int]) -> tuple[int, int, Counter[str]]:
 def _rebuilt_bytes(engine: CentralEngine) -> str:
     """glibc heap taken by pycrdt documents rebuilt from central's: the fleet document, and
     a live node replica (times the live replicas): what their Rust side holds, roughly."""
-    try:
-        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    if mallinfo2() is None:
         return "pycrdt's side not measured (no mallinfo2)"
-    mallinfo2.restype = _MallInfo2
+
+    def in_use() -> int:
+        info = mallinfo2()
+        assert info is not None
+        return int(info.uordblks)
 
     def cost(state: bytes) -> int:
-        before = mallinfo2().uordblks
+        before = in_use()
         doc: pycrdt.Doc[Any] = pycrdt.Doc()
         doc.apply_update(state)
-        after = mallinfo2().uordblks
+        after = in_use()
         del doc
-        return int(after - before)
+        return after - before
 
     parts = []
     if engine.fleet is not None:

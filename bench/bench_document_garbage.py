@@ -27,12 +27,12 @@ dropped. Printed per run length:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 from dataclasses import replace
 from typing import Any
 
 import pycrdt
+from bench_central_scale import mallinfo2
 
 from edgesched.central.placement import assignment_entry
 from edgesched.core.task import TaskSpec
@@ -42,21 +42,11 @@ CENTRAL = "central-a"
 T0 = 1_764_900_000.0
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-            "fordblks", "keepcost",
-        )
-    ]  # fmt: skip
-
-
 def heap_in_use() -> int:
     """glibc's heap in use, in bytes (``mallinfo2().uordblks`` plus mmapped blocks)."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
+    info = mallinfo2()
+    if info is None:
+        raise SystemExit("bench_document_garbage measures glibc's heap: needs glibc 2.33+")
     return int(info.uordblks + info.hblkhd)
 
 
@@ -71,8 +61,6 @@ def entry(task_id: str, node: str, at: float) -> Any:
 def run(live: int, lifecycles: int, nodes: int) -> dict[str, float]:
     """One fleet document and one node's desired document through ``lifecycles`` finished
     tasks over ``live`` standing assignments; their garbage against fresh documents."""
-    gc.collect()
-    before = heap_in_use()
     fleet = PolicyDoc("fleet", client_id_for(CENTRAL))
     desired = PolicyDoc("desired-n00000", client_id_for(CENTRAL))
     fleet.packed = desired.packed = True
@@ -98,21 +86,16 @@ def run(live: int, lifecycles: int, nodes: int) -> dict[str, float]:
                 doc.assign(task_id, again)
             with doc.doc.transaction():
                 doc.drop_assignment(task_id)
-    gc.collect()
-    held = heap_in_use() - before
-    out: dict[str, float] = {"held": held}
+    out: dict[str, float] = {}
+    states: dict[str, tuple[bytes, bytes]] = {}  # name -> (its state, a fresh one's)
     for name, doc in (("fleet", fleet), ("desired", desired)):
-        out[f"{name}_encoded"] = len(doc.snapshot())
-        fresh = doc._fresh()
-        out[f"{name}_fresh"] = len(fresh.get_update())
-        del fresh
-    desired_finished = sum(1 for i in range(lifecycles) if i % nodes == 0)
-    out["desired_finished"] = desired_finished
+        states[name] = doc.snapshot(), doc._fresh().get_update()
+        out[f"{name}_encoded"], out[f"{name}_fresh"] = map(len, states[name])
+    out["desired_finished"] = sum(1 for i in range(lifecycles) if i % nodes == 0)
     # the fleet document's memory against a fresh one of the same content, rebuilt here
-    state = fleet.snapshot()
-    fresh_state = fleet._fresh().get_update()
     del fleet, desired
     gc.collect()
+    state, fresh_state = states["fleet"]
     out["fleet_memory"] = _rebuilt(state)
     out["fleet_fresh_memory"] = _rebuilt(fresh_state)
     return out
