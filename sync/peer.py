@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 import aiomqtt
+from paho.mqtt.client import topic_matches_sub
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from pycrdt import YSyncMessageType, merge_updates
 
@@ -44,7 +45,7 @@ from edgesched.core.shared import SharedValues
 from edgesched.sync import epochs, wire
 from edgesched.sync.doc import UpdateRejected, client_id_for, decode_state_vector
 from edgesched.sync.pacer import ResyncPacer
-from edgesched.sync.session import Endpoint, MqttSession, publish
+from edgesched.sync.session import DeliveryStalled, Endpoint, MqttSession, publish
 from edgesched.sync.signing import TRAILER, FrameSigning, Sealed, SignatureRefused
 from edgesched.sync.yupdate import (
     DecodedUpdate,
@@ -142,11 +143,14 @@ class DocPeer:
     #: (slotted: central holds two peers per node, 20,000 at 10,000 nodes)
     __slots__ = (
         "_answers",
+        "_echo_timer",
         "_last_step1",
         "_local",
         "_pending_bytes",
+        "_stalled",
         "_step1_slot",
         "_step1_to",
+        "_unechoed_since",
         "_waiter",
         "_want_step1",
         "_woken",
@@ -157,6 +161,7 @@ class DocPeer:
         "clock",
         "connected",
         "doc",
+        "echo_timeout_s",
         "filter",
         "heard_at",
         "host",
@@ -320,6 +325,13 @@ class DocPeer:
         #: it last looked at what is due
         self._waiter: asyncio.Future[None] | None = None
         self._woken = False
+        #: The delivery watch (:meth:`watch_echoes`; 0: off): since when a message we sent
+        #: on our own topic waits to come back, the timer that checks it, and whether it
+        #: did not (the send loop then ends the connection).
+        self.echo_timeout_s = 0.0
+        self._unechoed_since: float | None = None
+        self._echo_timer: asyncio.TimerHandle | None = None
+        self._stalled = False
         doc.on_local_update(self._on_local_update)  # once per doc lifetime
 
     # -- local side ------------------------------------------------------------------------
@@ -373,8 +385,32 @@ class DocPeer:
         session.add(self)
         await session.run()
 
+    def watch_echoes(self, timeout_s: float) -> None:
+        """Watch that the subscription hearing our own topic delivers: on MQTT 3.1.1 (no
+        no-local) the broker sends each message we publish there back to us, and one that
+        has not come back after ``timeout_s`` ends the connection (:class:`DeliveryStalled`:
+        the session renews it with a clean session). The session calls this on a 3.1.1
+        connection; a peer that does not hear its own sender topic (``listen_to``) is not
+        watched."""
+        if any(topic_matches_sub(route, self.topic) for route in self.routes):
+            self.echo_timeout_s = timeout_s
+
+    def _echoed(self) -> None:
+        self._unechoed_since = None
+        if self._echo_timer is not None:
+            self._echo_timer.cancel()
+            self._echo_timer = None
+
+    def _echo_overdue(self) -> None:
+        self._echo_timer = None
+        if self.connected and self._unechoed_since is not None:
+            self._stalled = True
+            self._wake_up()
+
     async def serve(self, client: aiomqtt.Client) -> None:
         """While connected: resync by state vector, then send whatever is due."""
+        self._echoed()
+        self._stalled = False
         self.connected = True
         self.stats["connects"] += 1
         log.info("doc %s: %s connected", self.doc.name, self.peer_id)
@@ -385,6 +421,8 @@ class DocPeer:
 
     def disconnected(self) -> None:
         self.connected = False
+        self._echoed()
+        self._stalled = False
 
     async def _publish(
         self,
@@ -417,6 +455,12 @@ class DocPeer:
             signed=sealed is not None,
         )
         to = self.topic if topic is None else topic
+        if to == self.topic and self.echo_timeout_s and self._unechoed_since is None:
+            # (before the publish: its echo may be read before our PUBACK is)
+            self._unechoed_since = time.monotonic()
+            self._echo_timer = asyncio.get_running_loop().call_later(
+                self.echo_timeout_s, self._echo_overdue
+            )
         urgent = kind is wire.Kind.UPDATE  # a fresh write goes ahead of the sync protocol's
         for frame in frames:
             await publish(client, to, frame, qos=1, timeout=PUBLISH_TIMEOUT_S, urgent=urgent)
@@ -440,6 +484,12 @@ class DocPeer:
         10,000 nodes, the harness's ``--memory-breakdown`` found)."""
         loop = asyncio.get_running_loop()
         while True:
+            if self._stalled:
+                raise DeliveryStalled(
+                    f"doc {self.doc.name}: our message on {self.topic} did not come back "
+                    f"within {self.echo_timeout_s:g} s: the broker's subscription delivers "
+                    "nothing"
+                )
             self._woken = False  # anything arriving while we publish sets it again
             if self._want_step1:
                 now = time.monotonic()
@@ -518,6 +568,8 @@ class DocPeer:
         sender = topic.rsplit("/", 1)[-1]
         if sender == self.peer_id:
             self.stats["own_dropped"] += 1
+            if self._unechoed_since is not None:
+                self._echoed()  # (in order: an echo means the subscription delivers)
             return
         self.stats["frames_in"] += 1
         try:

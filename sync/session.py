@@ -84,6 +84,17 @@ SUBSCRIBE_ATTEMPTS = 3
 SUBSCRIBE_RETRY_S = 1.0
 
 
+#: How long a message of ours may take to come back to us (MQTT 3.1.1 has no no-local
+#: subscriptions: the broker sends a peer's own QoS 1 message back through the subscription
+#: that hears its topic) before that subscription counts as stalled (:class:`DeliveryStalled`).
+#: A granted subscription can deliver nothing: NATS's JetStream consumer behind it stuck after
+#: the cluster lost and re-elected its leaders (a CI run of the isolate-central field test: the
+#: nodes' updates never reached central, whose connection looked healthy for 29 s). The
+#: broker acknowledged the message before this wait starts, so it is queued: on a working
+#: subscription it comes back in milliseconds.
+ECHO_TIMEOUT_S = 10.0
+
+
 #: Publishes one connection may have waiting on aiomqtt at once; the rest wait their turn.
 #: aiomqtt 2.5 scans every pending call on each new one (``_pending_call``: ``mid in`` a
 #: generator, then ``len(list(...))``), so N publishes in flight cost O(N^2): central's 20,000
@@ -247,6 +258,14 @@ async def checked(awaitable: Awaitable[T]) -> T:
 
 class SubscriptionRefused(aiomqtt.MqttError):
     """The broker refused a subscription every time it was asked (:data:`SUBSCRIBE_ATTEMPTS`)."""
+
+
+class DeliveryStalled(aiomqtt.MqttError):
+    """A subscription the broker granted delivers nothing: a message of ours that it carries
+    did not come back within :data:`ECHO_TIMEOUT_S`. The session renews the connection with a
+    clean session once, so the broker drops the session's subscriptions (NATS: their
+    JetStream consumers) and makes them anew; every document peer resyncs on the new
+    connection, so nothing queued in the dropped session is lost to the documents."""
 
 
 def _refused(code: Any) -> bool:
@@ -415,6 +434,9 @@ class Endpoint:
     #: docs/brokers.md): after a failed connect or a lost connection the session tries the
     #: next address, round robin, starting from ``host``/``port``.
     alternates: tuple[tuple[str, int], ...] = ()
+    #: With "3.1.1": how long our own message may take to come back (:data:`ECHO_TIMEOUT_S`,
+    #: :class:`DeliveryStalled`); 0 turns the watch off.
+    echo_timeout_s: float = ECHO_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.protocol not in ("5", "3.1.1"):
@@ -808,6 +830,7 @@ class MqttSession:
             "messages_in": 0,
             "unrouted": 0,
             "subscribe_refused": 0,
+            "delivery_stalled": 0,
         }
         self._added: asyncio.Queue[Channel] = asyncio.Queue()
         self._addresses = ((endpoint.host, endpoint.port), *endpoint.alternates)
@@ -824,6 +847,8 @@ class MqttSession:
         self._held = False
         #: connections in a row the broker ended within FLAP_S
         self._quick_losses = 0
+        #: whether the next connect asks for a clean session (after :class:`DeliveryStalled`)
+        self._clean_next = False
 
     @property
     def address(self) -> tuple[str, int]:
@@ -834,6 +859,9 @@ class MqttSession:
         """Register ``channel``; a connected session starts serving it right away."""
         order = len(self.channels)
         self.channels.append(channel)
+        watch = getattr(channel, "watch_echoes", None)
+        if self.endpoint.protocol == "3.1.1" and self.endpoint.echo_timeout_s > 0 and watch:
+            watch(self.endpoint.echo_timeout_s)  # (v5: no-local, nothing comes back)
         general = []
         for route in channel.routes:
             head, _, last = route.rpartition("/")
@@ -884,7 +912,7 @@ class MqttSession:
             client = aiomqtt.Client(
                 *self.address,
                 protocol=aiomqtt.ProtocolVersion.V311,
-                clean_session=False,
+                clean_session=self._clean_next,
                 **common,
             )
         else:
@@ -922,6 +950,7 @@ class MqttSession:
                     up_at = time.monotonic()
                     self.connected = True
                     self.stats["connects"] += 1
+                    self._clean_next = False  # (a clean session once; persistent again next)
                     self.link.up(where)
                     failures.clear()
                     delay = self.backoff_initial_s
@@ -932,6 +961,9 @@ class MqttSession:
                     await self._connected(client)
             except aiomqtt.MqttError as exc:
                 reraise_if_cancelling()
+                if isinstance(exc, DeliveryStalled):
+                    self.stats["delivery_stalled"] += 1
+                    self._clean_next = True
                 reason = str(exc) or type(exc).__name__
                 if exc.__cause__ is not None and str(exc.__cause__) not in reason:
                     reason = f"{reason}: {exc.__cause__}"
