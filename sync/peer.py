@@ -143,6 +143,7 @@ class DocPeer:
     #: (slotted: central holds two peers per node, 20,000 at 10,000 nodes)
     __slots__ = (
         "_answers",
+        "_echo_armed",
         "_echo_timer",
         "_last_step1",
         "_local",
@@ -329,6 +330,7 @@ class DocPeer:
         #: on our own topic waits to come back, the timer that checks it, and whether it
         #: did not (the send loop then ends the connection).
         self.echo_timeout_s = 0.0
+        self._echo_armed = False  # (by the session, once the connection's subscriptions are)
         self._unechoed_since: float | None = None
         self._echo_timer: asyncio.TimerHandle | None = None
         self._stalled = False
@@ -395,6 +397,12 @@ class DocPeer:
         if any(topic_matches_sub(route, self.topic) for route in self.routes):
             self.echo_timeout_s = timeout_s
 
+    def arm_echo_watch(self) -> None:
+        """The session: every subscription of this connection is granted, so from now on a
+        message we send on our own topic comes back (before, one sent ahead of the
+        subscription that carries it back is never delivered to us)."""
+        self._echo_armed = self.echo_timeout_s > 0
+
     def _echoed(self) -> None:
         self._unechoed_since = None
         if self._echo_timer is not None:
@@ -421,6 +429,7 @@ class DocPeer:
 
     def disconnected(self) -> None:
         self.connected = False
+        self._echo_armed = False
         self._echoed()
         self._stalled = False
 
@@ -455,7 +464,7 @@ class DocPeer:
             signed=sealed is not None,
         )
         to = self.topic if topic is None else topic
-        if to == self.topic and self.echo_timeout_s and self._unechoed_since is None:
+        if to == self.topic and self._echo_armed and self._unechoed_since is None:
             # (before the publish: its echo may be read before our PUBACK is)
             self._unechoed_since = time.monotonic()
             self._echo_timer = asyncio.get_running_loop().call_later(

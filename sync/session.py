@@ -1070,6 +1070,12 @@ class MqttSession:
         try:
             for channel in [*self.channels, *([self.fallback] if self.fallback else [])]:
                 serving.append(await self._start(client, channel, dispatch))
+            # Every subscription of the connection is granted: a watched peer's echo may come
+            # through another channel's (central's policy peer: the replicas' wildcard), so
+            # its watch starts now, not when its own channel starts.
+            for channel in self.channels:
+                if (arm := getattr(channel, "arm_echo_watch", None)) is not None:
+                    arm()
             while True:
                 added = asyncio.create_task(self._added.get())
                 done, _ = await asyncio.wait([*serving, added], return_when=asyncio.FIRST_COMPLETED)
@@ -1079,7 +1085,10 @@ class MqttSession:
                         raise exc
                 serving = [t for t in serving if t not in done]
                 if added in done:
-                    serving.append(await self._start(client, added.result(), dispatch))
+                    channel = added.result()
+                    serving.append(await self._start(client, channel, dispatch))
+                    if (arm := getattr(channel, "arm_echo_watch", None)) is not None:
+                        arm()
                 else:
                     added.cancel()
         finally:

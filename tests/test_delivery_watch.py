@@ -21,10 +21,12 @@ from contextlib import asynccontextmanager
 import pytest
 from conftest import Broker, until
 from natscluster import Member, NatsCluster, loopback_cluster, nats_binary
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edgesched.sync.doc import SiteDoc
 from edgesched.sync.peer import DocPeer, wait_converged
-from edgesched.sync.session import Endpoint, MqttSession
+from edgesched.sync.session import Endpoint, Listener, MqttSession
+from edgesched.sync.topics import DOC_SYNC_FILTER
 
 DOC = "site-watch"
 
@@ -158,6 +160,52 @@ async def test_no_stall_on_a_healthy_mosquitto_at_3_1_1(broker: Broker) -> None:
     assert pa.stats["own_dropped"] >= 10 and pb.stats["own_dropped"] >= 10
     assert session_a.stats["delivery_stalled"] == session_b.stats["delivery_stalled"] == 0
     assert session_a.stats["connects"] == session_b.stats["connects"] == 1
+
+
+class Wildcard(Listener):
+    """Subscribes every document's sync topics and drops what it hears: as central's replicas
+    (the session's fallback, subscribed last) carry its policy peer's messages."""
+
+    routes: tuple[str, ...] = ()
+    subscriptions: tuple[tuple[str, SubscribeOptions], ...] = (
+        (DOC_SYNC_FILTER, SubscribeOptions(qos=1)),
+    )
+
+    def handle(self, topic: str, payload: bytes) -> None:
+        return None
+
+
+async def test_the_watch_starts_once_the_subscription_carrying_the_echo_is_made(
+    broker: Broker,
+) -> None:
+    """A peer that subscribes nothing itself (central's policy peer) starts serving, and sends
+    its step 1, before the fallback's wildcard that carries its echo is subscribed: that first
+    message never comes back, and the watch must not count it (a NATS field test renewed
+    central's connection 10 s after every start until the watch waited for the session's
+    subscriptions)."""
+    doc = SiteDoc(DOC, 3)
+    peer = DocPeer(doc, "central-x", subscribe=False)
+    session = MqttSession(
+        Endpoint("127.0.0.1", broker.port, "watch-central-x", keepalive_s=2, protocol="3.1.1",
+                 echo_timeout_s=0.5),
+        backoff_initial_s=0.1,
+        fallback=Wildcard(),
+    )  # fmt: skip
+    session.add(peer)
+    task = asyncio.create_task(session.run())
+    try:
+        await until(lambda: peer.connected, 10, "the peer served")
+        await asyncio.sleep(1.0)  # (past the timeout of the step 1 sent ahead of the wildcard)
+        for i in range(5):
+            doc.set(f"k{i}", i)
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert peer.stats["own_dropped"] >= 1
+    assert session.stats["delivery_stalled"] == 0 and session.stats["connects"] == 1
 
 
 def test_the_watch_is_only_for_peers_that_hear_their_own_topic() -> None:
