@@ -47,7 +47,7 @@ budget" with what it measured so far.
 
     .venv/bin/python bench/bench_central_scale.py [--nodes 100,1000,10000] [--budget-s 900]
         [--rate 2] [--steady-s 30] [--offline-s 10] [--up-s 300] [--procs N]
-        [--broker-log FILE] [--memory-breakdown] [--replica-cold-after-s S]
+        [--broker-log FILE] [--memory-breakdown] [--replica-cold-after-s S] [--pin-central]
 
 ``--memory-breakdown`` walks central's objects at the end and prints what holds them (each
 object counted once, for the first holder walked; the index field by field, the documents'
@@ -56,7 +56,10 @@ many string objects each task id is held as, and sizes pycrdt's side of the flee
 and of a live replica by rebuilding them from their encoded states: ~1 minute at 10,000
 nodes, and its own bookkeeping raises the RSS measured after it (the resident size printed
 before the walk is the run's). ``--replica-cold-after-s`` sets central's
-``[central] replica_cold_after_s`` (default: central's own).
+``[central] replica_cold_after_s`` (default: central's own). ``--pin-central`` gives
+central's process the first CPU alone and every other process of the run the others: the
+simulated fleet stands for thousands of gateways on machines of their own, and on a small
+machine they otherwise take central's CPU in a heal.
 
 ``make bench`` runs the defaults. Run it from a scratch directory (``cd /tmp``): each size
 works in a temporary directory of its own. :func:`memory_needed_gb` estimates what a size
@@ -181,6 +184,25 @@ class Scale:
     #: a directory to record central's broker connection in (tcpdump), from the steady
     #: window on, and to split each submission's PUBACK wait by (bench/pcap_mqtt.py)
     capture: str | None = None
+    #: ``--pin-central``: central's process on these CPUs, and every other process of the run
+    #: (the simulated fleet, the broker, the seeder) on the others (None: nothing pinned)
+    central_cpus: tuple[int, ...] | None = None
+    other_cpus: tuple[int, ...] | None = None
+
+
+def pin(cpus: tuple[int, ...] | None) -> None:
+    """Run this process (and what it starts from now on) on ``cpus`` (None: leave it)."""
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+
+
+def split_cpus() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``--pin-central``: the first CPU this process may use for central, the rest for the
+    others. ValueError with one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise ValueError(f"--pin-central needs two CPUs or more, this process has {cpus}")
+    return (cpus[0],), tuple(cpus[1:])
 
 
 # --- the fleet: ids, node documents and the assignments central holds of them ---------------
@@ -422,6 +444,7 @@ async def seed_state(plan: SeedPlan) -> dict[str, Any]:
 
 def seeder_main(plan: SeedPlan, conn: Connection) -> None:
     """Entry point of the seeder process (spawned: its memory is not central's)."""
+    pin(plan.scale.other_cpus)
     quiet_logs()
     conn.send(asyncio.run(seed_state(plan)))
     conn.close()
@@ -1147,6 +1170,7 @@ def quiet_logs() -> None:
 
 def simulator_main(plan: SimPlan, conn: Connection) -> None:
     """Entry point of a simulator process (spawned)."""
+    pin(plan.scale.other_cpus)
     quiet_logs()
     sim = Simulator(plan, conn)
     asyncio.run(sim.run())
@@ -2537,6 +2561,7 @@ async def _report_loop(measure: Measure, report: Callable[[dict[str, Any]], None
 def size_worker(scale: Scale, port: int, workdir: str, conn: Connection) -> None:
     """Entry point of one size's central process: runs it, streams summaries to the parent
     (also from a thread, so a control step that holds the loop for long is still seen)."""
+    pin(scale.central_cpus)
     quiet_logs()
     measure = Measure(scale)
     lock = threading.Lock()
@@ -2810,7 +2835,21 @@ def main() -> None:
         help="record central's broker connection with tcpdump into this directory from the "
         "steady window on, and split each submission's PUBACK wait (broker or central)",
     )
+    parser.add_argument(
+        "--pin-central",
+        action="store_true",
+        help="central's process on the first CPU alone, the simulated fleet, broker and "
+        "seeder on the others (in production central has its machine to itself)",
+    )
     args = parser.parse_args()
+    central_cpus = other_cpus = None
+    if args.pin_central:
+        central_cpus, other_cpus = split_cpus()
+        pin(other_cpus)  # (the broker and the checks started from here run there too)
+        print(
+            f"central pinned to CPU {','.join(map(str, central_cpus))}; the simulated "
+            f"fleet, the broker and the seeder to CPU {','.join(map(str, other_cpus))}"
+        )
     sizes = sorted(int(n.replace(",", "").replace("_", "")) for n in args.nodes.split(","))
     results = []
     for n in sizes:
@@ -2823,6 +2862,7 @@ def main() -> None:
             memory_breakdown=args.memory_breakdown,
             replica_cold_after_s=args.replica_cold_after_s,
             capture=None if args.capture is None else str(Path(args.capture).resolve()),
+            central_cpus=central_cpus, other_cpus=other_cpus,
         )  # fmt: skip
         need = memory_needed_gb(scale)
         have = psutil.virtual_memory().available / 1e9
