@@ -73,6 +73,7 @@ from edgesched.rest.server import ApiStarter
 from edgesched.sync.doc import (
     NodeDoc,
     PolicyDoc,
+    SoleFleetDoc,
     SyncedDoc,
     client_id_for,
     normalise,
@@ -620,7 +621,11 @@ class CentralEngine:
         journaled; synced. The fleet index learns all of it, and each desired document is
         made to hold exactly its node's share."""
         client_id = client_id_for(self.central.central_id)
-        fleet = await PolicyDoc.load_from(self.store, FLEET_DOC, client_id)
+        if self.central.peers:  # co-written by the central replicas: no epochs of its own
+            fleet = await PolicyDoc.load_from(self.store, FLEET_DOC, client_id)
+        else:  # its one writer: it rotates away the tombstones of forgotten tasks
+            fleet = await SoleFleetDoc.load_from(self.store, FLEET_DOC, client_id)
+            fleet.sole_writer = self.central.central_id
         fleet.packed = True  # centrals only read it: entries as JSON text (a quarter of the memory)
         self.fleet = fleet
         fleet.track_changes(*POLICY_ROOTS)

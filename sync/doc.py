@@ -47,11 +47,17 @@ are rebuilt.
 
 Multi-writer documents (:class:`PolicyDoc`, :class:`SiteDoc`) never rotate: a rotation cuts
 history at one point of one replica, and another writer's concurrent updates at the old epoch
-would then be dropped (lost writes); only agreement among the writers could pick the cut.
+would then be dropped (lost writes); only agreement among the writers could pick the cut. One
+of them may hold an epoch a sole writer left, and adopts a fellow writer's newer epoch while it
+holds no operations of its own. Central's ``fleet`` document has one writer when central runs
+alone (:class:`SoleFleetDoc`), and rotates then. A large document rotates in slices
+(:meth:`SyncedDoc.rotate_in_slices`): the copy of its live content gives the event loop a turn
+every :data:`ROTATION_SLICE` entries, and what was written meanwhile is caught up at the end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import json
@@ -142,6 +148,16 @@ class RotationPolicy:
     def __post_init__(self) -> None:
         if self.min_bytes < 0 or not self.ratio > 1.0:
             raise ValueError("RotationPolicy needs min_bytes >= 0 and ratio > 1")
+
+
+#: A document whose encoded state is larger rotates in slices (:meth:`SyncedDoc.rotate_in_slices`,
+#: from :meth:`SyncedDoc.compact_if_due`): a rotation copies the live content, ~9 us an
+#: entry, which at central's fleet document of 700,000 assignments (10,000 nodes) held the
+#: loop ~6 s in one piece (``bench/bench_document_garbage.py``).
+ROTATE_IN_SLICES_BYTES = 1 << 20
+#: Entries copied per slice of a rotation between two turns of the event loop (~10-20 ms).
+ROTATION_SLICE = 2000
+_ABSENT = object()
 
 
 class EpochError(ValueError):
@@ -296,6 +312,9 @@ def _keys_changed(me: weakref.ref[SyncedDoc], name: str) -> Callable[[Any], None
         tracked = doc._tracked.get(name)
         if tracked is not None:
             tracked.update(keys)
+        rotating = doc._rotation_keys
+        if rotating is not None:
+            rotating.setdefault(name, set()).update(keys)
 
     return _observer(changed)
 
@@ -308,6 +327,12 @@ _PACKED_UP_TO = 4096
 #: Own writes a tracked root remembers between two drains (:meth:`SyncedDoc._put`): a step's
 #: worth; past it (a bulk write, a restore) the reads decode.
 _WRITTEN_UP_TO = 8192
+
+
+def _plain(value: Any) -> Any:
+    """A value read from a pycrdt map, as a fresh document takes it: nested shared types as
+    their plain content (what ``Map.to_py`` gives for them)."""
+    return value.to_py() if isinstance(value, pycrdt_base.BaseType) else value
 
 
 def _key(key: object) -> str:
@@ -421,6 +446,7 @@ class SyncedDoc:
         "_remote_changed",
         "_root_maps",
         "_root_revs",
+        "_rotation_keys",
         "_stored_epoch",
         "_thaw_callbacks",
         "_tracked",
@@ -433,6 +459,7 @@ class SyncedDoc:
         "refusals",
         "revision",
         "rotation_policy",
+        "rotation_wanted",
         "touched",
     )
 
@@ -476,6 +503,13 @@ class SyncedDoc:
         #: The live pycrdt document's subscriptions, released when this object goes.
         self._observation = _Observation()
         weakref.finalize(self, self._observation.release)
+        #: While :meth:`rotate_in_slices` copies the document: root -> the keys changed since
+        #: it began (its catch-up), None otherwise.
+        self._rotation_keys: dict[str, set[str]] | None = None
+        #: Set by :meth:`compact_if_due` for a large document the policy says may rotate: the
+        #: encoded size a copy must come under to be kept (its journal runs
+        #: :meth:`rotate_in_slices` with it); None otherwise.
+        self.rotation_wanted: float | None = None
         #: Bumped by every transaction that changes the live document (local or remote) and
         #: by every replacement of it: decoded views can be cached by it.
         self.revision = 0
@@ -762,8 +796,6 @@ class SyncedDoc:
             raise TypeError(f"epoch must be an int, got {type(epoch).__name__}")
         if not 0 <= epoch < EPOCH_LIMIT:
             raise EpochError(f"epoch {epoch} is not in [0, 2**32)")
-        if epoch and not self.single_writer:
-            raise EpochError(f"{type(self).__name__} {self.name} has several writers: no epochs")
         return epoch
 
     def _unobserve(self) -> None:
@@ -1067,16 +1099,25 @@ class SyncedDoc:
             raise EpochError(
                 f"{type(self).__name__} {self.name} has several writers and never rotates"
             )
+        if min_epoch is not None and not 0 <= min_epoch < EPOCH_LIMIT:
+            raise EpochError(f"document {self.name} cannot rotate to epoch {min_epoch}")
+        return self._start_epoch(self._fresh(), min_epoch)  # (built unobserved: no local change)
+
+    def _start_epoch(
+        self, fresh: Doc[Any], min_epoch: int | None, state: bytes | None = None
+    ) -> LocalUpdate:
+        """The end of a rotation: ``fresh`` (the live content, unobserved; ``state``: its
+        encoded state, if the caller has it) becomes the document at the next epoch (or
+        ``min_epoch``, if newer), and its whole state is reported."""
         new_epoch = epochs.after(self.epoch)
-        if min_epoch is not None:
-            if not 0 <= min_epoch < EPOCH_LIMIT:
-                raise EpochError(f"document {self.name} cannot rotate to epoch {min_epoch}")
-            if epochs.newer(min_epoch, new_epoch):
-                new_epoch = min_epoch
-        fresh = self._fresh()  # built unobserved: its content is no local change
-        state = fresh.get_update()
+        if min_epoch is not None and epochs.newer(min_epoch, new_epoch):
+            new_epoch = min_epoch
+        if state is None:
+            state = fresh.get_update()
         self.epoch = new_epoch
-        self.doc = self._observed(fresh)
+        # (the same content: what consumers of the changed keys and views saw stays true, and
+        # central's fleet index need not read a fleet's worth of entries again)
+        self.doc = self._observed(fresh, same_content=True)
         self._fresh_size = len(state)
         update = LocalUpdate(state, new_epoch, rotation=True)
         log.info(
@@ -1089,6 +1130,81 @@ class SyncedDoc:
         self._epoch_changed()
         return update
 
+    async def rotate_in_slices(
+        self, *, slice_entries: int = ROTATION_SLICE, below: float | None = None
+    ) -> LocalUpdate | None:
+        """:meth:`rotate`, with the live content copied a slice at a time between turns of the
+        event loop (the writer keeps writing meanwhile). The incremental roots are copied
+        in slices of ``slice_entries`` keys; then, in one piece, every key those roots
+        changed since the copy began (its value now, or its absence: the map events name
+        them) and the other roots whole (small: mode, models). None, with nothing changed,
+        if the document was replaced meanwhile (another rotation, a restore), or if the
+        copy's encoded state is not smaller than ``below`` (then it is only measured:
+        :meth:`should_rotate` counts from it)."""
+        if not self.single_writer:
+            raise EpochError(
+                f"{type(self).__name__} {self.name} has several writers and never rotates"
+            )
+        live, epoch = self.doc, self.epoch
+        fresh: Doc[Any] = Doc(client_id=self.client_id)
+        changed: dict[str, set[str]] = {}
+        self._rotation_keys = changed
+        try:
+            return await self._copy_in_slices(live, epoch, fresh, changed, slice_entries, below)
+        finally:
+            self._rotation_keys = None
+            self.rotation_wanted = None  # (asked again meanwhile from what this one measured)
+
+    async def _copy_in_slices(
+        self,
+        live: Doc[Any],
+        epoch: int,
+        fresh: Doc[Any],
+        changed: dict[str, set[str]],
+        slice_entries: int,
+        below: float | None,
+    ) -> LocalUpdate | None:
+        """:meth:`rotate_in_slices`' body (``changed`` fills as the document is written)."""
+        present = set(live.keys())
+        for name in sorted(self.incremental_roots):
+            if name not in present:
+                continue
+            keys = list(live.get(name, type=Map).keys())
+            for start in range(0, len(keys), slice_entries):
+                await asyncio.sleep(0)  # (what the loop has to do, in between)
+                if self.doc is not live or self.epoch != epoch:
+                    return None
+                source: Map[Any] = live.get(name, type=Map)
+                with fresh.transaction(origin=("rotate", self.name)):
+                    target: Map[Any] = fresh.get(name, type=Map)
+                    for key in keys[start : start + slice_entries]:
+                        value = source.get(key, _ABSENT)
+                        if value is not _ABSENT:
+                            target[key] = _plain(value)
+        with fresh.transaction(origin=("rotate", self.name)):
+            for name, written in changed.items():  # (written since the copy began)
+                source = live.get(name, type=Map)
+                target = fresh.get(name, type=Map)
+                for key in written:
+                    value = source.get(key, _ABSENT)
+                    if value is not _ABSENT:
+                        target[key] = _plain(value)
+                    elif key in target:
+                        del target[key]
+            for name in sorted(live.keys()):  # the small roots, whole
+                if name in self.incremental_roots:
+                    continue
+                content = live.get(name, type=Map).to_py()
+                if content:
+                    root: Map[Any] = fresh.get(name, type=Map)
+                    for key, value in content.items():
+                        root[key] = value
+        state = fresh.get_update()
+        if below is not None and len(state) >= below:
+            self._fresh_size = len(state)
+            return None
+        return self._start_epoch(fresh, None, state)
+
     def reset_to_epoch(self, epoch: int) -> None:
         """Replica side: discard everything and start, empty, at the newer ``epoch``.
 
@@ -1096,12 +1212,19 @@ class SyncedDoc:
         :func:`.wire.epoch_action`); apply that data next, then resync by state vector as
         usual. The :meth:`on_epoch_change` callbacks run; nothing is reported as a local
         update. Raises :class:`EpochError` unless ``epoch`` is newer than :attr:`epoch`, or
-        for a multi-writer document.
+        for a multi-writer document that holds operations of its own (:meth:`authored_here`:
+        a fellow writer's epoch would drop them; one that authored nothing, a central replica
+        joining one that rotated its fleet document while alone, adopts it).
         """
         self._check_epoch(epoch)
         if not epochs.newer(epoch, self.epoch):
             raise EpochError(
                 f"document {self.name} is at epoch {self.epoch}: cannot reset to {epoch}"
+            )
+        if not self.single_writer and self.authored_here():
+            raise EpochError(
+                f"{type(self).__name__} {self.name} has several writers and holds operations "
+                f"of its own at epoch {self.epoch}: cannot reset to {epoch}"
             )
         self.epoch = epoch
         self.doc = self._observed(Doc(client_id=self.client_id))
@@ -1304,11 +1427,22 @@ class SyncedDoc:
             and self.epoch == self._stored_epoch
         ):
             snapshot = self.snapshot()
-            if self.should_rotate(len(snapshot)):
-                self.rotate()  # its update comes back to the journal and is persisted then
-            else:
-                await store.compact(self.name, snapshot, seq)
-                self._store_holds(snapshot)
+            policy = self.rotation_policy
+            # (a rotation's update comes back to the journal and is persisted then)
+            if len(snapshot) > ROTATE_IN_SLICES_BYTES and policy is not None:
+                # Large: measuring the live content is a rotation's copy, made in slices by
+                # the journal's own task (not under its lock: the writes go on being logged
+                # meanwhile) and kept as the new epoch if the policy says so.
+                if (
+                    len(snapshot) > policy.min_bytes
+                    and len(snapshot) > policy.ratio * self._fresh_size
+                ):
+                    self.rotation_wanted = len(snapshot) / policy.ratio
+            elif self.should_rotate(len(snapshot)):
+                self.rotate()
+                return
+            await store.compact(self.name, snapshot, seq)
+            self._store_holds(snapshot)
 
     def _store_holds(self, snapshot: bytes | None, logged: Sequence[bytes] = ()) -> None:
         """The store now holds ``snapshot`` and the updates ``logged`` after it: what the
@@ -1761,6 +1895,36 @@ class PolicyDoc(SyncedDoc):
                 )
             ),
         )
+
+
+#: When a sole central's fleet document rotates: once its tombstones' encoded bytes reach 5% of
+#: the live content's. A tombstone is ~26 B encoded but ~300 B of pycrdt's memory, a live
+#: assignment ~220 B and ~630 B, so the default ratio (2) would let the tombstones' memory grow
+#: to ~4 times the live document's (1.8 GB at 10,000 nodes) before a rotation; at 1.05 it
+#: stays under ~20% of it, for a rotation every ~1.7 days at 2 tasks a second (~6 s of
+#: central's CPU in slices at 10,000 nodes, ``bench/bench_document_garbage.py``).
+FLEET_ROTATION = RotationPolicy(ratio=1.05)
+
+
+class SoleFleetDoc(PolicyDoc):
+    """Central's ``fleet`` document when central runs alone (no fellow replicas): its one
+    writer, so the document has epochs and rotates like a node's own (:class:`RotationPolicy`).
+    Every task central places and later forgets leaves a tombstone in it otherwise, ~300 B of
+    pycrdt's memory each, for as long as central runs (``bench/bench_document_garbage.py``).
+    :attr:`sole_writer` is that central's peer id, set by its owner. Only central replicas
+    replicate the fleet document; a replica added later adopts the epoch while it has written
+    nothing of its own (:meth:`SyncedDoc.reset_to_epoch`)."""
+
+    single_writer = True
+    sole_writer: str | None = None
+
+    def __init__(self, name: str, client_id: int, **kwargs: Any) -> None:
+        kwargs.setdefault("rotation_policy", FLEET_ROTATION)
+        super().__init__(name, client_id, **kwargs)
+
+    @property
+    def writer(self) -> str | None:
+        return self.sole_writer
 
 
 class SiteDoc(SyncedDoc):

@@ -148,27 +148,44 @@ class DocJournal:
         """Forever: log what is queued, its appends in one job and one commit (one fsync
         however many updates waited: each one its own commit left a writer waiting behind as
         many turns of the store as it had updates queued); on a store error wait and
-        retry."""
-        while True:
-            if not self._pending:
-                if self._arrived is None:
-                    self._arrived = asyncio.Event()
-                self._arrived.clear()
-                await self._arrived.wait()
-                continue
-            async with self._lock:
-                if not self._pending:  # (a transaction logged them while we waited)
-                    continue
-                try:
-                    await self._log_now()
-                    failed = None
-                except StoreError as exc:
-                    failed = exc
-            if failed is not None:
-                if self.on_error is not None:
-                    self.on_error(failed)
-                log.error("%s: update not logged yet (publishing waits): %s", self.doc.name, failed)
-                await asyncio.sleep(self.retry_s)
+        retry. A rotation a large document asks for (:attr:`SyncedDoc.rotation_wanted`) runs
+        beside it, in slices, in a task of its own: the document's writes are logged at the
+        old epoch meanwhile, and the rotation's state after them."""
+        async with asyncio.TaskGroup() as group:
+            rotation: asyncio.Task[None] | None = None
+            while True:
+                if self.doc.rotation_wanted is not None and (rotation is None or rotation.done()):
+                    rotation = group.create_task(self._rotate(), name=f"rotate {self.doc.name}")
+                await self._log_round()
+
+    async def _rotate(self) -> None:
+        below, self.doc.rotation_wanted = self.doc.rotation_wanted, None
+        try:
+            await self.doc.rotate_in_slices(below=below)
+        except Exception:  # (the document stays as it was: the next compaction asks again)
+            log.exception("%s: rotation failed", self.doc.name)
+
+    async def _log_round(self) -> None:
+        """One turn of :meth:`run`: wait for an update, or log what is queued."""
+        if not self._pending:
+            if self._arrived is None:
+                self._arrived = asyncio.Event()
+            self._arrived.clear()
+            await self._arrived.wait()
+            return
+        async with self._lock:
+            if not self._pending:  # (a transaction logged them while we waited)
+                return
+            try:
+                await self._log_now()
+                failed = None
+            except StoreError as exc:
+                failed = exc
+        if failed is not None:
+            if self.on_error is not None:
+                self.on_error(failed)
+            log.error("%s: update not logged yet (publishing waits): %s", self.doc.name, failed)
+            await asyncio.sleep(self.retry_s)
 
 
 class JournalSet:

@@ -133,6 +133,7 @@ class DocLike(Protocol):
     def epoch(self) -> int: ...
     def rotate(self, *, min_epoch: int | None = None) -> bytes: ...
     def reset_to_epoch(self, epoch: int) -> None: ...
+    def authored_here(self) -> bool: ...
     def settle(self, *, complete: bool = True) -> None: ...
     def may_hold_pending(self) -> None: ...
 
@@ -779,10 +780,21 @@ class DocPeer:
     def _follow_epoch(self, sender: str, epoch: int) -> bool:
         """Apply :func:`edgesched.sync.wire.epoch_action`; True if the message is to be
         handled (at our epoch, possibly after adopting the writer's newer one)."""
+        if self.writer is not None:
+            from_writer = sender == self.writer
+        else:
+            # A multi-writer document (central's fleet, co-written by the central replicas)
+            # follows a fellow writer's newer epoch while it holds nothing of its own: a
+            # replica joining a central that rotated its fleet document while it ran alone.
+            from_writer = (
+                sender in self.relays
+                and epochs.newer(epoch, self.doc.epoch)
+                and not self.doc.authored_here()
+            )
         action = wire.epoch_action(
             self.doc.epoch,
             epoch,
-            from_writer=self.writer is not None and sender == self.writer,
+            from_writer=from_writer,
             is_writer=self.writer is not None and self.peer_id == self.writer,
         )
         if action == "apply":

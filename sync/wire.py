@@ -485,8 +485,10 @@ def epoch_action(
 
     ``is_writer``: this peer is the document's writer. ``from_writer``: the message comes from
     the writer (the topic's sender is the writer's peer id; the broker ACL lets only the writer
-    publish as itself). Multi-writer documents have no writer: pass False for both (they stay at
-    epoch 0, so anything else is dropped).
+    publish as itself). Multi-writer documents have no writer and never start an epoch: pass
+    False for ``is_writer``, and for ``from_writer`` unless the sender is a fellow writer whose
+    newer epoch the document may adopt (it holds no operations of its own: see
+    :meth:`edgesched.sync.peer.DocPeer._follow_epoch`).
 
     - ``"apply"``: same epoch; handle the message as usual.
     - ``"announce"``: the sender is behind (an older epoch). Drop the message, count it, and
