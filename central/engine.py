@@ -45,6 +45,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from edgesched import heap
 from edgesched.central.desired import DesiredDocs
 from edgesched.central.fleetindex import FleetIndex
 from edgesched.central.fleetseries import FleetSample, FleetSeries
@@ -557,6 +558,8 @@ class CentralEngine:
                 self.sync_index()  # (a frozen replica is one the index has read)
             only = None if full else _is_replica
             self._swept(await self.freezer.sweep_in_turns(only), full=full)
+            if full:  # what the frozen documents freed, back to the system
+                await asyncio.to_thread(heap.trim)
 
     def sweep_cold(self, *, replicas_only: bool = False) -> None:
         """One sweep of the freezer (see :mod:`edgesched.sync.freezer`), counted in metrics:
@@ -653,6 +656,7 @@ class CentralEngine:
         log.info("desired-state documents: %d restored, %d entries brought up to date",
                  restored, written)  # fmt: skip
         self.settle_heap(full=True)
+        await asyncio.to_thread(heap.trim)  # (restoring thawed and froze every document)
 
     def settle_heap(self, *, full: bool = False) -> None:
         """Move what central holds now out of the garbage collector's sight (``gc.freeze``).

@@ -1131,16 +1131,16 @@ class SyncedDoc:
         return update
 
     async def rotate_in_slices(
-        self, *, slice_entries: int = ROTATION_SLICE, below: float | None = None
+        self, *, slice_entries: int | None = None, below: float | None = None
     ) -> LocalUpdate | None:
         """:meth:`rotate`, with the live content copied a slice at a time between turns of the
         event loop (the writer keeps writing meanwhile). The incremental roots are copied
-        in slices of ``slice_entries`` keys; then, in one piece, every key those roots
-        changed since the copy began (its value now, or its absence: the map events name
-        them) and the other roots whole (small: mode, models). None, with nothing changed,
-        if the document was replaced meanwhile (another rotation, a restore), or if the
-        copy's encoded state is not smaller than ``below`` (then it is only measured:
-        :meth:`should_rotate` counts from it)."""
+        in slices of ``slice_entries`` keys (:data:`ROTATION_SLICE`); then, in one piece,
+        every key those roots changed since the copy began (its value now, or its absence:
+        the map events name them) and the other roots whole (small: mode, models). None,
+        with nothing changed, if the document was replaced meanwhile (another rotation, a
+        restore), or if the copy's encoded state is not smaller than ``below`` (then it is
+        only measured: :meth:`should_rotate` counts from it)."""
         if not self.single_writer:
             raise EpochError(
                 f"{type(self).__name__} {self.name} has several writers and never rotates"
@@ -1150,7 +1150,8 @@ class SyncedDoc:
         changed: dict[str, set[str]] = {}
         self._rotation_keys = changed
         try:
-            return await self._copy_in_slices(live, epoch, fresh, changed, slice_entries, below)
+            step = ROTATION_SLICE if slice_entries is None else slice_entries
+            return await self._copy_in_slices(live, epoch, fresh, changed, step, below)
         finally:
             self._rotation_keys = None
             self.rotation_wanted = None  # (asked again meanwhile from what this one measured)

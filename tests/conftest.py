@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,16 @@ REG = {
     "perf": 1.0,
     "power": {"idle_w": 60.0, "peak_w": 200.0, "parked_w": 8.0, "wake_latency_s": 45.0},
 }
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait for each to end (a task that ended otherwise is let be)."""
+    every = list(tasks)
+    for task in every:
+        task.cancel()
+    for task in every:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def until(

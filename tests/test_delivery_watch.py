@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
-from conftest import Broker, until
+from conftest import Broker, cancel_all, until
 from natscluster import Member, NatsCluster, loopback_cluster, nats_binary
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
@@ -92,11 +92,7 @@ async def sessions() -> AsyncIterator[Start]:
     try:
         yield start
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(tasks)
 
 
 async def _stall_b(nats: NatsCluster, start: Start, echo_timeout_s: float, tag: str) -> tuple[

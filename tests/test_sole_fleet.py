@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Broker
+from conftest import Broker, cancel_all
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pycrdt import Doc
@@ -165,11 +165,7 @@ async def synced(*pairs: tuple[PolicyDoc, str], port: int) -> AsyncIterator[list
     try:
         yield peers
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(tasks)
 
 
 async def test_a_replica_joining_adopts_the_epoch_of_a_central_that_rotated_alone(
