@@ -38,13 +38,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pycrdt
 from bench_central_scale import mallinfo2
 
+from edgesched import heap
 from edgesched.central.placement import assignment_entry
 from edgesched.core.task import TaskSpec
 from edgesched.sync.doc import PolicyDoc, SoleFleetDoc, client_id_for
@@ -160,10 +163,18 @@ def run_rotating(live: int, lifecycles: int, nodes: int, check_every: int) -> di
     return out
 
 
-def rotation_holds(live: int, nodes: int) -> tuple[float, float, float]:
+def resident_mb() -> float:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def rotation_holds(live: int, nodes: int) -> tuple[float, float, float, float, float]:
     """A fleet document of ``live`` assignments rotated whole (:meth:`rotate`: seconds it
     holds the caller) and in slices (:meth:`rotate_in_slices`, as central's journal does past
-    ``ROTATE_IN_SLICES_BYTES``: seconds in all, and the longest the event loop was held)."""
+    ``ROTATE_IN_SLICES_BYTES``: seconds in all, and the longest the event loop was held); and
+    this process's resident MB it grew by through the rotation in slices, before and after
+    trimming the heap (:func:`edgesched.heap.trim`, which central runs after each full sweep:
+    the old document's pages stay resident in glibc's free lists until then)."""
 
     def built() -> SoleFleetDoc:
         fleet = SoleFleetDoc("fleet", client_id_for(CENTRAL))
@@ -200,8 +211,13 @@ def rotation_holds(live: int, nodes: int) -> tuple[float, float, float]:
         await ticking
         return total, max(gaps)
 
+    gc.collect()
+    before = resident_mb()
     total, held = asyncio.run(sliced())
-    return whole, total, held
+    gc.collect()
+    grown = resident_mb() - before
+    heap.trim()
+    return whole, total, held, grown, resident_mb() - before
 
 
 def _rebuilt(state: bytes) -> float:
@@ -301,10 +317,11 @@ def main() -> None:
     )
     small, large = args.live, args.live * 10
     holds = {n: rotation_holds(n, args.nodes) for n in (small, large)}
-    for n, (whole, total, held) in holds.items():
+    for n, (whole, total, held, grown, trimmed) in holds.items():
         print(
             f"one rotation at {n:,} live assignments: whole {whole:.3f} s on central's loop; "
-            f"in slices {total:.3f} s in all, the loop held at most {held * 1000:.0f} ms"
+            f"in slices {total:.3f} s in all, the loop held at most {held * 1000:.0f} ms; "
+            f"resident {grown:+.0f} MB after it, {trimmed:+.0f} MB once the heap is trimmed"
         )
     per = holds[large][1] / large
     print(
