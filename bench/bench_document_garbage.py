@@ -47,9 +47,9 @@ from typing import Any
 import pycrdt
 from bench_central_scale import mallinfo2
 
-from edgesched import heap
 from edgesched.central.placement import assignment_entry
 from edgesched.core.task import TaskSpec
+from edgesched.sync import heap
 from edgesched.sync.doc import PolicyDoc, SoleFleetDoc, client_id_for
 
 CENTRAL = "central-a"
@@ -173,7 +173,7 @@ def rotation_holds(live: int, nodes: int) -> tuple[float, float, float, float, f
     holds the caller) and in slices (:meth:`rotate_in_slices`, as central's journal does past
     ``ROTATE_IN_SLICES_BYTES``: seconds in all, and the longest the event loop was held); and
     this process's resident MB it grew by through the rotation in slices, before and after
-    trimming the heap (:func:`edgesched.heap.trim`, which central runs after each full sweep:
+    trimming the heap (:func:`edgesched.sync.heap.trim`, which central runs after each full sweep:
     the old document's pages stay resident in glibc's free lists until then)."""
 
     def built() -> SoleFleetDoc:

@@ -45,7 +45,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edgesched import heap
 from edgesched.central.desired import DesiredDocs
 from edgesched.central.fleetindex import FleetIndex
 from edgesched.central.fleetseries import FleetSample, FleetSeries
@@ -71,6 +70,7 @@ from edgesched.core.task import TaskSpec, TaskState
 from edgesched.policies.models import ActiveModels, ModelBlob
 from edgesched.policies.ortsession import ModelLoadError
 from edgesched.rest.server import ApiStarter
+from edgesched.sync import heap
 from edgesched.sync.doc import (
     NodeDoc,
     PolicyDoc,

@@ -1,4 +1,4 @@
-"""``edgesched.heap.trim``: pycrdt documents dropped leave their pages resident in glibc's free
+"""``edgesched.sync.heap.trim``: pycrdt documents dropped leave their pages resident in glibc's free
 lists until the heap is trimmed (what central's frozen replicas did to its RSS). Measured in a
 fresh interpreter, whose heap holds nothing else."""
 
@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from edgesched import heap
+from edgesched.sync import heap
 
 pytestmark = pytest.mark.skipif(not heap.available(), reason="needs glibc's malloc_trim")
 
 SCRIPT = """
 import gc, json, os
 import pycrdt
-from edgesched import heap
+from edgesched.sync import heap
 
 def resident_mb():
     with open("/proc/self/statm") as f:

@@ -18,7 +18,7 @@ import functools
 import logging
 from collections.abc import Callable
 
-log = logging.getLogger("edgesched.heap")
+log = logging.getLogger("edgesched.sync.heap")
 
 
 @functools.cache
