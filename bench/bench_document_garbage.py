@@ -38,12 +38,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import os
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
+import psutil
 import pycrdt
 from bench_central_scale import mallinfo2
 
@@ -72,17 +71,26 @@ def entry(task_id: str, node: str, at: float) -> Any:
     )  # fmt: skip
 
 
+def live_fleet(cls: type[PolicyDoc], live: int, nodes: int) -> PolicyDoc:
+    """A packed fleet document of class ``cls`` holding ``live`` standing assignments, spread
+    over ``nodes`` nodes, written in one transaction."""
+    fleet = cls("fleet", client_id_for(CENTRAL))
+    if isinstance(fleet, SoleFleetDoc):
+        fleet.sole_writer = CENTRAL
+    fleet.packed = True
+    with fleet.doc.transaction():
+        for i in range(live):
+            fleet.assign(f"live-{i:07d}", entry(f"live-{i:07d}", f"n{i % nodes:05d}", T0))
+    return fleet
+
+
 def run(live: int, lifecycles: int, nodes: int) -> dict[str, float]:
     """One fleet document and one node's desired document through ``lifecycles`` finished
     tasks over ``live`` standing assignments; their garbage against fresh documents."""
-    fleet = PolicyDoc("fleet", client_id_for(CENTRAL))
+    fleet = live_fleet(PolicyDoc, live, nodes)
     desired = PolicyDoc("desired-n00000", client_id_for(CENTRAL))
-    fleet.packed = desired.packed = True
+    desired.packed = True
     per_node = live // nodes
-    with fleet.doc.transaction():
-        for i in range(live):
-            node = f"n{i % nodes:05d}"
-            fleet.assign(f"live-{i:07d}", entry(f"live-{i:07d}", node, T0))
     with desired.doc.transaction():
         for i in range(per_node):
             desired.assign(f"live-{i * nodes:07d}", entry(f"live-{i * nodes:07d}", "n00000", T0))
@@ -122,12 +130,7 @@ def run_rotating(live: int, lifecycles: int, nodes: int, check_every: int) -> di
     document of the live content: O(live), on central's loop). Central asks
     :meth:`should_rotate` when its journal compacts (every ~1,000 updates); here every
     ``check_every`` finished tasks (each writes the document three times)."""
-    fleet = SoleFleetDoc("fleet", client_id_for(CENTRAL))
-    fleet.sole_writer = CENTRAL
-    fleet.packed = True
-    with fleet.doc.transaction():
-        for i in range(live):
-            fleet.assign(f"live-{i:07d}", entry(f"live-{i:07d}", f"n{i % nodes:05d}", T0))
+    fleet = live_fleet(SoleFleetDoc, live, nodes)
     held: list[float] = []
     worst = 0.0  # the largest encoded size against a fresh document's, at a check
     for i in range(lifecycles):
@@ -164,8 +167,7 @@ def run_rotating(live: int, lifecycles: int, nodes: int, check_every: int) -> di
 
 
 def resident_mb() -> float:
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+    return float(psutil.Process().memory_info().rss) / 1e6
 
 
 def rotation_holds(live: int, nodes: int) -> tuple[float, float, float, float, float]:
@@ -176,20 +178,12 @@ def rotation_holds(live: int, nodes: int) -> tuple[float, float, float, float, f
     trimming the heap (:func:`edgesched.sync.heap.trim`, which central runs after each full sweep:
     the old document's pages stay resident in glibc's free lists until then)."""
 
-    def built() -> SoleFleetDoc:
-        fleet = SoleFleetDoc("fleet", client_id_for(CENTRAL))
-        fleet.packed = True
-        with fleet.doc.transaction():
-            for i in range(live):
-                fleet.assign(f"live-{i:07d}", entry(f"live-{i:07d}", f"n{i % nodes:05d}", T0))
-        return fleet
-
-    fleet = built()
+    fleet = live_fleet(SoleFleetDoc, live, nodes)
     start = time.perf_counter()
     fleet.rotate()
     whole = time.perf_counter() - start
     del fleet
-    fleet = built()
+    fleet = live_fleet(SoleFleetDoc, live, nodes)
 
     async def sliced() -> tuple[float, float]:
         gaps = [0.0]
