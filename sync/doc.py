@@ -1095,13 +1095,17 @@ class SyncedDoc:
         Must not run inside a transaction. Raises :class:`EpochError` for a multi-writer
         document (see the module docstring), or a ``min_epoch`` outside the u32 range.
         """
+        self._check_rotatable()
+        if min_epoch is not None and not 0 <= min_epoch < EPOCH_LIMIT:
+            raise EpochError(f"document {self.name} cannot rotate to epoch {min_epoch}")
+        return self._start_epoch(self._fresh(), min_epoch)  # (built unobserved: no local change)
+
+    def _check_rotatable(self) -> None:
+        """EpochError for a multi-writer document (see the module docstring)."""
         if not self.single_writer:
             raise EpochError(
                 f"{type(self).__name__} {self.name} has several writers and never rotates"
             )
-        if min_epoch is not None and not 0 <= min_epoch < EPOCH_LIMIT:
-            raise EpochError(f"document {self.name} cannot rotate to epoch {min_epoch}")
-        return self._start_epoch(self._fresh(), min_epoch)  # (built unobserved: no local change)
 
     def _start_epoch(
         self, fresh: Doc[Any], min_epoch: int | None, state: bytes | None = None
@@ -1141,10 +1145,7 @@ class SyncedDoc:
         with nothing changed, if the document was replaced meanwhile (another rotation, a
         restore), or if the copy's encoded state is not smaller than ``below`` (then it is
         only measured: :meth:`should_rotate` counts from it)."""
-        if not self.single_writer:
-            raise EpochError(
-                f"{type(self).__name__} {self.name} has several writers and never rotates"
-            )
+        self._check_rotatable()
         live, epoch = self.doc, self.epoch
         fresh: Doc[Any] = Doc(client_id=self.client_id)
         changed: dict[str, set[str]] = {}
@@ -1262,13 +1263,22 @@ class SyncedDoc:
         measurement; each measurement that does not lead to a rotation raises that mark.
         """
         policy = self.rotation_policy
-        if policy is None:
-            return False
-        size = len(self.snapshot()) if size is None else size
-        if size <= policy.min_bytes or size <= policy.ratio * self._fresh_size:
+        size = len(self.snapshot()) if size is None and policy is not None else size
+        if policy is None or size is None or not self._worth_measuring(size):
             return False
         self._fresh_size = len(self._fresh().get_update())
         return size > policy.ratio * self._fresh_size
+
+    def _worth_measuring(self, size: int) -> bool:
+        """Whether a document of encoded ``size`` may hold enough garbage that measuring its
+        live content (a copy: a rotation's cost) is worth it: past the policy's ``min_bytes``
+        and ``ratio`` times the last measurement."""
+        policy = self.rotation_policy
+        return (
+            policy is not None
+            and size > policy.min_bytes
+            and size > policy.ratio * self._fresh_size
+        )
 
     # ------------------------------------------------------------------ content
 
@@ -1434,10 +1444,7 @@ class SyncedDoc:
                 # Large: measuring the live content is a rotation's copy, made in slices by
                 # the journal's own task (not under its lock: the writes go on being logged
                 # meanwhile) and kept as the new epoch if the policy says so.
-                if (
-                    len(snapshot) > policy.min_bytes
-                    and len(snapshot) > policy.ratio * self._fresh_size
-                ):
+                if self._worth_measuring(len(snapshot)):
                     self.rotation_wanted = len(snapshot) / policy.ratio
             elif self.should_rotate(len(snapshot)):
                 self.rotate()
