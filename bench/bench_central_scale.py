@@ -188,12 +188,24 @@ class Scale:
     #: (the simulated fleet, the broker, the seeder) on the others (None: nothing pinned)
     central_cpus: tuple[int, ...] | None = None
     other_cpus: tuple[int, ...] | None = None
+    #: ``--nice-fleet``: the niceness of the simulated fleet's and the seeder's processes
+    #: (0: as central's). Central then has the CPU whenever it can run, on every core, as
+    #: on a machine of its own, and the fleet takes what it leaves; the broker stays at 0.
+    fleet_nice: int = 0
 
 
 def pin(cpus: tuple[int, ...] | None) -> None:
     """Run this process (and what it starts from now on) on ``cpus`` (None: leave it)."""
     if cpus is not None:
         os.sched_setaffinity(0, cpus)
+
+
+def place_fleet_process(scale: Scale) -> None:
+    """Where a process of the simulated side (a simulator, the seeder) runs: on the CPUs
+    ``--pin-central`` left it, at the niceness ``--nice-fleet`` asked."""
+    pin(scale.other_cpus)
+    if scale.fleet_nice:
+        os.nice(scale.fleet_nice)
 
 
 def split_cpus() -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -444,7 +456,7 @@ async def seed_state(plan: SeedPlan) -> dict[str, Any]:
 
 def seeder_main(plan: SeedPlan, conn: Connection) -> None:
     """Entry point of the seeder process (spawned: its memory is not central's)."""
-    pin(plan.scale.other_cpus)
+    place_fleet_process(plan.scale)
     quiet_logs()
     conn.send(asyncio.run(seed_state(plan)))
     conn.close()
@@ -1170,7 +1182,7 @@ def quiet_logs() -> None:
 
 def simulator_main(plan: SimPlan, conn: Connection) -> None:
     """Entry point of a simulator process (spawned)."""
-    pin(plan.scale.other_cpus)
+    place_fleet_process(plan.scale)
     quiet_logs()
     sim = Simulator(plan, conn)
     asyncio.run(sim.run())
@@ -2841,6 +2853,13 @@ def main() -> None:
         help="central's process on the first CPU alone, the simulated fleet, broker and "
         "seeder on the others (in production central has its machine to itself)",
     )
+    parser.add_argument(
+        "--nice-fleet",
+        type=int,
+        default=0,
+        help="run the simulated fleet and the seeder at this niceness (1-19): central has "
+        "the CPU whenever it can run, on every core, the fleet what it leaves",
+    )
     args = parser.parse_args()
     central_cpus = other_cpus = None
     if args.pin_central:
@@ -2850,6 +2869,8 @@ def main() -> None:
             f"central pinned to CPU {','.join(map(str, central_cpus))}; the simulated "
             f"fleet, the broker and the seeder to CPU {','.join(map(str, other_cpus))}"
         )
+    if args.nice_fleet:
+        print(f"the simulated fleet and the seeder at niceness {args.nice_fleet}, central at 0")
     sizes = sorted(int(n.replace(",", "").replace("_", "")) for n in args.nodes.split(","))
     results = []
     for n in sizes:
@@ -2862,7 +2883,7 @@ def main() -> None:
             memory_breakdown=args.memory_breakdown,
             replica_cold_after_s=args.replica_cold_after_s,
             capture=None if args.capture is None else str(Path(args.capture).resolve()),
-            central_cpus=central_cpus, other_cpus=other_cpus,
+            central_cpus=central_cpus, other_cpus=other_cpus, fleet_nice=args.nice_fleet,
         )  # fmt: skip
         need = memory_needed_gb(scale)
         have = psutil.virtual_memory().available / 1e9
