@@ -26,7 +26,12 @@ dropped. Printed per run length:
   garbage memory per finished task (bounded by the live content: it falls as more finish);
 * one rotation's cost at ``--live`` and ten times that many assignments, whole and in slices
   (:meth:`SyncedDoc.rotate_in_slices`, what central does past ``ROTATE_IN_SLICES_BYTES``: the
-  longest the event loop is held).
+  longest the event loop is held);
+* one node's desired-state document (``--live / --nodes`` standing assignments) through
+  ``--desired-lifecycles`` of its tasks (2,500 and 10,000), co-written (:class:`PolicyDoc`,
+  central replicas) and written by a central alone (:class:`SoleDesiredDoc`, checked at each
+  of its journal's compactions): the largest encoded size reached, the rotations, the cost of
+  one, and the garbage memory the node's live replica holds at the end.
 
     .venv/bin/python bench/bench_document_garbage.py [--live 7000] [--lifecycles 10000,40000]
 
@@ -49,7 +54,7 @@ from bench_central_scale import mallinfo2
 from edgesched.central.placement import assignment_entry
 from edgesched.core.task import TaskSpec
 from edgesched.sync import heap
-from edgesched.sync.doc import PolicyDoc, SoleFleetDoc, client_id_for
+from edgesched.sync.doc import PolicyDoc, SoleDesiredDoc, SoleFleetDoc, client_id_for
 
 CENTRAL = "central-a"
 T0 = 1_764_900_000.0
@@ -166,6 +171,53 @@ def run_rotating(live: int, lifecycles: int, nodes: int, check_every: int) -> di
     return out
 
 
+#: Updates a journal logs between two compactions (``DEFAULT_COMPACT_AFTER``), where the
+#: rotation policy is asked; each finished task writes its node's desired document 3 times.
+TASKS_PER_COMPACTION = 256 // 3
+
+
+def run_desired(cls: type[PolicyDoc], live: int, lifecycles: int) -> dict[str, float]:
+    """One node's desired document of class ``cls`` holding ``live`` assignments through
+    ``lifecycles`` finished tasks of the node, asked to rotate at each compaction."""
+    doc = cls("desired-n00000", client_id_for(CENTRAL))
+    if isinstance(doc, SoleDesiredDoc):
+        doc.sole_writer = CENTRAL
+    doc.packed = True
+    with doc.doc.transaction():
+        for i in range(live):
+            doc.assign(f"live-{i:05d}", entry(f"live-{i:05d}", "n00000", T0))
+    held: list[float] = []
+    largest = 0
+    for i in range(lifecycles):
+        task_id = f"t-{i:08d}"
+        first = entry(task_id, "n00000", T0 + i)
+        with doc.doc.transaction():
+            doc.assign(task_id, first)
+        with doc.doc.transaction():
+            doc.assign(task_id, replace(first, at=T0 + i + 1, epoch=2, replacement=True))
+        with doc.doc.transaction():
+            doc.drop_assignment(task_id)
+        if (i + 1) % TASKS_PER_COMPACTION == 0:
+            size = len(doc.snapshot())
+            largest = max(largest, size)
+            start = time.perf_counter()
+            if doc.should_rotate(size):
+                doc.rotate()
+                held.append(time.perf_counter() - start)
+    state, fresh_state = doc.snapshot(), doc._fresh().get_update()
+    out = {
+        "encoded": float(len(state)),
+        "fresh": float(len(fresh_state)),
+        "largest": float(max(largest, len(state))),
+        "rotations": float(len(held)),
+        "rotation_ms": 1000 * sum(held) / len(held) if held else 0.0,
+    }
+    del doc
+    gc.collect()
+    out["garbage_memory"] = _rebuilt(state) - _rebuilt(fresh_state)
+    return out
+
+
 def resident_mb() -> float:
     return float(psutil.Process().memory_info().rss) / 1e6
 
@@ -233,6 +285,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="tasks finished a second")
     parser.add_argument(
         "--check-every", type=int, default=300, help="finished tasks between rotation checks"
+    )
+    parser.add_argument(
+        "--desired-lifecycles", default="2500,10000", help="a node's finished tasks"
     )
     parser.add_argument(
         "--rotating-live",
@@ -322,6 +377,34 @@ def main() -> None:
         f"rotation cost x{holds[large][1] / holds[small][1]:.1f} for x10 live assignments: "
         f"~{per * 700_000:.0f} s of central's CPU at 10,000 nodes (700,000), in slices; the "
         f"longest hold is the end's encoding and swap, x{holds[large][2] / holds[small][2]:.1f}"
+    )
+
+    per_node = max(1, args.live // args.nodes)
+    spans = [int(n) for n in args.desired_lifecycles.split(",")]
+    print(
+        f"\none node's desired document, {per_node} live assignments, through its finished "
+        f"tasks (asked to rotate at each compaction, every ~{TASKS_PER_COMPACTION} tasks):"
+    )
+    print(
+        f"{'tasks':>8} {'written by':>18} {'encoded':>9} {'largest':>9} {'fresh':>7} "
+        f"{'rotations':>9} {'ms each':>7} {'node garbage MB':>15}"
+    )
+    desired: dict[tuple[str, int], dict[str, float]] = {}
+    for n in spans:
+        for label, cls in (("central replicas", PolicyDoc), ("a central alone", SoleDesiredDoc)):
+            r = desired[label, n] = run_desired(cls, per_node, n)
+            print(
+                f"{n:>8,} {label:>18} {r['encoded']:>9,.0f} {r['largest']:>9,.0f} "
+                f"{r['fresh']:>7,.0f} {r['rotations']:>9.0f} {r['rotation_ms']:>7.2f} "
+                f"{r['garbage_memory'] / 1e6:>15.2f}"
+            )
+    a, b = spans[0], spans[-1]
+    shared = desired["central replicas", b]["encoded"] / desired["central replicas", a]["encoded"]
+    sole = desired["a central alone", b]["largest"] / desired["a central alone", a]["largest"]
+    print(
+        f"desired document, x{b / a:.0f} the tasks: co-written x{shared:.2f} encoded (it grows "
+        f"with them); alone its largest size x{sole:.2f} (bounded by the rotation policy: "
+        f"64 KiB, or twice the live content)"
     )
 
 

@@ -16,6 +16,12 @@ the old node, cut off, keeps running its copy until a stop order reaches it in i
 document (nodes stop a copy only on an explicit order). All desired documents are journaled
 by one :class:`~edgesched.sync.journal.JournalSet`: a step's writes to any number of them cost
 one SQLite transaction, and each goes out only once it is on disk.
+
+A central that runs alone (no fellow replicas) is each desired document's one writer: the
+documents are :class:`~edgesched.sync.doc.SoleDesiredDoc`, which rotate to a fresh epoch of
+their live content once the tombstones of the node's forgotten tasks outweigh it (the
+journal's compaction decides; the node adopts the new epoch from central). With fellow
+centrals they are co-written and keep their tombstones.
 """
 
 from __future__ import annotations
@@ -25,7 +31,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 
-from edgesched.sync.doc import DESIRED_PREFIX, PolicyDoc, client_id_for, desired_doc_name
+from edgesched.sync.doc import (
+    DESIRED_PREFIX,
+    PolicyDoc,
+    SoleDesiredDoc,
+    client_id_for,
+    desired_doc_name,
+)
 from edgesched.sync.freezer import Freezer
 from edgesched.sync.journal import DocJournal, JournalSet
 from edgesched.sync.pacer import ResyncPacer
@@ -72,6 +84,8 @@ class DesiredDocs:
         self.session = session
         self.store = store
         self.centrals = frozenset(centrals) | {central_id}
+        #: Central is every document's one writer (no fellow replicas): they rotate.
+        self.sole = self.centrals == {central_id}
         self.clock = clock
         self.freezer = freezer
         self.reads_packed = reads_packed
@@ -93,7 +107,9 @@ class DesiredDocs:
         doc = self.docs.get(node_id)
         if doc is not None:
             return doc
-        doc = restored or PolicyDoc(desired_doc_name(node_id), self.client_id)
+        doc = restored or self._doc_class()(desired_doc_name(node_id), self.client_id)
+        if isinstance(doc, SoleDesiredDoc):
+            doc.sole_writer = self.central_id  # (before its peer: the peer reads it)
         journal = self.journals.add(doc)
         self.peers[node_id] = peer = DocPeer(
             doc,
@@ -112,6 +128,9 @@ class DesiredDocs:
         if self.freezer is not None:
             self.freezer.watch(doc)
         return doc
+
+    def _doc_class(self) -> type[PolicyDoc]:
+        return SoleDesiredDoc if self.sole else PolicyDoc
 
     def _on_disk(self, node_id: str, journal: DocJournal) -> Callable[[], Awaitable[object]]:
         """What node ``node_id``'s document's peer awaits before anything leaves: its
@@ -137,7 +156,7 @@ class DesiredDocs:
         for name in await self.store.doc_names():
             if not name.startswith(DESIRED_PREFIX):
                 continue
-            doc = await PolicyDoc.load_from(self.store, name, self.client_id)
+            doc = await self._doc_class().load_from(self.store, name, self.client_id)
             self.doc(name[len(DESIRED_PREFIX) :], doc)
             if self.freezer is not None:
                 doc.freeze()  # until used: restoring all of them live would be the peak

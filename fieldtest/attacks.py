@@ -151,6 +151,16 @@ def epoch_jump(node_id: str, epoch: int = wire.MAX_EPOCH) -> Forgery:
     return _forgery("epoch-jump", name, node_id, doc, None, "node", epoch=epoch)
 
 
+def desired_epoch_jump(node_id: str, epoch: int) -> Forgery:
+    """``node_id``'s desired-state document claimed at ``epoch`` (newer than central's): the
+    writer takes a newer epoch held elsewhere for one its store lost and rotates past it,
+    at most once a minute (``ROTATE_PAST_EVERY_S``). The decoy entry is never merged."""
+    name = desired_doc_name(node_id)
+    doc: Doc[Any] = Doc(client_id=client_id_for(node_id))
+    doc.get("assignments", type=Map)["decoy"] = json.dumps({"node": node_id})
+    return _forgery("desired-epoch-jump", name, node_id, doc, None, "desired", epoch=epoch)
+
+
 class Attacker:
     """An MQTT client logged in with ``node_id``'s credentials (an ``aiomqtt.Client`` the
     caller opened), fetching documents as that node may and publishing forgeries."""

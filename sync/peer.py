@@ -69,6 +69,12 @@ PUBLISH_TIMEOUT_S = 120.0
 #: Bytes of remote updates applied while still behind their sender (pycrdt holds those whose
 #: dependencies have not arrived, unbounded) before a replica is dropped and resynced.
 MAX_PENDING_BYTES = 8 << 20
+#: A writer rotates past an epoch a peer claims (an epoch its store lost) at most once in
+#: this many seconds; claims in between are dropped and counted (``epoch_rotate_limited``).
+#: One rotation settles a real loss. Without a bound, a gateway could make central rotate
+#: the gateway's own desired-state document (a snapshot written, ~15 KiB sent) with each
+#: frame of ~50 bytes it sends.
+ROTATE_PAST_EVERY_S = 60.0
 
 
 #: One shared copy of each set of writers' client ids or relays' peer ids (``frozenset()``
@@ -105,6 +111,7 @@ STAT_NAMES = (
     "epoch_stale",
     "epoch_refused",
     "epoch_rotated",
+    "epoch_rotate_limited",
     "replica_drops",
 )
 
@@ -149,6 +156,7 @@ class DocPeer:
         "_last_step1",
         "_local",
         "_pending_bytes",
+        "_rotated_past_at",
         "_stalled",
         "_step1_slot",
         "_step1_to",
@@ -304,6 +312,7 @@ class DocPeer:
         self.resync_interval_s = resync_interval_s
         self.max_pending_bytes = max_pending_bytes
         self._pending_bytes = 0  # applied while still behind their senders, since caught up
+        self._rotated_past_at: float | None = None  # (clock) the last rotation past a claim
         self.reassembler = reassembler or wire.Reassembler()
         self.connected = False
         #: Counters by name (:data:`STAT_NAMES`), each from its first count: a name not
@@ -811,6 +820,12 @@ class DocPeer:
             self.stats["epoch_stale"] += 1
             self._request_step1()
         elif action == "rotate_past":
+            now = self.clock()
+            last = self._rotated_past_at
+            if last is not None and 0 <= now - last < ROTATE_PAST_EVERY_S:
+                self.stats["epoch_rotate_limited"] += 1  # (not logged: the sender sets the pace)
+                return False
+            self._rotated_past_at = now
             self.stats["epoch_rotated"] += 1
             log.warning(
                 "doc %s: %s holds epoch %d, newer than ours (%d): our store lost an epoch; "
