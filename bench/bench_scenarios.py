@@ -27,7 +27,11 @@ is better). Then one verdict line per scenario:
   average half the fleet's CPU idle) and the peak CPU asked (every task running from its
   release, without waiting) within the fleet's CPU;
 * learned: its margin on J over the best heuristic (every strategy but learned), and its
-  misses against that heuristic's.
+  misses against that heuristic's;
+* the oracle (``core/oracle.py``): the energy mode's core shown the true future demand
+  over the slowest wake-up instead of a forecast, at each spare of ``--oracle-spare``; its
+  saving is the run of least energy whose misses are no more than the fewest of the others:
+  what a power manager that knew every arrival would save with this placement.
 
 Cost growth: the energy mode and first-fit on the trace at ``--instances / 4`` and at
 ``--instances``, in the same run; the ratio of wall time against the ratio of tasks.
@@ -51,6 +55,14 @@ from typing import Any
 from edgesched.core.campus import campus_scenario
 from edgesched.core.experiment import build_strategies, strategy_names
 from edgesched.core.fleetspec import DEFAULT_TYPE, parse_fleet, peak_cpu
+from edgesched.core.oracle import (
+    ORACLE_PREFIX,
+    ORACLE_SPARES,
+    best_oracle,
+    oracle_name,
+    oracle_strategy,
+    spare_of,
+)
 from edgesched.core.simulator import ScenarioLike, SimReport, simulate
 from edgesched.core.tidal import TidalProfile, campus_profile
 from edgesched.core.trace import gated, trace_scenario
@@ -131,8 +143,12 @@ def build(key: Key) -> tuple[ScenarioLike, TidalProfile]:
 def run_one(job: tuple[Key, str]) -> Run:
     key, name = job
     scenario, tidal = build(key)
-    learned = learned_policy(None).learned_score if name == "learned" else None
-    (strategy,) = build_strategies(scenario, tidal, only=[name], learned=learned)
+    strategy: Any
+    if name.startswith(ORACLE_PREFIX):
+        strategy = oracle_strategy(scenario.nodes, scenario.tasks, spare_of(name))
+    else:
+        learned = learned_policy(None).learned_score if name == "learned" else None
+        (strategy,) = build_strategies(scenario, tidal, only=[name], learned=learned)
     if key.kind in ("trace", "overload"):
         strategy = gated(strategy, scenario)  # type: ignore[arg-type]
     t0 = time.perf_counter()
@@ -177,8 +193,27 @@ def verdicts(runs: Mapping[str, Run]) -> dict[str, Any]:
             "saving_vs_k8s": saving,
             "saving_ok": (saving >= SAVING_GOAL) if room else None,
         }
+    oracles = [
+        (n, run.report.energy_kwh, run.report.slo_misses)
+        for n, run in runs.items()
+        if n.startswith(ORACLE_PREFIX)
+    ]
+    if oracles:
+        pick = best_oracle(oracles, fewest)
+        oracle_saving = (
+            None
+            if pick.energy_kwh is None or k8s.energy_kwh <= 0
+            else 1 - pick.energy_kwh / k8s.energy_kwh
+        )
+        out["oracle"] = {
+            "spare": pick.spare,
+            "energy_kwh": pick.energy_kwh,
+            "misses": pick.misses,
+            "tried": pick.tried,
+            "saving_vs_k8s": oracle_saving,
+        }
     if "learned" in runs:
-        js = {n: _j(run, ref_cost) for n, run in runs.items()}
+        js = {n: _j(run, ref_cost) for n, run in runs.items() if not n.startswith(ORACLE_PREFIX)}
         heuristics = {n: j for n, j in js.items() if n != "learned"}
         best = min(heuristics, key=lambda n: (heuristics[n], n))
         margin = (heuristics[best] - js["learned"]) / heuristics[best] if heuristics[best] else 0
@@ -226,6 +261,17 @@ def _print_scenario(name: str, runs: Mapping[str, Run]) -> None:
                 f" ({'ok' if d['misses_ok'] else 'MORE'}); saving vs k8s-spread "
                 f"{d['saving_vs_k8s']:.1%}, goal >= {SAVING_GOAL:.0%}: {goal}"
             )
+    if "oracle" in v:
+        d = v["oracle"]
+        if d["saving_vs_k8s"] is None:
+            print(
+                f"  oracle: none of {d['tried']} spares kept misses <= {v['fewest_other_misses']}"
+            )
+        else:
+            print(
+                f"  oracle: saving vs k8s-spread {d['saving_vs_k8s']:.1%} (spare {d['spare']:g}, "
+                f"misses {d['misses']}, best of {d['tried']} spares)"
+            )
     if "learned" in v:
         d = v["learned"]
         print(
@@ -259,10 +305,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write every figure here too")
     parser.add_argument("--no-growth", action="store_true", help="skip the cost-growth runs")
+    parser.add_argument(
+        "--oracle-spare",
+        type=float,
+        action="append",
+        help=f"the oracle's spares, cores (repeatable; default {ORACLE_SPARES})",
+    )
+    parser.add_argument("--no-oracle", action="store_true", help="skip the oracle runs")
     args = parser.parse_args(argv)
     names = args.strategy or list(strategy_names())
     if "k8s-spread" not in names:
         names.insert(0, "k8s-spread")  # every saving and J is against it
+    if not args.no_oracle:
+        names += [oracle_name(spare) for spare in args.oracle_spare or ORACLE_SPARES]
     with tempfile.TemporaryDirectory(prefix="edgesched-suite-") as tmp:
         keys = [Key("campus", "campus", scale=args.campus_scale)]
         keys += [Key(f, "family", f) for f in FAMILIES]

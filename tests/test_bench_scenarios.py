@@ -19,10 +19,12 @@ def test_the_suite_measures_a_held_out_member_and_judges_it(
 ) -> None:
     out = tmp_path / "suite.json"
     argv = ["--scenario", "batch", "-s", "energy", "-s", "first-fit", "--workers", "1"]
+    argv += ["--oracle-spare", "0", "--oracle-spare", "0.2"]
     assert suite.main([*argv, "--no-growth", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     runs = doc["scenarios"]["batch"]["runs"]
-    assert sorted(runs) == ["energy", "first-fit", "k8s-spread"]  # k8s-spread: the reference
+    oracles = {"oracle@0", "oracle@0.2"}
+    assert sorted(runs) == sorted({"energy", "first-fit", "k8s-spread"} | oracles)
     for run in runs.values():
         assert run["completed"] > 1000 and run["energy_kwh"] > 0
     verdict = doc["scenarios"]["batch"]["verdicts"]
@@ -36,8 +38,20 @@ def test_the_suite_measures_a_held_out_member_and_judges_it(
     assert 0.1 < verdict["peak_fill"] < 2
     room = runs["k8s-spread"]["utilization_fleet"] <= suite.PARK_ROOM and verdict["peak_fill"] <= 1
     assert verdict["room_to_park"] == room
+    # the oracle: the run of least energy among those within the fewest misses of the others
+    within = [n for n in oracles if runs[n]["slo_misses"] <= fewest]
+    oracle = verdict["oracle"]
+    assert oracle["tried"] == 2
+    if within:
+        pick = min(within, key=lambda n: (runs[n]["energy_kwh"], n))
+        assert oracle["energy_kwh"] == pytest.approx(runs[pick]["energy_kwh"], abs=0.01)
+        kwh = runs[pick]["energy_kwh"]
+        oracle_saving = 1 - kwh / runs["k8s-spread"]["energy_kwh"]
+        assert oracle["saving_vs_k8s"] == pytest.approx(oracle_saving, abs=1e-3)  # rounded kWh
+    else:
+        assert oracle["saving_vs_k8s"] is None
     printed = capsys.readouterr().out
-    assert "## batch:" in printed and "energy: misses" in printed
+    assert "## batch:" in printed and "energy: misses" in printed and "oracle:" in printed
 
 
 def test_the_overload_asks_more_than_the_fleet_at_its_peak() -> None:
