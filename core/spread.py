@@ -82,7 +82,7 @@ def spread_score(
 ) -> FloatArray:
     """Per node of ``table`` (the cycle's whole table), in [0, 1]: how little of ``group``
     its domains hold, averaged over ``group.across`` (1: the emptiest domains; 0: the
-    fullest). ``domains_of[key]``: :func:`domain_codes` of the table for each key but
+    fullest, however close their counts: the spread decides between unequal domains). ``domains_of[key]``: :func:`domain_codes` of the table for each key but
     ``node`` (computed once per cycle by the caller)."""
     if not group.across or not len(table):
         return np.zeros(len(table), dtype=np.float64)
@@ -102,9 +102,12 @@ def spread_score(
                 if row is not None:
                     per_domain[codes[row]] += count
             per_row = per_domain[codes]
-        top = float(per_row.max())
-        if top > 0:
-            total += 1.0 - per_row / top
+        # (relative to the spread of the counts, not to the fullest's count: with 9 and 8
+        # replicas in two sites, 1 - 8/9 gave the emptier site 0.11, which the energy
+        # score's dislike of waking an idle node outweighed, and the sites drifted apart)
+        top, bottom = float(per_row.max()), float(per_row.min())
+        if top > bottom:
+            total += (top - per_row) / (top - bottom)
         else:
             total += 1.0
     score: FloatArray = total / len(group.across)
