@@ -82,8 +82,9 @@ def spread_score(
 ) -> FloatArray:
     """Per node of ``table`` (the cycle's whole table), in [0, 1]: how little of ``group``
     its domains hold, averaged over ``group.across`` (1: the emptiest domains; 0: the
-    fullest, however close their counts: the spread decides between unequal domains). ``domains_of[key]``: :func:`domain_codes` of the table for each key but
-    ``node`` (computed once per cycle by the caller)."""
+    fullest, however close their counts: the spread decides between unequal domains).
+    ``domains_of[key]``: :func:`domain_codes` of the table for each key but ``node``
+    (computed once per cycle by the caller)."""
     if not group.across or not len(table):
         return np.zeros(len(table), dtype=np.float64)
     total = np.zeros(len(table), dtype=np.float64)

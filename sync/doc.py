@@ -444,6 +444,7 @@ class SyncedDoc:
         "_observation",
         "_remote_callbacks",
         "_remote_changed",
+        "_remote_log",
         "_root_maps",
         "_root_revs",
         "_rotation_keys",
@@ -545,6 +546,8 @@ class SyncedDoc:
         self._applying_remote = False
         self._remote_changed = False
         self._remote_callbacks: list[Callable[[str], None]] = []
+        #: :meth:`log_remote_updates`' callback (None: nobody logs them)
+        self._remote_log: Callable[[bytes], None] | None = None
         self._logged = 0  # updates in the store's log since its last compaction
         self._logged_bytes = 0  # their bytes
         self._compacted_bytes = 0  # the store's snapshot's bytes (0: none, or not known)
@@ -975,13 +978,20 @@ class SyncedDoc:
         finally:
             self._applying_remote = False
         changed = self._remote_changed or self.doc.get_state() != before
-        if not changed and not (
-            writer_whole or (writer_state is not None and not self.missing_from(writer_state))
-        ):
-            # a duplicate, or an update pycrdt holds pending (one that is pending in part
-            # changes something: the peer tells it from the sender's state vector, which
-            # every update carries; may_hold_pending)
-            self._maybe_pending = True
+        known_duplicate = False
+        if not changed:
+            if writer_whole or (writer_state is not None and not self.missing_from(writer_state)):
+                known_duplicate = True
+            else:
+                # a duplicate, or an update pycrdt holds pending (one that is pending in part
+                # changes something: the peer tells it from the sender's state vector, which
+                # every update carries; may_hold_pending)
+                self._maybe_pending = True
+        if self._remote_log is not None and not known_duplicate:
+            try:  # (as received: one held pending is needed once its dependency comes)
+                self._remote_log(data)
+            except Exception:  # the log's owner must not undo an applied update
+                log.exception("remote update log of document %s failed", self.name)
         # Whatever it did: pycrdt may report an empty update for a transaction that changed
         # the state, and a delete-only update leaves the state vector as it was.
         self.revision += 1
@@ -997,6 +1007,17 @@ class SyncedDoc:
         """Call ``callback(sender)`` after a remote update changed this document (outside the
         transaction: it may read the document). Replicas use it to react to what arrived."""
         self._remote_callbacks.append(callback)
+
+    def log_remote_updates(self, callback: Callable[[bytes], None] | None) -> None:
+        """Call ``callback(update)`` with each remote update :meth:`apply_remote` applied, as
+        received, unless it was known to be a duplicate (None: stop). Appended to the store's
+        log after the last snapshot, in order, they rebuild what this replica holds (an
+        update pycrdt held pending among them integrates once its dependency is applied): a
+        replica whose writer is elsewhere can be persisted by its changes, not by a whole
+        snapshot each time (``central/replicas.py``). Only the updates of the current epoch
+        and document: after :meth:`reset_to_epoch` or :meth:`drop_replica` the owner writes a
+        snapshot first (its :meth:`on_epoch_change` callbacks run)."""
+        self._remote_log = callback
 
     def on_local_update(self, callback: Callable[[bytes], None]) -> None:
         """Call ``callback(update)`` after each local transaction that changed the document.

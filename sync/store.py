@@ -754,17 +754,27 @@ class Store:
 
         return await self._write(f"cannot append an update to document {doc}", body, urgent=True)
 
-    async def append_updates(self, runs: Mapping[str, Sequence[bytes]]) -> dict[str, int]:
+    async def append_updates(
+        self, runs: Mapping[str, Sequence[bytes]], *, epochs: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
         """Append each document's updates to its log, in order, all in one job of the
         database thread (one transaction, or the caller's open one); returns each document's
         last seq. A journal's queue of many updates, or a batch of many documents' journals,
         used to cost a job (a turn of the thread and of a busy event loop) per update, the
         store's lock held throughout, and a submission's write waited behind them. The
         statements are a few per 500 documents and per 500 updates (:func:`_insert_rows`),
-        not one per update; the job is urgent (:mod:`edgesched.sync.dbthread`)."""
+        not one per update; the job is urgent (:mod:`edgesched.sync.dbthread`).
+
+        ``epochs``: the epoch each document's updates belong to; a document the store holds
+        at another epoch is left as it is and out of the answer (its updates would continue
+        no state of it)."""
         rows = [(doc, [bytes(u) for u in updates]) for doc, updates in runs.items() if updates]
 
         def body(conn: sqlite3.Connection) -> dict[str, int]:
+            nonlocal rows
+            if epochs is not None:
+                held = _snapshot_epochs(conn, [doc for doc, _ in rows])
+                rows = [(d, u) for d, u in rows if held.get(d, 0) == epochs.get(d, 0)]
             last = _last_seqs(conn, [doc for doc, _ in rows])
             values: list[tuple[str, int, bytes]] = []
             for doc, datas in rows:
@@ -1430,6 +1440,17 @@ _LAST_SEQ = (
 _APPEND_UPDATE = (
     f"INSERT INTO doc_updates (doc, seq, data) VALUES (?1, 1 + {_LAST_SEQ}, ?2) RETURNING seq"
 )
+
+
+def _snapshot_epochs(conn: sqlite3.Connection, docs: Sequence[str]) -> dict[str, int]:
+    """The epoch of each document's snapshot (absent: none, epoch 0)."""
+    out: dict[str, int] = {}
+    for start in range(0, len(docs), _IN_CHUNK):
+        chunk = docs[start : start + _IN_CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        query = f"SELECT doc, epoch FROM doc_snapshots WHERE doc IN ({marks})"
+        out.update((doc, int(epoch)) for doc, epoch in conn.execute(query, chunk).fetchall())
+    return out
 
 
 def _last_seqs(conn: sqlite3.Connection, docs: Sequence[str]) -> dict[str, int]:

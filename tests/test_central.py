@@ -192,7 +192,8 @@ async def test_a_snapshot_pass_writes_replicas_in_few_transactions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A pass writes its changed replicas a batch a transaction (not one commit each), skips
-    the unchanged, refuses to go back on an epoch, and a restart loads what it wrote."""
+    the unchanged, appends a replica's later changes to its log (one store call), refuses to
+    go back on an epoch either way, and a restart loads what it wrote."""
     monkeypatch.setattr("edgesched.central.replicas.SNAPSHOT_BATCH_DOCS", 10)
     nodes = {}
     for i in range(25):
@@ -221,10 +222,15 @@ async def test_a_snapshot_pass_writes_replicas_in_few_transactions(
                 f"edgesched/v1/doc/node-{node_id}/sync/{node_id}", _frame(nodes[node_id])
             )
         with caplog.at_level(logging.ERROR):
-            assert await replicas.persist_changed() == 1
+            assert await replicas.persist_changed() == 1  # gw4's change appended to its log
+        assert calls == [10, 10, 5]  # (no snapshot for a change: ~0.3 kB, not the document)
+        assert "replica of gw3: updates not saved: the store holds another epoch" in caplog.text
+        assert replicas.replicas["gw3"].saved == -1  # written whole next pass
+        with caplog.at_level(logging.ERROR):
+            assert await replicas.persist_changed() == 0
         assert "replica of gw3 not saved: the store holds a newer epoch" in caplog.text
-        assert replicas.replicas["gw3"].saved == -1  # tried again next pass
-        assert await replicas.persist_changed() == 0
+        assert calls == [10, 10, 5, 1]
+        assert await replicas.persist_changed() == 0  # (and again at each pass)
     async with await Store.open(tmp_path / "central.db") as store:
         again = _replicas(store=store)
         assert await again.load() == 25

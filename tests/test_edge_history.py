@@ -304,11 +304,13 @@ async def test_journal_transaction_commits_the_document_update_with_the_rows(
         # Still full for its first three tries (as a disk that fills up again would be).
         append, fails = store.append_updates, [3]
 
-        async def flaky(runs: Mapping[str, Sequence[bytes]]) -> dict[str, int]:
+        async def flaky(
+            runs: Mapping[str, Sequence[bytes]], *, epochs: Mapping[str, int] | None = None
+        ) -> dict[str, int]:
             if fails[0]:
                 fails[0] -= 1
                 raise StoreFullError("database full: test")
-            return await append(runs)
+            return await append(runs, epochs=epochs)
 
         store.append_updates = flaky  # type: ignore[method-assign]
         logger = asyncio.create_task(journal.run())
