@@ -93,10 +93,22 @@ class Replica:
     stored_bytes: int = 0
     whole_next: bool = True
 
+    def fold_at(self) -> float:
+        """Log bytes past which the next pass writes this replica whole."""
+        return max(MIN_FOLD_BYTES, FOLD_SHARE * self.stored_bytes)
+
     def logged(self, update: bytes) -> None:
-        if not self.whole_next:
-            self.log.append(update)
-            self.log_bytes += len(update)
+        """A remote update applied (:meth:`SyncedDoc.log_remote_updates`). One that changed
+        nothing is logged too (pycrdt may hold it pending for a dependency), and moves no
+        change count: a node resending the same update without end would grow the log in
+        memory until its next change, so past twice the fold the log is dropped and the
+        replica written whole instead."""
+        if self.whole_next:
+            return
+        self.log.append(update)
+        self.log_bytes += len(update)
+        if self.log_bytes > 2 * self.fold_at():
+            self.restart_log()
 
     def restart_log(self, _epoch: int = 0) -> None:
         """What was logged no longer continues the store's state: a snapshot next."""
@@ -267,9 +279,7 @@ class NodeReplicas(Listener):
         runs: dict[str, tuple[Replica, list[bytes]]] = {}
         for replica in [r for r in self.replicas.values() if r.changes != r.saved]:
             replica.saved = replica.changes
-            if not replica.whole_next and replica.log_bytes < max(
-                MIN_FOLD_BYTES, FOLD_SHARE * replica.stored_bytes
-            ):
+            if not replica.whole_next and replica.log_bytes < replica.fold_at():
                 if replica.log:  # (log_bytes counts them on, in the store's log now)
                     runs[replica.doc.name] = (replica, replica.log)
                     replica.log = []

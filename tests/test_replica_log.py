@@ -187,3 +187,29 @@ async def test_changes_append_and_the_log_folds_into_a_snapshot(tmp_path: Path) 
         assert updates == []  # the fold dropped the log
         restored = await NodeDoc.load_from(store, NAME, client_id_for("central"))
         assert restored.content_hash() == replica.doc.content_hash()
+
+
+async def test_a_node_resending_one_update_grows_nothing_without_bound(tmp_path: Path) -> None:
+    """An update that changes nothing moves no change count, so the pass does not write it
+    until the next change: a gateway resending one update without end would grow the log
+    in memory. Past twice the fold it is dropped and the replica written whole."""
+    async with await Store.open(tmp_path / "central.db") as store:
+        replicas = replicas_on(store)
+        replica = replicas.add(NODE)
+        node = Node()
+        for i in range(20):
+            node.write(i, i)
+        replica.doc.apply_remote(node.doc.snapshot(), sender=NODE)
+        assert await replicas.persist_changed() == 1
+        node.sent.clear()
+        node.write(1, 99)
+        [update] = node.sent
+        for _ in range(20_000):
+            replica.doc.apply_remote(update, sender=NODE)  # (the first changes; then repeats)
+            assert replica.log_bytes <= 2 * replica.fold_at() + len(update)
+        assert replica.whole_next  # dropped, to be written whole
+        node.write(2, 100)
+        replica.doc.apply_remote(node.sent[-1], sender=NODE)
+        assert await replicas.persist_changed() == 1
+        restored = await NodeDoc.load_from(store, NAME, client_id_for("central"))
+        assert restored.content_hash() == replica.doc.content_hash() == node.doc.content_hash()
