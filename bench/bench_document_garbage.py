@@ -76,6 +76,17 @@ def entry(task_id: str, node: str, at: float) -> Any:
     )  # fmt: skip
 
 
+def finish(doc: PolicyDoc, task_id: str, first: Any) -> None:
+    """One finished task's life in ``doc``: assigned, placed again once (a failover or a
+    pending task placed: the entry written twice), dropped; a transaction each."""
+    with doc.doc.transaction():
+        doc.assign(task_id, first)
+    with doc.doc.transaction():
+        doc.assign(task_id, replace(first, at=first.at + 1, epoch=2, replacement=True))
+    with doc.doc.transaction():
+        doc.drop_assignment(task_id)
+
+
 def live_fleet(cls: type[PolicyDoc], live: int, nodes: int) -> PolicyDoc:
     """A packed fleet document of class ``cls`` holding ``live`` standing assignments, spread
     over ``nodes`` nodes, written in one transaction."""
@@ -103,16 +114,9 @@ def run(live: int, lifecycles: int, nodes: int) -> dict[str, float]:
         task_id = f"t-{i:08d}"
         node = f"n{i % nodes:05d}"
         first = entry(task_id, node, T0 + i)
-        again = replace(first, at=T0 + i + 1, epoch=2, replacement=True)
         for doc, mine in ((fleet, True), (desired, node == "n00000")):
-            if not mine:
-                continue
-            with doc.doc.transaction():
-                doc.assign(task_id, first)
-            with doc.doc.transaction():
-                doc.assign(task_id, again)
-            with doc.doc.transaction():
-                doc.drop_assignment(task_id)
+            if mine:
+                finish(doc, task_id, first)
     out: dict[str, float] = {}
     states: dict[str, tuple[bytes, bytes]] = {}  # name -> (its state, a fresh one's)
     for name, doc in (("fleet", fleet), ("desired", desired)):
@@ -140,13 +144,7 @@ def run_rotating(live: int, lifecycles: int, nodes: int, check_every: int) -> di
     worst = 0.0  # the largest encoded size against a fresh document's, at a check
     for i in range(lifecycles):
         task_id = f"t-{i:08d}"
-        first = entry(task_id, f"n{i % nodes:05d}", T0 + i)
-        with fleet.doc.transaction():
-            fleet.assign(task_id, first)
-        with fleet.doc.transaction():
-            fleet.assign(task_id, replace(first, at=T0 + i + 1, epoch=2, replacement=True))
-        with fleet.doc.transaction():
-            fleet.drop_assignment(task_id)
+        finish(fleet, task_id, entry(task_id, f"n{i % nodes:05d}", T0 + i))
         if (i + 1) % check_every == 0:
             size = len(fleet.snapshot())
             worst = max(worst, size / len(fleet._fresh().get_update()))
@@ -190,13 +188,7 @@ def run_desired(cls: type[PolicyDoc], live: int, lifecycles: int) -> dict[str, f
     largest = 0
     for i in range(lifecycles):
         task_id = f"t-{i:08d}"
-        first = entry(task_id, "n00000", T0 + i)
-        with doc.doc.transaction():
-            doc.assign(task_id, first)
-        with doc.doc.transaction():
-            doc.assign(task_id, replace(first, at=T0 + i + 1, epoch=2, replacement=True))
-        with doc.doc.transaction():
-            doc.drop_assignment(task_id)
+        finish(doc, task_id, entry(task_id, "n00000", T0 + i))
         if (i + 1) % TASKS_PER_COMPACTION == 0:
             size = len(doc.snapshot())
             largest = max(largest, size)

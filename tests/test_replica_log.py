@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgesched.central.replicas import NodeReplicas
+from edgesched.central.replicas import NodeReplicas, Replica
 from edgesched.core.task import TaskState
 from edgesched.sync.doc import NodeDoc, client_id_for
 from edgesched.sync.schema import TaskReport
@@ -65,6 +65,17 @@ OPS = st.lists(
     ),
     max_size=40,
 )
+
+
+def seeded(store: Store, tasks: int) -> tuple[NodeReplicas, Replica, Node]:
+    """Central's replicas over ``store``, holding the node's document of ``tasks`` tasks."""
+    replicas = replicas_on(store)
+    replica = replicas.add(NODE)
+    node = Node()
+    for i in range(tasks):
+        node.write(i, i)
+    replica.doc.apply_remote(node.doc.snapshot(), sender=NODE)
+    return replicas, replica, node
 
 
 async def play(store: Store, ops: list[tuple[str, int, Any]]) -> None:
@@ -148,12 +159,7 @@ async def test_changes_append_and_the_log_folds_into_a_snapshot(tmp_path: Path) 
     """Each change after the first snapshot is appended (a few hundred bytes), until the log
     reaches half the snapshot's bytes: then one snapshot folds it."""
     async with await Store.open(tmp_path / "central.db") as store:
-        replicas = replicas_on(store)
-        replica = replicas.add(NODE)
-        node = Node()
-        for i in range(100):
-            node.write(i, i)
-        replica.doc.apply_remote(node.doc.snapshot(), sender=NODE)
+        replicas, replica, node = seeded(store, 100)
         snapshots: list[int] = []
         appended: list[int] = []
         replace, append = store.replace_docs, store.append_updates
@@ -194,12 +200,7 @@ async def test_a_node_resending_one_update_grows_nothing_without_bound(tmp_path:
     until the next change: a gateway resending one update without end would grow the log
     in memory. Past twice the fold it is dropped and the replica written whole."""
     async with await Store.open(tmp_path / "central.db") as store:
-        replicas = replicas_on(store)
-        replica = replicas.add(NODE)
-        node = Node()
-        for i in range(20):
-            node.write(i, i)
-        replica.doc.apply_remote(node.doc.snapshot(), sender=NODE)
+        replicas, replica, node = seeded(store, 20)
         assert await replicas.persist_changed() == 1
         node.sent.clear()
         node.write(1, 99)
