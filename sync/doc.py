@@ -150,6 +150,10 @@ class RotationPolicy:
             raise ValueError("RotationPolicy needs min_bytes >= 0 and ratio > 1")
 
 
+#: The policy of a single-writer document given none (one shared object: central holds a
+#: replica of every node's document, each single-writer, and its own desired documents).
+DEFAULT_ROTATION = RotationPolicy()
+
 #: A document whose encoded state is larger rotates in slices (:meth:`SyncedDoc.rotate_in_slices`,
 #: from :meth:`SyncedDoc.compact_if_due`): a rotation copies the live content, ~9 us an
 #: entry, which at central's fleet document of 700,000 assignments (10,000 nodes) held the
@@ -498,7 +502,7 @@ class SyncedDoc:
         #: Which epoch :attr:`doc` belongs to (0 at creation; see the module docstring).
         self.epoch = self._check_epoch(epoch)
         #: When :meth:`log_update` rotates (single-writer documents only; None: never).
-        self.rotation_policy = (rotation_policy or RotationPolicy()) if self.single_writer else None
+        self.rotation_policy = (rotation_policy or DEFAULT_ROTATION) if self.single_writer else None
         #: The live pycrdt document's root maps, as :meth:`root` gave them (emptied with it).
         self._root_maps: dict[str, tuple[Doc[Any], Map[Any]]] = {}
         #: The live pycrdt document's subscriptions, released when this object goes.
