@@ -82,10 +82,11 @@ class Replica:
     #: snapshot pass looks only at replicas that moved (not a content hash of each).
     changes: int = 0
     saved: int = 0
-    #: The remote updates applied since the store last took this replica (in order), their
-    #: bytes, and whether the next write must be a whole snapshot (None: the store's state
-    #: is not known to be this replica's minus ``log``: a new epoch, a dropped replica, a
-    #: failed write).
+    #: The remote updates applied since the store last took this replica (in order), the
+    #: bytes logged since its last snapshot (these and those already appended), and whether
+    #: the next write must be a whole snapshot (the store's state is not known to be this
+    #: replica's minus ``log``: none written yet, a new epoch, a dropped replica, a failed
+    #: write).
     log: list[bytes] = field(default_factory=list)
     log_bytes: int = 0
     #: bytes of the snapshot the store holds (0: none written by us yet: the first write is
@@ -274,40 +275,42 @@ class NodeReplicas(Listener):
         at the next pass (what it had logged since would continue no stored state)."""
         if self.store is None:
             return 0
-        batches: list[list[tuple[Replica, bytes, int, bytes]]] = [[]]
+        written = 0
+        batch: list[tuple[Replica, bytes, int, bytes]] = []
         size = 0
         runs: dict[str, tuple[Replica, list[bytes]]] = {}
-        for replica in [r for r in self.replicas.values() if r.changes != r.saved]:
-            replica.saved = replica.changes
-            if not replica.whole_next and replica.log_bytes < replica.fold_at():
-                if replica.log:  # (log_bytes counts them on, in the store's log now)
-                    runs[replica.doc.name] = (replica, replica.log)
-                    replica.log = []
-                    replica.persisted = (-1, b"")  # the store's state is no snapshot now
-                continue
-            snapshot = replica.doc.snapshot()
-            replica.log, replica.log_bytes = [], 0
-            replica.whole_next = False  # (what applies from here continues this snapshot)
-            now = (replica.doc.epoch, hashlib.blake2b(snapshot, digest_size=16).digest())
-            if now == replica.persisted:
-                continue  # (changed, then changed back; or an epoch's no-op)
-            if size >= SNAPSHOT_BATCH_BYTES or len(batches[-1]) >= SNAPSHOT_BATCH_DOCS:
-                batches.append([])
-                size = 0
-            batches[-1].append((replica, snapshot, *now))
-            size += len(snapshot)
-        written = 0
-        unwritten = [r for batch in batches for r, *_ in batch] + [r for r, _ in runs.values()]
+        taken: dict[int, Replica] = {}  # (by id) taken from, not yet written or refused
         try:
-            for batch in batches:
-                if batch:
-                    written += await self._write_batch(batch)
-                    del unwritten[: len(batch)]
+            for replica in [r for r in self.replicas.values() if r.changes != r.saved]:
+                replica.saved = replica.changes
+                if not replica.whole_next and replica.log_bytes < replica.fold_at():
+                    if replica.log:  # (log_bytes counts them on, in the store's log now)
+                        runs[replica.doc.name] = (replica, replica.log)
+                        replica.log = []
+                        replica.persisted = (-1, b"")  # the store's state is no snapshot now
+                        taken[id(replica)] = replica
+                    continue
+                snapshot = replica.doc.snapshot()
+                replica.log, replica.log_bytes = [], 0
+                replica.whole_next = False  # (what applies from here continues this snapshot)
+                now = (replica.doc.epoch, hashlib.blake2b(snapshot, digest_size=16).digest())
+                if now == replica.persisted:
+                    continue  # (changed, then changed back; or an epoch's no-op)
+                batch.append((replica, snapshot, *now))
+                taken[id(replica)] = replica
+                size += len(snapshot)
+                if size >= SNAPSHOT_BATCH_BYTES or len(batch) >= SNAPSHOT_BATCH_DOCS:
+                    written += await self._write_batch(batch)  # (the loop turns meanwhile)
+                    for done, *_ in batch:
+                        del taken[id(done)]
+                    batch, size = [], 0
+            if batch:
+                written += await self._write_batch(batch)
             if runs:
                 written += await self._append_runs(runs)
-            unwritten = []
+            taken = {}
         finally:
-            for replica in unwritten:  # (cancelled: central stopping, say)
+            for replica in taken.values():  # (cancelled: central stopping, say)
                 replica.restart_log()
                 replica.saved = -1
         return written

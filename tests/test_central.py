@@ -204,16 +204,30 @@ async def test_a_snapshot_pass_writes_replicas_in_few_transactions(
         calls: list[int] = []
         replace = store.replace_docs
 
+        taken = 0  # snapshots taken so far: a batch is written before the next is encoded
+        taken_at_calls: list[int] = []
+
         async def counted(docs: Any) -> list[str]:
             calls.append(len(docs))
+            taken_at_calls.append(taken)
             return await replace(docs)
 
         monkeypatch.setattr(store, "replace_docs", counted)
         replicas = _replicas(store=store)
         for node_id, node in nodes.items():
             replicas.handle(f"edgesched/v1/doc/node-{node_id}/sync/{node_id}", _frame(node))
+        for replica in replicas.replicas.values():
+            encode = replica.doc.snapshot
+
+            def counting(encode: Any = encode) -> bytes:
+                nonlocal taken
+                taken += 1
+                return bytes(encode())
+
+            monkeypatch.setattr(replica.doc, "snapshot", counting)
         assert await replicas.persist_changed() == 25
         assert calls == [10, 10, 5]
+        assert taken_at_calls == [10, 20, 25]  # (not all 25 encoded, then held, first)
         assert await replicas.persist_changed() == 0 and calls == [10, 10, 5]
         await store.rotate_doc("node-gw3", b"", 7)  # another writer went to a newer epoch
         for node_id in ("gw3", "gw4"):
