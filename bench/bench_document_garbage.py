@@ -54,7 +54,13 @@ from bench_central_scale import mallinfo2
 from edgesched.central.placement import assignment_entry
 from edgesched.core.task import TaskSpec
 from edgesched.sync import heap
-from edgesched.sync.doc import PolicyDoc, SoleDesiredDoc, SoleFleetDoc, client_id_for
+from edgesched.sync.doc import (
+    DEFAULT_COMPACT_AFTER,
+    PolicyDoc,
+    SoleDesiredDoc,
+    SoleFleetDoc,
+    client_id_for,
+)
 
 CENTRAL = "central-a"
 T0 = 1_764_900_000.0
@@ -169,9 +175,9 @@ def run_rotating(live: int, lifecycles: int, nodes: int, check_every: int) -> di
     return out
 
 
-#: Updates a journal logs between two compactions (``DEFAULT_COMPACT_AFTER``), where the
-#: rotation policy is asked; each finished task writes its node's desired document 3 times.
-TASKS_PER_COMPACTION = 256 // 3
+#: Finished tasks between two compactions of a desired document's journal, where the
+#: rotation policy is asked: each writes the document 3 times.
+TASKS_PER_COMPACTION = DEFAULT_COMPACT_AFTER // 3
 
 
 def run_desired(cls: type[PolicyDoc], live: int, lifecycles: int) -> dict[str, float]:

@@ -56,6 +56,9 @@ async def run(nodes: int, rounds: int, mode: str, seed: int) -> dict[str, float]
     """``rounds`` passes over ``nodes`` replicas in ``mode`` (``snapshots`` or ``log``)."""
     texts = SeedTexts(Scale(nodes=nodes), time.time())
     writers: dict[str, NodeDoc] = {n: build_node_doc(n, texts) for n in node_ids(nodes)}
+    outbox: dict[str, list[bytes]] = {n: [] for n in writers}  # each node's updates, to send
+    for node_id, writer in writers.items():
+        writer.on_local_update(outbox[node_id].append)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "central.db"
         async with await Store.open(path) as store:
@@ -88,17 +91,15 @@ async def run(nodes: int, rounds: int, mode: str, seed: int) -> dict[str, float]
             for r in range(rounds):
                 for node_id in changing:
                     writer = writers[node_id]
-                    sent: list[bytes] = []
-                    writer.on_local_update(sent.append)
                     task_id = f"{node_id}-t{rng.randrange(100):03d}"
                     state = (TaskState.RUNNING, TaskState.EXITED)[r % 2]
                     report = writer.task(task_id)
                     assert report is not None
                     writer.put_task(task_id, replace(report, state=state, updated_at=r + 0.5))
-                    writer._callbacks.remove(sent.append)
                     replica = replicas.replicas[node_id]
-                    for update in sent:
+                    for update in outbox[node_id]:
                         replica.doc.apply_remote(update, sender=node_id)
+                    outbox[node_id].clear()
                     if mode == "snapshots":
                         replica.restart_log()  # (each change written whole: as before)
                     changes += 1

@@ -771,13 +771,13 @@ class Store:
         rows = [(doc, [bytes(u) for u in updates]) for doc, updates in runs.items() if updates]
 
         def body(conn: sqlite3.Connection) -> dict[str, int]:
-            nonlocal rows
+            kept = rows
             if epochs is not None:
                 held = _snapshot_epochs(conn, [doc for doc, _ in rows])
-                rows = [(d, u) for d, u in rows if held.get(d, 0) == epochs.get(d, 0)]
-            last = _last_seqs(conn, [doc for doc, _ in rows])
+                kept = [(d, u) for d, u in rows if held.get(d, 0) == epochs.get(d, 0)]
+            last = _last_seqs(conn, [doc for doc, _ in kept])
             values: list[tuple[str, int, bytes]] = []
-            for doc, datas in rows:
+            for doc, datas in kept:
                 seq = last[doc]
                 for data in datas:
                     seq += 1

@@ -3,12 +3,13 @@ core, the run it picks, and what knowing the future buys on a small scenario."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_energy_slo import Cls, Scenario
 
 from edgesched.core.model import Arch, Node, PowerModel, Resources, ServerClass, Task
 from edgesched.core.oracle import (
@@ -122,28 +123,6 @@ def test_the_lead_is_the_slowest_wake_up_and_a_tick() -> None:
     assert lead_for([]) == 60.0
 
 
-@dataclass(frozen=True)
-class Cls:
-    name: str
-    priority: int
-    slo_wait_s: float
-
-
-@dataclass(frozen=True)
-class Flat:
-    def price_at(self, t: float) -> float:
-        return 0.1
-
-
-@dataclass(frozen=True)
-class Scenario:
-    nodes: tuple[Node, ...]
-    tasks: tuple[Task, ...]
-    classes: Mapping[str, Cls]
-    tariff: Flat = field(default_factory=Flat)
-    days: float = 2 / 24
-
-
 def test_knowing_the_future_wakes_ahead_of_a_burst_the_forecast_cannot_see() -> None:
     # Two 16-core nodes; a 4-core task runs all along, then at 1 h a burst asks 24 cores
     # more for ten minutes, with a 10 s objective and a 120 s wake-up. With no spare, the
@@ -153,7 +132,7 @@ def test_knowing_the_future_wakes_ahead_of_a_burst_the_forecast_cannot_see() -> 
     nodes = (node("n1", 120), node("n2", 120))
     burst = [task(f"b{i}", 3600.0, 600.0, cpu=4) for i in range(6)]
     tasks = (task("base", 0.0, 7200.0, cpu=4), *burst)
-    sc = Scenario(nodes, tasks, {"a": Cls("a", 10, 10.0)})
+    sc = Scenario(nodes, tasks, {"a": Cls("a", 10, 10.0)}, days=2 / 24)
     policy = PolicyConfig(mode=PolicyMode.ENERGY, spare_cpu_fraction=0.0, min_spare_cpu=0.0)
     forecast = simulate(sc, CoreStrategy("energy", policy))
     oracle = simulate(sc, oracle_strategy(nodes, tasks, spare=0.0))
