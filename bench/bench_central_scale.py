@@ -137,6 +137,7 @@ from edgesched.sync.topics import HEARTBEAT_TOPIC
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pcap_mqtt  # (the bench directory's own module)
+from loop_holds import HoldSampler  # (the bench directory's own module)
 
 log = logging.getLogger("bench.central_scale")
 
@@ -191,6 +192,9 @@ class Scale:
     #: (0: as central's). Central then has the CPU whenever it can run, on every core, as
     #: on a machine of its own, and the fleet takes what it leaves; the broker stays at 0.
     fleet_nice: int = 0
+    #: ``--hold-sample``: sample central's loop thread while its loop is late, and note what
+    #: held it (bench/loop_holds.py; a 5 ms beat on the loop and a sampling thread)
+    hold_sample: bool = False
 
 
 def pin(cpus: tuple[int, ...] | None) -> None:
@@ -2450,6 +2454,8 @@ async def run_size(
         gc.callbacks.append(measure.gc)
         lags: list[float] = []
         lag_probe = asyncio.create_task(loop_lag(lags))
+        holds = HoldSampler() if scale.hold_sample else None
+        hold_probe = None if holds is None else asyncio.create_task(holds.run())
         publishes: dict[str, list[tuple[int, ...]]] = {}
         publish_probe = asyncio.create_task(publish_queue(publishes, measure))
         cpus: dict[str, list[tuple[float, float, float]]] = {}
@@ -2520,6 +2526,9 @@ async def run_size(
         measure.notes.append(measure.gc.note(time.time() - measure.window[0]))
         gc.callbacks.remove(measure.gc)  # (the window's collections only)
         lag_probe.cancel()
+        if hold_probe is not None and holds is not None:
+            hold_probe.cancel()
+            measure.notes.append(holds.note())
         publish_probe.cancel()
         cpu_probe.cancel()
         if cpus:
@@ -2876,6 +2885,11 @@ def main() -> None:
         help="run the simulated fleet and the seeder at this niceness (1-19): central has "
         "the CPU whenever it can run, on every core, the fleet what it leaves",
     )
+    parser.add_argument(
+        "--hold-sample",
+        action="store_true",
+        help="sample central's loop thread while its loop is late, and note what held it",
+    )
     args = parser.parse_args()
     central_cpus = other_cpus = None
     if args.pin_central:
@@ -2900,6 +2914,7 @@ def main() -> None:
             replica_cold_after_s=args.replica_cold_after_s,
             capture=None if args.capture is None else str(Path(args.capture).resolve()),
             central_cpus=central_cpus, other_cpus=other_cpus, fleet_nice=args.nice_fleet,
+            hold_sample=args.hold_sample,
         )  # fmt: skip
         need = memory_needed_gb(scale)
         have = psutil.virtual_memory().available / 1e9

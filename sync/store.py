@@ -453,23 +453,25 @@ class Store:
     async def record_finished(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Central's history: each row (a task view with ``id``, ``phase``, ``node``,
         ``origin``, ``workload`` and ``finished_at``) stored, replacing the task's earlier
-        row (a task that ran again finishes again). One transaction."""
-        data = [
-            (
-                str(r["id"]),
-                str(r["phase"]),
-                str(r.get("node") or ""),
-                str(r["origin"]),
-                str(r.get("workload") or "default"),
-                float(r["finished_at"]),
-                json.dumps(r, sort_keys=True, separators=(",", ":"), allow_nan=False),
-            )
-            for r in rows
-        ]
-        if not data:
+        row (a task that ran again finishes again). One transaction. The rows are encoded
+        in the database thread: thousands encoded on the caller's loop held central's ~60 ms
+        (the submissions waiting)."""
+        if not rows:
             return
 
         def body(conn: sqlite3.Connection) -> None:
+            data = [
+                (
+                    str(r["id"]),
+                    str(r["phase"]),
+                    str(r.get("node") or ""),
+                    str(r["origin"]),
+                    str(r.get("workload") or "default"),
+                    float(r["finished_at"]),
+                    json.dumps(r, sort_keys=True, separators=(",", ":"), allow_nan=False),
+                )
+                for r in rows
+            ]
             _insert_rows(
                 conn,
                 "INSERT OR REPLACE INTO finished_tasks "
