@@ -57,6 +57,7 @@ class HoldSampler:
         self.by_callback: collections.Counter[str] = collections.Counter()
         self.by_own: collections.Counter[str] = collections.Counter()
         self.samples = 0
+        self.gc_samples = 0  # of them, in the cyclic garbage collector
         #: (how long, the callback seen most in it) of each hold past ``late_s``
         self.holds: list[tuple[float, str]] = []
         self._beat = time.monotonic()
@@ -97,6 +98,7 @@ class HoldSampler:
             callback, own = attribute(traceback.extract_stack(frame))
             if self._in_gc:
                 callback, own = f"[gc] {callback}", f"[gc] {own}"
+                self.gc_samples += 1
             self.samples += 1
             self.by_callback[callback] += 1
             self.by_own[own] += 1
@@ -118,7 +120,8 @@ class HoldSampler:
         held = sum(h for h, _ in self.holds)
         return (
             f"loop holds past {self.late_s * 1e3:.0f} ms: {len(self.holds)}, {held:.1f} s in "
-            f"all, {self.samples} samples; by callback: {share(self.by_callback)}; by "
+            f"all, {self.samples} samples ({self.gc_samples * 100 / self.samples:.0f}% in the "
+            f"garbage collector); by callback: {share(self.by_callback)}; by "
             f"innermost own frames: {share(self.by_own)}; longest: "
             + ", ".join(f"{h * 1e3:.0f} ms in {name}" for h, name in longest)
         )

@@ -14,13 +14,19 @@ A sweep costs O(live documents), not O(documents): frozen ones are not visited.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgesched.sync.doc import SyncedDoc
 
-#: Documents a sweep visits between two turns of the event loop (:meth:`Freezer.sweep_in_turns`).
+#: Most documents a sweep visits between two turns of the event loop
+#: (:meth:`Freezer.sweep_in_turns`), and the longest it visits for: a freeze costs ~0.7 ms
+#: (encode, compress, drop the live document), so 200 a turn held central's loop up to 160 ms
+#: at 10,000 nodes (bench_central_scale --hold-sample: half of the time its loop was late,
+#: each submission waiting behind it).
 VISITS_PER_TURN = 200
+TURN_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -85,15 +91,22 @@ class Freezer:
         return self._swept(frozen)
 
     async def sweep_in_turns(
-        self, only: Callable[[str], bool] | None = None, per_turn: int = VISITS_PER_TURN
+        self,
+        only: Callable[[str], bool] | None = None,
+        per_turn: int = VISITS_PER_TURN,
+        turn_s: float = TURN_S,
     ) -> Sweep:
-        """:meth:`sweep`, giving the event loop a turn every ``per_turn`` documents (a sweep
-        of thousands held central's loop for a second). A document used meanwhile is kept:
-        a use marks it, and only unmarked documents freeze."""
+        """:meth:`sweep`, giving the event loop a turn every ``per_turn`` documents or
+        ``turn_s`` seconds, whichever comes first (a sweep of thousands held central's loop
+        for a second). A document used meanwhile is kept: a use marks it, and only unmarked
+        documents freeze."""
         frozen = 0
-        for i, (name, doc) in enumerate(list(self._live.items())):
-            if i and i % per_turn == 0:
+        visits, since = 0, time.monotonic()
+        for name, doc in list(self._live.items()):
+            if visits >= per_turn or time.monotonic() - since >= turn_s:
                 await asyncio.sleep(0)
+                visits, since = 0, time.monotonic()
+            visits += 1
             if self._live.get(name) is doc:  # (not frozen, forgotten or replaced meanwhile)
                 frozen += self._visit(name, doc, only)
         return self._swept(frozen)

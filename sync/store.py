@@ -453,13 +453,13 @@ class Store:
     async def record_finished(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Central's history: each row (a task view with ``id``, ``phase``, ``node``,
         ``origin``, ``workload`` and ``finished_at``) stored, replacing the task's earlier
-        row (a task that ran again finishes again). One transaction. The rows are encoded
-        in the database thread: thousands encoded on the caller's loop held central's ~60 ms
-        (the submissions waiting)."""
-        if not rows:
-            return
+        row (a task that ran again finishes again). One transaction per
+        :data:`FINISHED_ROWS_PER_JOB` rows (each row stands alone), encoded in the database
+        thread: thousands encoded on the caller's loop held central's ~60 ms, and thousands
+        in one job held the store 0.7 s, each submission's journal write waiting behind it
+        (:mod:`edgesched.sync.dbthread` never interrupts a job)."""
 
-        def body(conn: sqlite3.Connection) -> None:
+        def body(chunk: Sequence[Mapping[str, Any]], conn: sqlite3.Connection) -> None:
             data = [
                 (
                     str(r["id"]),
@@ -470,7 +470,7 @@ class Store:
                     float(r["finished_at"]),
                     json.dumps(r, sort_keys=True, separators=(",", ":"), allow_nan=False),
                 )
-                for r in rows
+                for r in chunk
             ]
             _insert_rows(
                 conn,
@@ -479,7 +479,9 @@ class Store:
                 data,
             )
 
-        await self._write("cannot record finished tasks", body)
+        for start in range(0, len(rows), FINISHED_ROWS_PER_JOB):
+            chunk = rows[start : start + FINISHED_ROWS_PER_JOB]
+            await self._write("cannot record finished tasks", functools.partial(body, chunk))
 
     async def finished_marks(self, ids: Sequence[str]) -> dict[str, tuple[str, float]]:
         """Of ``ids``, those central's history holds: each one's phase and when it finished
@@ -1292,6 +1294,10 @@ _UPSERT_TASK = (
     "ON CONFLICT (id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _TASK_COLUMNS[1:])
 )
 
+
+#: Rows of central's history one job of the database thread writes
+#: (:meth:`Store.record_finished`).
+FINISHED_ROWS_PER_JOB = 250
 
 #: Names per ``IN (...)`` list: well under SQLite's bound parameters per statement.
 _IN_CHUNK = 500

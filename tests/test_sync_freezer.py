@@ -563,3 +563,32 @@ def test_content_hash_of_a_state_is_the_documents_own(ops: list[tuple[int, bool]
     assert content_hash_of(doc.snapshot()) == live == doc.content_hash()
     doc.put_task("another", TaskReport(state=TaskState.RUNNING, updated_at=99.0))
     assert content_hash_of(doc.snapshot()) == doc.content_hash() != live
+
+
+async def test_a_sweep_in_turns_yields_on_time_not_only_on_count() -> None:
+    """With no count bound, a turn ends after ``turn_s``: at 0 the loop runs between every
+    two documents (a freeze costs ~0.7 ms; 200 a turn held central's loop 160 ms)."""
+    import asyncio
+    import itertools
+
+    freezer = Freezer()
+    docs = [NodeDoc(f"node-{i}", client_id_for("central")) for i in range(6)]
+    for doc in docs:
+        freezer.watch(doc)
+    await freezer.sweep_in_turns()  # all new: used
+    seen: list[int] = []
+
+    async def meanwhile() -> None:
+        while True:
+            seen.append(freezer.frozen)
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(meanwhile())
+    await asyncio.sleep(0)
+    try:
+        sweep = await freezer.sweep_in_turns(per_turn=10**9, turn_s=0.0)
+    finally:
+        other.cancel()
+    assert sweep.frozen == 6
+    steps = [b - a for a, b in itertools.pairwise(seen)]
+    assert set(steps) <= {0, 1} and max(seen) == 5  # at most one document frozen a turn
