@@ -44,7 +44,6 @@ def attribute(stack: list[traceback.FrameSummary], depth: int = 3) -> tuple[str,
         if any(part in frame.filename for part in OWN_CODE) and "loop_holds" not in frame.filename
     ]
     return callback, " < ".join(reversed(own[-depth:])) or "?"
-    return callback, own
 
 
 class HoldSampler:
