@@ -307,27 +307,18 @@ MAX_QUEUED_BYTES = 256 * 2**20
 #: fit, and a client sending a larger packet is disconnected instead of its message reaching
 #: every subscriber (20 MiB did, before issue 13). MQTT 5 clients learn it in the CONNACK.
 MAX_PACKET_SIZE = 2 * wire.DEFAULT_MAX_PACKET
-#: QoS 1 messages in flight per client (``max_inflight_messages``, Mosquitto's 20 by
-#: default): what the broker sends a client before its PUBACKs, and the Receive Maximum it
-#: states to MQTT 5 clients, which bounds what a client sends before the broker's PUBACKs.
-#: At 20, central's fresh assignment waited in paho's queue behind a heal's answers until
-#: PUBACKs freed the window (:func:`edgesched.sync.session.window_within_receive_maximum`);
-#: above the session's :data:`~edgesched.sync.session.MAX_PENDING_PUBLISHES` nothing waits.
-MAX_INFLIGHT_MESSAGES = 100
 
 
 def queue_settings(
     max_queued_messages: int = MAX_QUEUED_MESSAGES, max_queued_bytes: int = MAX_QUEUED_BYTES
 ) -> list[str]:
-    """The mosquitto.conf lines of the per-client queue and in-flight limits
-    (:data:`MAX_INFLIGHT_MESSAGES`) and the packet size limit (:data:`MAX_PACKET_SIZE`),
-    all global settings."""
+    """The mosquitto.conf lines of the per-client queue limits and the packet size limit
+    (:data:`MAX_PACKET_SIZE`), all global settings."""
     if max_queued_messages < 0 or max_queued_bytes < 0:
         raise ValueError("queue limits must be >= 0 (0: unlimited)")
     return [
         f"max_queued_messages {max_queued_messages}",
         f"max_queued_bytes {max_queued_bytes}",
-        f"max_inflight_messages {MAX_INFLIGHT_MESSAGES}",
         f"max_packet_size {MAX_PACKET_SIZE}",
         # Small packets (a PUBACK) leave at once, not after Nagle's wait for the client's
         # delayed ACK of what the broker sent before (~40 ms each, bench_central_scale

@@ -317,33 +317,6 @@ def fresh_keepalive_on_open(client: aiomqtt.Client, connect_timeout_s: float) ->
     paho.on_socket_open = opened
 
 
-def window_within_receive_maximum(client: aiomqtt.Client) -> None:
-    """Keep paho's window of QoS 1 publishes in flight within what the broker takes: an
-    MQTT 5 broker's Receive Maximum in its CONNACK (Mosquitto's is its
-    ``max_inflight_messages``, 20 unless configured; the project's broker config sets
-    :data:`~edgesched.sync.security.MAX_INFLIGHT_MESSAGES`). paho opens every connection
-    with the window it was given (:data:`MAX_PENDING_PUBLISHES`, so a publish past the
-    gate goes on the wire at once instead of waiting in paho's queue for PUBACKs) and never
-    reads the broker's maximum itself. An MQTT 3.1.1 broker states none. paho refuses a
-    window change on an open connection through its setter, so this writes its private
-    ``_max_inflight_messages`` in the CONNACK's callback, before anything is published
-    (checked first: a paho without it keeps the window it was given)."""
-    paho = getattr(client, "_client", None)
-    if paho is None or not hasattr(paho, "_max_inflight_messages"):
-        return
-    inner = paho.on_connect
-
-    def connected(mqttc: Any, userdata: Any, *args: Any) -> None:
-        properties = args[-1] if args else None
-        most = getattr(properties, "ReceiveMaximum", None)
-        if isinstance(most, int) and 0 < most < paho._max_inflight_messages:
-            paho._max_inflight_messages = most
-        if inner is not None:
-            inner(mqttc, userdata, *args)
-
-    paho.on_connect = connected
-
-
 def no_delay_on_open(client: aiomqtt.Client) -> None:
     """Send small packets at once: ``TCP_NODELAY`` on the client's socket when it opens.
 
@@ -934,7 +907,6 @@ class MqttSession:
             "will": self.will,
             "tls_context": self.endpoint.tls,
             "timeout": max(2.0, float(self.endpoint.keepalive_s)),
-            "max_inflight_messages": MAX_PENDING_PUBLISHES,
         }
         if self.endpoint.protocol == "3.1.1":
             client = aiomqtt.Client(
@@ -955,7 +927,6 @@ class MqttSession:
             )
         fresh_keepalive_on_open(client, common["timeout"])
         no_delay_on_open(client)
-        window_within_receive_maximum(client)
         read_what_is_buffered(client)
         return client
 
