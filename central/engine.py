@@ -126,6 +126,10 @@ YOUNG_SETTLE_S = 5.0
 #: 700 allocations): at 10,000 nodes central ran ~47 young collections a second, each one
 #: walking the young containers a step or a merge had just made and mostly freed again.
 GC_YOUNG_THRESHOLD = 10_000
+#: Young collections between two of the middle generation (Python's 10). A middle collection
+#: walks what survived the young ones since the last (up to ten thresholds' worth at 10): at
+#: 10,000 nodes each took ~65 ms, inside whatever ran then; every third, a third of that.
+GC_MIDDLE_THRESHOLD = 3
 #: A replica acts on its shards only while its lease stays valid this much longer (a step
 #: never outlives the lease that allowed it: see docs/scaling.md).
 LEASE_GUARD_S = 0.5
@@ -353,8 +357,8 @@ class CentralEngine:
         # submission, waiting behind it); at 0.5 ms, 0.2 s, and 60-80 ms once a write was
         # one job (bench/bench_store_contention.py: 300-640 ms at 5 ms even then).
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-        _young, middle, old = gc.get_threshold()
-        gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+        _young, _middle, old = gc.get_threshold()
+        gc.set_threshold(GC_YOUNG_THRESHOLD, GC_MIDDLE_THRESHOLD, old)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         lock = StateLock.acquire(self.state_dir, f"central {self.central.central_id}")
         try:

@@ -343,8 +343,10 @@ def no_delay_on_open(client: aiomqtt.Client) -> None:
 #: cheap messages goes in one turn; a batch of expensive ones (a heal's whole documents, a
 #: merge of ms each) yields between slices, so a submission's write, a PUBACK's callback or a
 #: control step does not wait the whole batch: at 10,000 nodes the loop lagged up to 196 ms
-#: while a heal's documents were handed out in one turn.
-DISPATCH_TURN_S = 0.02
+#: while a heal's documents were handed out in one turn. At 20 ms a turn the dispatcher was
+#: still what held central's loop most while it was late (a submission's path to the broker
+#: takes several turns of the loop; bench_central_scale --hold-sample).
+DISPATCH_TURN_S = 0.005
 
 #: Most MQTT packets one readable event of the socket reads (:func:`read_what_is_buffered`),
 #: and the longest it reads for. At 64 packets an event, a heal's inbound documents (up to
