@@ -422,9 +422,9 @@ class _Slow(_Recorder):
 
 
 async def test_a_batch_of_costly_messages_yields_to_the_loop(broker: Broker) -> None:
-    """200 messages of 5 ms each arrive at once (a heal's documents): the session hands them
+    """200 messages of 1 ms each arrive at once (a heal's documents): the session hands them
     all out, in order, but gives the event loop a turn after at most DISPATCH_TURN_S of
-    handling, not after a whole read batch (64 × 5 ms).
+    handling, not after a whole read batch (64 × 1 ms).
 
     Counted, not timed: a task that only yields counts the loop's turns, and no turn may
     handle more messages than fit in DISPATCH_TURN_S (plus the one that crosses it). A slow
@@ -432,7 +432,7 @@ async def test_a_batch_of_costly_messages_yields_to_the_loop(broker: Broker) -> 
     check that some turn handled several shows the messages did arrive as batches."""
     heard: list[tuple[str, bytes]] = []
     turns = [0]
-    slow = _Slow("heal/#", heard, 0.005, turns)
+    slow = _Slow("heal/#", heard, 0.001, turns)
     session = MqttSession(Endpoint("127.0.0.1", broker.port, "slow-sub"), backoff_max_s=0.2)
     session.add(slow)
 
