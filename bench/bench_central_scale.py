@@ -73,6 +73,7 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
+import functools
 import gc
 import heapq
 import json
@@ -2156,6 +2157,8 @@ class TimedStoreLock:
         self.jobs: dict[str, list[float]] = {}
         #: each job's own run in the database thread, by the task that queued it
         self.runs: dict[str, list[float]] = {}
+        #: each job's own run, by the store method that made it
+        self.kinds: dict[str, list[float]] = {}
         job = store._job
 
         async def timed_job(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -2174,6 +2177,7 @@ class TimedStoreLock:
             finally:
                 self.jobs.setdefault(self._name(), []).append(time.perf_counter() - t0)
                 self.runs.setdefault(self._name(), []).extend(ran)
+                self.kinds.setdefault(_job_kind(fn), []).extend(ran)
 
         store._job = timed_job
 
@@ -2229,10 +2233,26 @@ class TimedStoreLock:
                 f"(run in the thread p50 / p99 / max {_ms(pct(ran, 50)):.0f} / "
                 f"{_ms(pct(ran, 99)):.0f} / {_ms(max(ran)):.0f} ms)"
             )
+        kinds = sorted(self.kinds.items(), key=lambda kv: -max(kv[1], default=0.0))
+        kind_rows = [
+            f"{kind} {len(ran)}, p99 / max {_ms(pct(ran, 99)):.0f} / {_ms(max(ran)):.0f} ms"
+            for kind, ran in kinds[:6] if ran
+        ]  # fmt: skip
         return (
             "the store's lock (blocks) by holder: " + "; ".join(rows[:8])
             + "; the store's jobs (queued, run, handed back) by task: " + "; ".join(job_rows[:8])
+            + "; their runs in the thread by the store's call: " + ", ".join(kind_rows)
         )  # fmt: skip
+
+
+def _job_kind(fn: Any) -> str:
+    """The store method a job of ``Store._job`` came from: its body's qualified name
+    (``Store.replace_docs.<locals>.body`` is ``replace_docs``), through the partials."""
+    while isinstance(fn, functools.partial):
+        bodies = [a for a in fn.args if callable(a)]
+        fn = bodies[-1] if bodies else fn.func
+    parts = getattr(fn, "__qualname__", "?").split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "Store" else parts[0]
 
 
 def submission_parts(measure: Measure) -> str:

@@ -454,13 +454,22 @@ class Store:
         """Central's history: each row (a task view with ``id``, ``phase``, ``node``,
         ``origin``, ``workload`` and ``finished_at``) stored, replacing the task's earlier
         row (a task that ran again finishes again). One transaction per
-        :data:`FINISHED_ROWS_PER_JOB` rows (each row stands alone), encoded in the database
-        thread: thousands encoded on the caller's loop held central's ~60 ms, and thousands
-        in one job held the store 0.7 s, each submission's journal write waiting behind it
-        (:mod:`edgesched.sync.dbthread` never interrupts a job)."""
+        :data:`FINISHED_ROWS_PER_JOB` rows (each row stands alone), each encoded here just
+        before its write: thousands encoded at once held central's loop ~60 ms, thousands in
+        one job held the store 0.7 s (each submission's journal write waiting behind it:
+        :mod:`edgesched.sync.dbthread` never interrupts a job), and encoded in the database
+        thread they held it as long, its Python taking turns with the loop's for the GIL."""
 
-        def body(chunk: Sequence[Mapping[str, Any]], conn: sqlite3.Connection) -> None:
-            data = [
+        def body(data: list[tuple[Any, ...]], conn: sqlite3.Connection) -> None:
+            _insert_rows(
+                conn,
+                "INSERT OR REPLACE INTO finished_tasks "
+                "(id, phase, node, origin, workload, finished_at, body)",
+                data,
+            )
+
+        for start in range(0, len(rows), FINISHED_ROWS_PER_JOB):
+            data: list[tuple[Any, ...]] = [
                 (
                     str(r["id"]),
                     str(r["phase"]),
@@ -470,18 +479,9 @@ class Store:
                     float(r["finished_at"]),
                     json.dumps(r, sort_keys=True, separators=(",", ":"), allow_nan=False),
                 )
-                for r in chunk
+                for r in rows[start : start + FINISHED_ROWS_PER_JOB]
             ]
-            _insert_rows(
-                conn,
-                "INSERT OR REPLACE INTO finished_tasks "
-                "(id, phase, node, origin, workload, finished_at, body)",
-                data,
-            )
-
-        for start in range(0, len(rows), FINISHED_ROWS_PER_JOB):
-            chunk = rows[start : start + FINISHED_ROWS_PER_JOB]
-            await self._write("cannot record finished tasks", functools.partial(body, chunk))
+            await self._write("cannot record finished tasks", functools.partial(body, data))
 
     async def finished_marks(self, ids: Sequence[str]) -> dict[str, tuple[str, float]]:
         """Of ``ids``, those central's history holds: each one's phase and when it finished
