@@ -214,3 +214,49 @@ async def test_a_node_resending_one_update_grows_nothing_without_bound(tmp_path:
         assert await replicas.persist_changed() == 1
         restored = await NodeDoc.load_from(store, NAME, client_id_for("central"))
         assert restored.content_hash() == replica.doc.content_hash() == node.doc.content_hash()
+
+
+async def test_a_pass_appends_many_replicas_a_group_per_store_call(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Seven replicas with a change each, groups of two: four store calls (one pass's
+    appends in one call held the store's thread up to 119 ms). A group the store refuses
+    (a full disk, say) leaves only its replicas to be written whole at the next pass; every
+    replica restored from the store then holds what the live one holds."""
+    monkeypatch.setattr("edgesched.central.replicas.SNAPSHOT_BATCH_DOCS", 2)
+    async with await Store.open(tmp_path / "central.db") as store:
+        replicas = replicas_on(store)
+        nodes: dict[str, tuple[Replica, NodeDoc]] = {}
+        for k in range(7):
+            node_id = f"gw-{k}"
+            writer = NodeDoc(f"node-{node_id}", client_id_for(node_id))
+            writer.put_task("t0", report(0))
+            replica = replicas.add(node_id)
+            replica.doc.apply_remote(writer.snapshot(), sender=node_id)
+            nodes[node_id] = (replica, writer)
+        assert await replicas.persist_changed() == 7  # whole snapshots first
+        calls: list[list[str]] = []
+        append = store.append_updates
+
+        async def counted_append(runs: Any, **kwargs: Any) -> dict[str, int]:
+            calls.append(sorted(runs))
+            if len(calls) == 2:
+                raise StoreError("disk full")
+            return await append(runs, **kwargs)
+
+        store.append_updates = counted_append  # type: ignore[method-assign]
+        for replica, writer in nodes.values():
+            sent: list[bytes] = []
+            writer.on_local_update(sent.append)
+            writer.put_task("t1", report(1))
+            for update in sent:
+                replica.doc.apply_remote(update, sender=writer.name[5:])
+        assert await replicas.persist_changed() == 5  # the refused group's two: not now
+        assert [len(c) for c in calls] == [2, 2, 2, 1]
+        refused = calls[1]
+        assert all(replicas.replicas[n[5:]].whole_next for n in refused)
+        store.append_updates = append  # type: ignore[method-assign]
+        assert await replicas.persist_changed() == 2  # written whole
+        for node_id, (replica, _) in nodes.items():
+            restored = await NodeDoc.load_from(store, f"node-{node_id}", client_id_for("central"))
+            assert restored.content_hash() == replica.doc.content_hash()
