@@ -45,7 +45,6 @@ from edgesched.sync.session import Listener, MqttSession
 from edgesched.sync.signing import FrameSigning
 from edgesched.sync.store import Store, StoreError
 from edgesched.sync.topics import DOC_SYNC_FILTER
-from edgesched.sync.turns import Turns
 from edgesched.sync.wire import TOPIC_ROOT
 
 log = logging.getLogger("edgesched.central.replicas")
@@ -282,12 +281,8 @@ class NodeReplicas(Listener):
         size = 0
         runs: dict[str, tuple[Replica, list[bytes]]] = {}
         taken: dict[int, Replica] = {}  # (by id) taken from, not yet written or refused
-        turns = Turns()  # (a snapshot's encoding and hash: ~0.5 ms; 64 held the loop ~40 ms)
         try:
             for replica in [r for r in self.replicas.values() if r.changes != r.saved]:
-                await turns.take()
-                if replica.changes == replica.saved:
-                    continue  # (written by a pass that ran meanwhile: not now)
                 replica.saved = replica.changes
                 if not replica.whole_next and replica.log_bytes < replica.fold_at():
                     if replica.log:  # (log_bytes counts them on, in the store's log now)
@@ -307,7 +302,6 @@ class NodeReplicas(Listener):
                 size += len(snapshot)
                 if size >= SNAPSHOT_BATCH_BYTES or len(batch) >= SNAPSHOT_BATCH_DOCS:
                     written += await self._write_batch(batch)  # (the loop turns meanwhile)
-                    turns.began()
                     for done, *_ in batch:
                         del taken[id(done)]
                     batch, size = [], 0

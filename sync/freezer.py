@@ -13,18 +13,20 @@ A sweep costs O(live documents), not O(documents): frozen ones are not visited.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgesched.sync.doc import SyncedDoc
-from edgesched.sync.turns import TURN_S, Turns
 
 #: Most documents a sweep visits between two turns of the event loop
-#: (:meth:`Freezer.sweep_in_turns`; it also yields after :data:`~edgesched.sync.turns.TURN_S`
-#: of visits): a freeze costs ~0.7 ms (encode, compress, drop the live document), so 200 a
-#: turn held central's loop up to 160 ms at 10,000 nodes (bench_central_scale --hold-sample:
-#: half of the time its loop was late, each submission waiting behind it).
+#: (:meth:`Freezer.sweep_in_turns`), and the longest it visits for: a freeze costs ~0.7 ms
+#: (encode, compress, drop the live document), so 200 a turn held central's loop up to 160 ms
+#: at 10,000 nodes (bench_central_scale --hold-sample: half of the time its loop was late,
+#: each submission waiting behind it).
 VISITS_PER_TURN = 200
+TURN_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -99,11 +101,11 @@ class Freezer:
         for a second). A document used meanwhile is kept: a use marks it, and only unmarked
         documents freeze."""
         frozen = 0
-        visits, turns = 0, Turns(turn_s)
+        visits, since = 0, time.monotonic()
         for name, doc in list(self._live.items()):
-            if visits >= per_turn or turns.due:
-                await turns.take(now=True)
-                visits = 0
+            if visits >= per_turn or time.monotonic() - since >= turn_s:
+                await asyncio.sleep(0)
+                visits, since = 0, time.monotonic()
             visits += 1
             if self._live.get(name) is doc:  # (not frozen, forgotten or replaced meanwhile)
                 frozen += self._visit(name, doc, only)
