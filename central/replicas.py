@@ -58,6 +58,11 @@ SNAPSHOT_BATCH_BYTES = 512 << 10
 SNAPSHOT_BATCH_DOCS = 64
 
 
+def _batch_full(size: int, docs: int) -> bool:
+    """Whether a store call's batch (snapshots, or appended runs) is due to be written."""
+    return size >= SNAPSHOT_BATCH_BYTES or docs >= SNAPSHOT_BATCH_DOCS
+
+
 def parse_sync_topic(topic: str) -> tuple[str, str] | None:
     """``edgesched/v1/doc/<doc>/sync/<sender>`` → ``(doc, sender)``; else None."""
     parts = topic.split("/")
@@ -300,7 +305,7 @@ class NodeReplicas(Listener):
                 batch.append((replica, snapshot, *now))
                 taken[id(replica)] = replica
                 size += len(snapshot)
-                if size >= SNAPSHOT_BATCH_BYTES or len(batch) >= SNAPSHOT_BATCH_DOCS:
+                if _batch_full(size, len(batch)):
                     written += await self._write_batch(batch)  # (the loop turns meanwhile)
                     for done, *_ in batch:
                         del taken[id(done)]
@@ -328,7 +333,7 @@ class NodeReplicas(Listener):
         for name, run in runs.items():
             group[name] = run
             size += sum(len(u) for u in run[1])
-            if size >= SNAPSHOT_BATCH_BYTES or len(group) >= SNAPSHOT_BATCH_DOCS:
+            if _batch_full(size, len(group)):
                 written += await self._append_group(group)
                 group, size = {}, 0
         if group:
